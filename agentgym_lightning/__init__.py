@@ -1,0 +1,50 @@
+"""agentgym-lightning: train any LLM agent with reinforcement learning.
+
+Every agent becomes a Gymnasium environment whose ``step(action)`` is exactly one LLM call::
+
+    import gymnasium as gym
+    import agentgym_lightning  # registers the lightning/... ids
+
+    env = gym.make("lightning/GuessNumber-v0")
+    obs, info = env.reset(seed=0)
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from agentgym_lightning.agent import AgentContext, emit_reward, emit_variable
+from agentgym_lightning.hookspecs import hookimpl
+from agentgym_lightning.llm import ChatRequest, Completion, SamplingParams, ToolCall
+from agentgym_lightning.trajectory import (
+    Reward,
+    Status,
+    Step,
+    Trajectory,
+    TrajectoryWriter,
+    load_trajectories,
+    save_trajectories,
+)
+
+__all__ = [
+    "__version__",
+    "AgentContext",
+    "ChatRequest",
+    "Completion",
+    "Reward",
+    "SamplingParams",
+    "Status",
+    "Step",
+    "ToolCall",
+    "Trajectory",
+    "TrajectoryWriter",
+    "emit_reward",
+    "emit_variable",
+    "hookimpl",
+    "load_trajectories",
+    "save_trajectories",
+]
+
+from agentgym_lightning.registration import register_envs as _register_envs
+
+_register_envs()

@@ -1,0 +1,5 @@
+import sys
+
+from agentgym_lightning.cli import main
+
+sys.exit(main())

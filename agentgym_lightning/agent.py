@@ -1,0 +1,155 @@
+"""What an agent sees of the environment: its episode's endpoint, and a tiny API to expose
+semantic variables and rewards.
+
+An agent is any callable ``agent(task, ctx)`` (sync or ``async``) that makes its LLM calls through
+an OpenAI client pointed at ``ctx.base_url`` (or uses ``ctx.openai_client()``, which skips the
+socket when the agent runs in-process). Nothing else about the agent changes::
+
+    def my_agent(task, ctx):
+        client = ctx.openai_client()
+        reply = client.chat.completions.create(model=ctx.model, messages=[...])
+        emit_variable("answer", reply.choices[0].message.content)
+        emit_reward(1.0, source="format")       # lands on the call just answered
+        return reply.choices[0].message.content
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+    import openai
+
+    from agentgym_lightning.episode import Episode
+    from agentgym_lightning.llm import Completion
+
+__all__ = ["AgentContext", "AgentFn", "emit_variable", "emit_reward", "current_context", "AgentCancelled"]
+
+#: An agent: ``fn(task, ctx) -> result``, or an ``async def`` of the same shape.
+AgentFn = Callable[[Any, "AgentContext"], Any]
+
+_current: contextvars.ContextVar[AgentContext | None] = contextvars.ContextVar("agentgym_context", default=None)
+
+
+class AgentCancelled(BaseException):
+    """Raised inside an agent whose episode was closed, truncated or timed out.
+
+    A ``BaseException`` so that an agent's ``except Exception`` cannot swallow it.
+    """
+
+
+class AgentContext:
+    """Handed to the agent callable; one per episode."""
+
+    def __init__(self, episode: Episode) -> None:
+        self._episode = episode
+        #: Set when the episode is cancelled; long-running tools may poll it.
+        self.cancelled: threading.Event = episode.cancelled
+
+    @property
+    def episode_id(self) -> str:
+        return self._episode.episode_id
+
+    @property
+    def task(self) -> Any:
+        return self._episode.trajectory.task
+
+    @property
+    def seed(self) -> int | None:
+        return self._episode.trajectory.seed
+
+    @property
+    def model(self) -> str:
+        """The model name to put in requests (any name is accepted; this one reads well in logs)."""
+        return self._episode.model_name
+
+    @property
+    def base_url(self) -> str:
+        """This episode's OpenAI-compatible base URL over HTTP (starts the gateway server if needed).
+
+        Give it to any OpenAI client, in this process or another one.
+        """
+        return self._episode.gateway.base_url(self.episode_id)
+
+    @property
+    def api_key(self) -> str:
+        """The key to send (the gateway's bearer token; any value works on 127.0.0.1)."""
+        return self._episode.gateway.api_key
+
+    def http_client(self) -> httpx.Client:
+        """An ``httpx.Client`` for this episode: in-process unless the env uses ``transport="http"``."""
+        return self._episode.gateway.http_client(self._episode.transport)
+
+    def async_http_client(self) -> httpx.AsyncClient:
+        return self._episode.gateway.async_http_client(self._episode.transport)
+
+    def openai_client(self, **kwargs: Any) -> openai.OpenAI:
+        """An ``openai.OpenAI`` pointed at this episode (no retries: a failed call is a signal)."""
+        import openai
+
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", None)
+        return openai.OpenAI(base_url=self.base_url_for_clients, api_key=self.api_key, http_client=self.http_client(), **kwargs)
+
+    def async_openai_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        import openai
+
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", None)
+        return openai.AsyncOpenAI(
+            base_url=self.base_url_for_clients, api_key=self.api_key, http_client=self.async_http_client(), **kwargs
+        )
+
+    @property
+    def base_url_for_clients(self) -> str:
+        """The base URL the ready-made clients use: in-process it needs no server."""
+        return self._episode.gateway.client_base_url(self.episode_id, self._episode.transport)
+
+    def chat_completion(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
+        """Make one LLM call with no HTTP client at all (the fastest path, for agents written
+        for this library); returns the :class:`~agentgym_lightning.llm.Completion` with its token
+        ids. ``params`` are OpenAI request fields (``tools``, ``temperature``, ``metadata``...)."""
+        body = {"model": self.model, "messages": messages, **params}
+        return self._episode.gateway.submit(self.episode_id, body).wait()
+
+    async def achat_completion(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
+        """``async`` twin of :meth:`chat_completion`."""
+        body = {"model": self.model, "messages": messages, **params}
+        return await self._episode.gateway.submit(self.episode_id, body).wait_async()
+
+    def emit_variable(self, name: str, value: Any) -> None:
+        """Expose a semantic variable (shown in later observations; recorded on the step)."""
+        self._episode.emit_variable(name, value)
+
+    def emit_reward(self, value: float, source: str = "agent") -> None:
+        """Add a reward to the LLM call most recently answered (to the episode before any call)."""
+        self._episode.emit_reward(value, source)
+
+
+def current_context() -> AgentContext:
+    """The context of the agent running in this thread / task."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError(
+            "no agent episode is running here: emit_variable/emit_reward must be called from inside "
+            "an agent started by AgentEnv (or use the ctx argument it was given)"
+        )
+    return ctx
+
+
+def emit_variable(name: str, value: Any) -> None:
+    """Expose a semantic variable of the running agent (see :meth:`AgentContext.emit_variable`)."""
+    current_context().emit_variable(name, value)
+
+
+def emit_reward(value: float, source: str = "agent") -> None:
+    """Give the running agent's last answered LLM call a reward (see :meth:`AgentContext.emit_reward`)."""
+    current_context().emit_reward(value, source)
+
+
+def _bind(ctx: AgentContext) -> contextvars.Token[AgentContext | None]:
+    return _current.set(ctx)

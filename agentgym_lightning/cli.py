@@ -1,0 +1,51 @@
+"""The ``agentgym-lightning`` command (also ``python -m agentgym_lightning``).
+
+Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its
+parser and sets ``func`` to a callable ``func(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: Modules that contribute subcommands, in the order ``--help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "agentgym_lightning.commands.plugins",
+    "agentgym_lightning.commands.envs",
+    "agentgym_lightning.eval",
+    "agentgym_lightning.commands.data",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from agentgym_lightning import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="agentgym-lightning",
+        description="Train any LLM agent with RL: every agent is a Gymnasium env, one LLM call per step.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

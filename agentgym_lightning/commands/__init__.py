@@ -1,0 +1,1 @@
+"""Small CLI subcommands (each module: ``register(subparsers)``)."""

@@ -1,0 +1,369 @@
+"""``AgentEnv``: any agent as a Gymnasium environment, one LLM call per step.
+
+The contract:
+
+- ``reset(seed, options)`` picks a task (``options={"task": ...}`` or ``{"task_index": i}``
+  name one; ``{"group_id": ...}`` tags GRPO groups), starts the agent and runs it to its first
+  LLM call. The observation is that call: an :class:`~agentgym_lightning.spaces.Observation`
+  (the request and the agent's semantic variables).
+- ``step(action)`` answers the pending call with ``action`` (a
+  :class:`~agentgym_lightning.llm.Completion`, a string or a dict) and runs the agent to its next
+  call (the next observation) or to its end (``terminated``).
+- The reward of a step is what landed on the call it answered: rewards the agent emitted after
+  it, and AIR rewards; the terminal step adds the episode's final reward. The rewards of an
+  episode sum to ``trajectory.total_reward``.
+- ``truncated`` when the agent asks for more than ``max_turns`` calls, or runs past
+  ``time_limit`` seconds, or the infrastructure failed (``info["status"] == "infra_failed"``:
+  never train on it as a zero reward).
+- ``info["trajectory"]`` on the last step holds the whole episode (also ``env.trajectory``).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+
+from agentgym_lightning.episode import CallEvent, DoneEvent, Episode, EpisodeEvent
+from agentgym_lightning.gateway.gateway import Gateway, get_gateway
+from agentgym_lightning.llm import ChatRequest, as_completion
+from agentgym_lightning.plugin_manager import get_plugin_manager
+from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
+from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
+
+__all__ = ["AgentEnv", "adapt_agent", "TaskSource", "RewardFn"]
+
+#: Tasks: a sequence to pick from, or a function of the env's RNG.
+TaskSource = Sequence[Any] | Callable[[np.random.Generator], Any]
+#: ``reward_fn(task, result) -> float``: the episode's final reward.
+RewardFn = Callable[[Any, Any], SupportsFloat]
+
+StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
+
+
+def adapt_agent(agent: object) -> Callable[..., Any]:
+    """Turn ``agent`` into an agent callable ``fn(task, ctx)`` through the adapter plugins."""
+    adapted = get_plugin_manager().hook.agentgym_adapt_agent(agent=agent)
+    if adapted is None:
+        raise TypeError(
+            f"don't know how to run an agent of type {type(agent).__name__}: pass a callable "
+            "fn(task, ctx) (sync or async), or install an adapter plugin for its framework"
+        )
+    return adapted
+
+
+class AgentEnv(gym.Env[Observation, Any]):
+    """Wraps an agent callable and a reward function as a Gymnasium environment.
+
+    Args:
+        agent: ``fn(task, ctx) -> result`` (sync or ``async``), or any object an adapter plugin
+            understands. It makes its LLM calls through ``ctx.openai_client()`` or any OpenAI
+            client pointed at ``ctx.base_url``.
+        tasks: The tasks to pick from at reset (a non-empty sequence), or ``fn(rng) -> task``.
+        reward_fn: ``fn(task, result) -> float``, the final reward when the agent returns. When
+            ``None``, the ``agentgym_episode_reward`` hook is asked; if nothing answers, the
+            final reward is ``None`` (only emitted rewards count).
+        env_id: Recorded on trajectories (``gym.make`` passes its id).
+        max_turns: Most LLM calls an episode may make; one more truncates it.
+        time_limit: Wall-clock seconds an episode may run; ``None`` for no limit.
+        air_weights: Weight of each Automatic Intermediate Reward source (``{"tool_error":
+            -0.1}``). Sources without a weight are not applied: AIR is off by default.
+        transport: How ``ctx.openai_client()`` reaches the gateway: ``"inproc"`` (no socket) or
+            ``"http"`` (a real socket to the gateway server).
+        model_name: The model name agents are told to use (``ctx.model``).
+        gateway: The gateway to register episodes with (default: the process-wide one).
+        stop_grace: Seconds to wait for an agent to unwind when its episode is cut short.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        agent: object,
+        tasks: TaskSource,
+        reward_fn: RewardFn | None = None,
+        *,
+        env_id: str | None = None,
+        max_turns: int | None = None,
+        time_limit: float | None = 300.0,
+        air_weights: Mapping[str, float] | None = None,
+        transport: Literal["inproc", "http"] = "inproc",
+        model_name: str = "policy",
+        gateway: Gateway | None = None,
+        stop_grace: float = 1.0,
+        render_mode: str | None = None,
+    ) -> None:
+        if transport not in ("inproc", "http"):
+            raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 or None, not {max_turns}")
+        if time_limit is not None and time_limit <= 0:
+            raise ValueError(f"time_limit must be > 0 seconds or None, not {time_limit}")
+        if not callable(tasks) and len(tasks) == 0:
+            raise ValueError("tasks is empty: give at least one task, or a function rng -> task")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, not {render_mode!r}")
+        self.agent = adapt_agent(agent)
+        self.tasks = tasks
+        self.reward_fn = reward_fn
+        self.env_id = env_id
+        self.max_turns = max_turns
+        self.time_limit = time_limit
+        self.air_weights: dict[str, float] = {k: float(v) for k, v in (air_weights or {}).items()}
+        self.transport = transport
+        self.model_name = model_name
+        self.gateway = gateway or get_gateway()
+        self.stop_grace = stop_grace
+        self.render_mode = render_mode
+        self.observation_space = ObservationSpace()
+        self.action_space = CompletionSpace()
+
+        self._hook = get_plugin_manager().hook
+        self._events: queue.SimpleQueue[EpisodeEvent] = queue.SimpleQueue()
+        self._episode: Episode | None = None
+        self._call: Any = None  # the PendingCall the last observation showed
+        self._unfinalized: list[Step] = []
+        self._last_obs: Observation | None = None
+        self._deadline: float | None = None
+        self._early_end: StepResult | None = None  # the agent ended before its first call
+
+    # ------------------------------------------------------------------ public state
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The current (or last) episode's trajectory."""
+        return self._episode.trajectory if self._episode is not None else None
+
+    @property
+    def episode_id(self) -> str | None:
+        return self._episode.episode_id if self._episode is not None else None
+
+    @property
+    def base_url(self) -> str:
+        """The running episode's OpenAI base URL over HTTP, for an agent in another process."""
+        if self._episode is None:
+            raise gym.error.ResetNeeded("no episode is running: call reset() first")
+        return self.gateway.base_url(self._episode.episode_id)
+
+    def sample_task(self, rng: np.random.Generator) -> Any:
+        """Draw a task from this env's task source with ``rng``."""
+        if callable(self.tasks):
+            return self.tasks(rng)
+        return self.tasks[int(rng.integers(len(self.tasks)))]
+
+    # ------------------------------------------------------------------ Gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        super().reset(seed=seed)
+        if self._episode is not None and not self._episode.trajectory.done:
+            self._end(Status.TRUNCATED, "reset() called before the episode ended", 0.0)
+        options = dict(options or {})
+        task = self._pick_task(options)
+        self._unfinalized = []
+        self._last_obs = None
+        self._early_end = None
+        self._call = None
+        self._episode = Episode(
+            self.agent,
+            task=task,
+            gateway=self.gateway,
+            transport=self.transport,
+            model_name=self.model_name,
+            env_id=self.env_id,
+            seed=int(self.np_random.integers(2**31 - 1)),
+            group_id=options.get("group_id"),
+            events=self._events,
+        )
+        self._hook.agentgym_episode_start(trajectory=self._episode.trajectory)
+        self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
+        self._episode.start()
+        obs, reward, terminated, truncated, info = self._advance()
+        reset_info: dict[str, Any] = {"task": copy.deepcopy(task), "turn": 0}
+        if terminated or truncated:
+            # Gymnasium's reset cannot end an episode: report it now, end it on the next step().
+            self._early_end = (obs, reward, terminated, truncated, info)
+            reset_info.update(episode_over=True, status=info["status"], error=info["error"])
+        return obs, reset_info
+
+    def step(self, action: Any) -> StepResult:
+        self.step_async(action)
+        return self.step_wait()
+
+    def step_async(self, action: Any) -> None:
+        """Answer the pending call with ``action`` and let the agent run on; see :meth:`step_wait`.
+
+        Split in two so a driver can answer many envs before waiting on any.
+        """
+        if self._early_end is not None:
+            return
+        if self._call is None:
+            raise gym.error.ResetNeeded(
+                "no LLM call is waiting for an answer: call reset() first (or again, after the episode ended)"
+            )
+        completion = as_completion(action)
+        call, self._call = self._call, None
+        self._mark_template_continuity(call.step, completion)
+        assert self._episode is not None
+        self._episode.answer(call, completion)
+        self._unfinalized.append(call.step)
+
+    def step_wait(self) -> StepResult:
+        """Run the agent to its next LLM call or its end, and report the step."""
+        if self._early_end is not None:
+            result, self._early_end = self._early_end, None
+            return result
+        return self._advance()
+
+    def abort(self, error: str, status: Status = Status.INFRA_FAILED) -> StepResult:
+        """End the running episode from outside (a policy backend failed, say)."""
+        if self._episode is None or self._episode.trajectory.done:
+            raise gym.error.ResetNeeded("no episode is running")
+        self._early_end = None
+        return self._end(status, error, self._finalize(time.time()))
+
+    def close(self) -> None:
+        """Stop a running agent (recorded as truncated); no thread or task is left behind."""
+        if self._episode is not None and not self._episode.trajectory.done:
+            self._end(Status.TRUNCATED, "the env was closed mid-episode", self._finalize(time.time()))
+        super().close()
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self._last_obs is None:
+            return None
+        lines = [f"[{m.get('role')}] {m.get('content')}" for m in self._last_obs.request.messages]
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ internals
+
+    def _pick_task(self, options: dict[str, Any]) -> Any:
+        if "task" in options:
+            return options["task"]
+        if "task_index" in options:
+            if callable(self.tasks):
+                raise ValueError("options['task_index'] needs a sequence of tasks; this env draws tasks from a function")
+            index = int(options["task_index"])
+            if not -len(self.tasks) <= index < len(self.tasks):
+                raise IndexError(f"task_index {index} is out of range for {len(self.tasks)} tasks")
+            return self.tasks[index]
+        return self.sample_task(self.np_random)
+
+    def _next_event(self) -> EpisodeEvent | None:
+        while True:
+            if self._deadline is None:
+                event = self._events.get()
+            else:
+                try:
+                    event = self._events.get(timeout=max(0.0, self._deadline - time.monotonic()))
+                except queue.Empty:
+                    return None
+            if event.episode is self._episode:  # skip leftovers of an episode already ended
+                return event
+
+    def _advance(self) -> StepResult:
+        episode = self._episode
+        assert episode is not None
+        event = self._next_event()
+        reward = self._finalize(time.time())
+        if event is None:
+            return self._end(Status.TRUNCATED, f"time limit of {self.time_limit} s reached", reward)
+        if isinstance(event, CallEvent):
+            answered = len(episode.trajectory.steps) - 1
+            if self.max_turns is not None and answered >= self.max_turns:
+                reason = f"max_turns={self.max_turns} reached"
+                episode.drop_step(event.pending, reason)
+                return self._end(Status.TRUNCATED, reason, reward)
+            self._call = event.pending
+            step = event.pending.step
+            obs = Observation(request=step.request, variables=dict(step.variables))
+            self._last_obs = obs
+            return obs, reward, False, False, {"turn": step.index}
+        return self._end_by_agent(event, reward)
+
+    def _end_by_agent(self, event: DoneEvent, reward: float) -> StepResult:
+        trajectory = event.episode.trajectory
+        trajectory.result = event.result
+        if event.error is None:
+            try:
+                final = self._episode_reward(trajectory.task, event.result, trajectory)
+            except Exception as exc:  # noqa: BLE001 - reward code failing is not the agent's fault
+                return self._end(Status.INFRA_FAILED, "reward function failed: " + _format_error(exc), reward)
+            return self._end(Status.SUCCEEDED, None, reward, final)
+        status = self._hook.agentgym_classify_error(error=event.error) or Status.TASK_FAILED
+        final = 0.0 if status is Status.TASK_FAILED else None
+        return self._end(status, _format_error(event.error), reward, final)
+
+    def _episode_reward(self, task: Any, result: Any, trajectory: Trajectory) -> float | None:
+        if self.reward_fn is not None:
+            return float(self.reward_fn(task, result))
+        value = self._hook.agentgym_episode_reward(task=task, result=result, trajectory=trajectory)
+        return None if value is None else float(value)
+
+    def _finalize(self, now: float) -> float:
+        """Close the answered steps: timings, AIR rewards, the step hook. Returns their reward."""
+        total = 0.0
+        if not self._unfinalized:
+            return total
+        episode = self._episode
+        assert episode is not None
+        for step in self._unfinalized:
+            step.timings.ended_at = now
+            if self.air_weights:
+                self._apply_air(step, episode.trajectory)
+            self._hook.agentgym_step_end(step=step, trajectory=episode.trajectory)
+            total += step.reward
+        self._unfinalized = []
+        return total
+
+    def _apply_air(self, step: Step, trajectory: Trajectory) -> None:
+        for result in self._hook.agentgym_intermediate_rewards(step=step, trajectory=trajectory, weights=self.air_weights):
+            for raw in [result] if isinstance(result, Reward) else list(result or []):
+                weight = self.air_weights.get(raw.source)
+                if weight is not None:
+                    step.rewards.append(Reward(value=raw.value * weight, source=raw.source, raw=raw.value))
+
+    def _end(self, status: Status, error: str | None, reward: float, final: float | None = None) -> StepResult:
+        episode = self._episode
+        assert episode is not None
+        trajectory = episode.trajectory
+        trajectory.status, trajectory.error, trajectory.final_reward = status, error, final
+        trajectory.ended_at = time.time()
+        self._call = None
+        episode.stop(self.stop_grace)
+        reward += (final or 0.0) + sum(r.value for r in trajectory.rewards)
+        self._hook.agentgym_episode_end(trajectory=trajectory)
+        terminated = status in (Status.SUCCEEDED, Status.TASK_FAILED)
+        info = {
+            "turn": len(trajectory.steps),
+            "status": status.value,
+            "error": error,
+            "final_reward": final,
+            "trajectory": trajectory,
+        }
+        obs = self._last_obs or Observation(request=ChatRequest(messages=[]))
+        return Observation(request=obs.request, variables=dict(obs.variables)), float(reward), terminated, not terminated, info
+
+    def _mark_template_continuity(self, step: Step, completion: Any) -> None:
+        """Record whether this call's prompt ids extend the previous call's prompt+completion ids
+        (merged-trajectory training needs it); mismatches are counted, never dropped."""
+        if completion.prompt_token_ids is None or self._episode is None:
+            return
+        steps = self._episode.trajectory.steps
+        previous = next((s for s in reversed(steps[: steps.index(step)]) if s.completion is not None), None)
+        if previous is None:
+            return
+        prev = previous.completion
+        if prev.prompt_token_ids is None or prev.completion_token_ids is None:
+            return
+        prefix = prev.prompt_token_ids + prev.completion_token_ids
+        step.prompt_extends_previous = completion.prompt_token_ids[: len(prefix)] == prefix
+
+
+def _format_error(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text[-4000:]

@@ -1,0 +1,107 @@
+"""The gateway's ASGI app (Starlette): the OpenAI endpoints plus rewards and variables.
+
+Routes (all JSON; errors in OpenAI's ``{"error": {...}}`` shape):
+
+- ``POST /episodes/{id}/v1/chat/completions`` — an agent's LLM call (``stream`` supported).
+- ``GET  /episodes/{id}/v1/models`` and ``GET /v1/models`` — the served model name.
+- ``POST /v1/chat/completions`` with header ``X-Agentgym-Episode: {id}`` — for clients whose
+  base URL cannot carry the episode.
+- ``POST /episodes/{id}/rewards`` — ``{"value": 1.0, "source": "judge"}``.
+- ``POST /episodes/{id}/variables`` — ``{"name": value, ...}``.
+- ``GET  /episodes/{id}`` — progress; ``GET /health``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentgym_lightning.gateway.openai_wire import (
+    ERROR_HEADERS,
+    GatewayError,
+    completion_body,
+    completion_sse,
+    error_body,
+    models_body,
+)
+
+if TYPE_CHECKING:
+    from agentgym_lightning.gateway.gateway import Gateway
+
+EPISODE_HEADER = "x-agentgym-episode"
+
+
+def _error(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=ERROR_HEADERS)
+
+
+def build_app(gateway: Gateway) -> Starlette:
+    """The Starlette app serving ``gateway``."""
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                gateway.check_auth(request.headers.get("authorization"))
+                return await handler(request)
+            except GatewayError as exc:
+                return _error(exc)
+
+        return endpoint
+
+    async def chat(request: Request) -> Response:
+        episode_id = request.path_params.get("episode_id") or request.headers.get(EPISODE_HEADER)
+        if not episode_id:
+            raise GatewayError(
+                404, "no episode in the URL: use the base URL the env handed you (/episodes/<id>/v1) or send X-Agentgym-Episode"
+            )
+        call = gateway.submit(episode_id, await request.body())
+        completion = await call.wait_async()
+        if call.request.stream:
+            return StreamingResponse(
+                iter(completion_sse(call.request, completion, call.call_id)), media_type="text/event-stream"
+            )
+        return Response(json.dumps(completion_body(call.request, completion, call.call_id)), media_type="application/json")
+
+    async def models(request: Request) -> Response:
+        episode_id = request.path_params.get("episode_id")
+        name = gateway.episode(episode_id).model_name if episode_id else "policy"
+        return JSONResponse(models_body(name))
+
+    async def rewards(request: Request) -> Response:
+        return JSONResponse(gateway.post_reward(request.path_params["episode_id"], await request.body()))
+
+    async def variables(request: Request) -> Response:
+        return JSONResponse(gateway.post_variables(request.path_params["episode_id"], await request.body()))
+
+    async def describe(request: Request) -> Response:
+        return JSONResponse(gateway.describe(request.path_params["episode_id"]))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True, "episodes": gateway.episode_count})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        msg = {404: f"no route {request.url.path}; see the gateway's routes in the docs", 405: "method not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return JSONResponse(error_body(exc.status_code, msg), status_code=exc.status_code, headers=ERROR_HEADERS)
+
+    routes = [
+        Route("/episodes/{episode_id}/v1/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/episodes/{episode_id}/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/episodes/{episode_id}/rewards", guarded(rewards), methods=["POST"]),
+        Route("/episodes/{episode_id}/variables", guarded(variables), methods=["POST"]),
+        Route("/episodes/{episode_id}", guarded(describe), methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    handlers: dict[Any, Any] = {HTTPException: http_error}
+    return Starlette(routes=routes, exception_handlers=handlers)

@@ -1,0 +1,243 @@
+"""The interception gateway: routes each OpenAI request to its episode.
+
+One gateway serves every episode of the process. Agents reach it two ways, with the same
+semantics: in-process through an httpx transport (no socket, see :mod:`.transport`), or over
+HTTP at ``http://127.0.0.1:<port>/episodes/<id>/v1`` (see :mod:`.app`), which is also how an
+agent in another process or on another machine takes part (Training-Agent Disaggregation).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from agentgym_lightning.gateway.background_loop import BackgroundLoop
+from agentgym_lightning.gateway.openai_wire import GatewayError
+from agentgym_lightning.llm import ChatRequest
+
+if TYPE_CHECKING:
+    from agentgym_lightning.episode import Episode, PendingCall
+    from agentgym_lightning.gateway.server import GatewayServer
+
+__all__ = ["Gateway", "get_gateway", "INPROC_HOST"]
+
+#: Host name of in-process base URLs; never resolved, the transport answers it directly.
+INPROC_HOST = "agentgym.inproc"
+HOST_ENV = "AGENTGYM_LIGHTNING_GATEWAY_HOST"
+PORT_ENV = "AGENTGYM_LIGHTNING_GATEWAY_PORT"
+TOKEN_ENV = "AGENTGYM_LIGHTNING_GATEWAY_TOKEN"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Gateway:
+    """Episode registry plus the OpenAI-compatible endpoint in front of it.
+
+    Args:
+        host: Address the HTTP server binds when first needed. ``127.0.0.1`` by default; any
+            non-loopback address requires a bearer token.
+        port: Port to bind (0 picks a free one).
+        token: Bearer token clients must send. Required off loopback: if none is given there,
+            one is generated (read it from :attr:`api_key`). On loopback, a token is checked only
+            when given.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        if not _is_loopback(host) and not token:
+            token = secrets.token_urlsafe(24)
+        self.host = host
+        self.port = port
+        self.token = token
+        self._episodes: dict[str, Episode] = {}
+        self._lock = threading.Lock()
+        self._server: GatewayServer | None = None
+        self._loop: BackgroundLoop | None = None
+        self._inproc_client: httpx.Client | None = None
+        self._inproc_async: dict[int, httpx.AsyncClient] = {}
+
+    # ------------------------------------------------------------------ episodes
+
+    def register(self, episode: Episode) -> None:
+        with self._lock:
+            self._episodes[episode.episode_id] = episode
+
+    def unregister(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    def episode(self, episode_id: str) -> Episode:
+        ep = self._episodes.get(episode_id)
+        if ep is None:
+            raise GatewayError(
+                404, f"no running episode {episode_id!r}: it ended or never existed; use the base URL the env handed you"
+            )
+        return ep
+
+    @property
+    def episode_count(self) -> int:
+        return len(self._episodes)
+
+    # ------------------------------------------------------------------ requests
+
+    def check_auth(self, authorization: str | None) -> None:
+        if not self.token:
+            return
+        expected = f"Bearer {self.token}"
+        if not authorization or not hmac.compare_digest(authorization.encode(), expected.encode()):
+            raise GatewayError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'", "authentication_error")
+
+    def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
+        """Parse a chat-completion request and hand it to its episode as a pending call."""
+        episode = self.episode(episode_id)
+        if isinstance(body, (bytes, bytearray, str)):
+            try:
+                body = json.loads(body or b"null")
+            except json.JSONDecodeError as exc:
+                raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+        try:
+            request = ChatRequest.from_openai(dict(body) if isinstance(body, Mapping) else body)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise GatewayError(400, str(exc)) from None
+        return episode.submit(request)
+
+    def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""
+        data = _json_object(body)
+        if "value" not in data:
+            raise GatewayError(400, "a reward needs a numeric 'value' (and optionally a 'source')")
+        try:
+            self.episode(episode_id).emit_reward(data["value"], str(data.get("source", "agent")))
+        except ValueError as exc:
+            raise GatewayError(400, str(exc)) from None
+        return {"ok": True}
+
+    def post_variables(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /episodes/{id}/variables`` with an object of ``name: value`` pairs."""
+        data = _json_object(body)
+        episode = self.episode(episode_id)
+        for name, value in data.items():
+            episode.emit_variable(name, value)
+        return {"ok": True, "variables": sorted(data)}
+
+    def describe(self, episode_id: str) -> dict[str, Any]:
+        """``GET /episodes/{id}``: where the episode stands."""
+        ep = self.episode(episode_id)
+        return {"episode_id": ep.episode_id, "steps": len(ep.trajectory.steps), "status": ep.trajectory.status.value}
+
+    # ------------------------------------------------------------------ endpoints
+
+    def start(self) -> None:
+        """Start the HTTP server now (it otherwise starts on first use of :meth:`base_url`)."""
+        if self._server is None:
+            with self._lock:
+                if self._server is None:
+                    from agentgym_lightning.gateway.server import GatewayServer
+
+                    server = GatewayServer(self, self.host, self.port)
+                    server.start()
+                    self.port = server.port
+                    self._server = server
+
+    @property
+    def url(self) -> str:
+        """The server's root URL (starts it if needed)."""
+        self.start()
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def base_url(self, episode_id: str) -> str:
+        """An episode's OpenAI base URL over HTTP."""
+        return f"{self.url}/episodes/{episode_id}/v1"
+
+    def client_base_url(self, episode_id: str, transport: str) -> str:
+        if transport == "inproc":
+            return f"http://{INPROC_HOST}/episodes/{episode_id}/v1"
+        return self.base_url(episode_id)
+
+    @property
+    def api_key(self) -> str:
+        return self.token or "agentgym-lightning"
+
+    def http_client(self, transport: str) -> httpx.Client:
+        """An httpx client for agents: in-process (shared; no socket) or a pooled HTTP one."""
+        if transport == "inproc":
+            if self._inproc_client is None:
+                from agentgym_lightning.gateway.transport import InProcessTransport
+
+                self._inproc_client = httpx.Client(transport=InProcessTransport(self), timeout=None, trust_env=False)
+            return self._inproc_client
+        return httpx.Client(timeout=None, trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+    def async_http_client(self, transport: str) -> httpx.AsyncClient:
+        if transport == "inproc":
+            from agentgym_lightning.gateway.transport import AsyncInProcessTransport
+
+            return httpx.AsyncClient(transport=AsyncInProcessTransport(self), timeout=None, trust_env=False)
+        return httpx.AsyncClient(
+            timeout=None, trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        )
+
+    def background_loop(self) -> BackgroundLoop:
+        """The event loop ``async def`` agents run on."""
+        if self._loop is None:
+            with self._lock:
+                if self._loop is None:
+                    self._loop = BackgroundLoop(name="agentgym-agents")
+        return self._loop
+
+    def close(self) -> None:
+        """Stop the server and the agents' loop (episodes should be closed first)."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+        if self._inproc_client is not None:
+            self._inproc_client.close()
+            self._inproc_client = None
+
+
+def _json_object(body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(body, (bytes, bytearray, str)):
+        try:
+            body = json.loads(body or b"null")
+        except json.JSONDecodeError as exc:
+            raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, Mapping):
+        raise GatewayError(400, "request body must be a JSON object")
+    return dict(body)
+
+
+_default: Gateway | None = None
+_default_lock = threading.Lock()
+
+
+def get_gateway() -> Gateway:
+    """The process-wide gateway, configured from ``AGENTGYM_LIGHTNING_GATEWAY_HOST`` / ``_PORT`` /
+    ``_TOKEN`` (defaults: 127.0.0.1, a free port, no token)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Gateway(
+                    host=os.environ.get(HOST_ENV, "127.0.0.1"),
+                    port=int(os.environ.get(PORT_ENV, "0")),
+                    token=os.environ.get(TOKEN_ENV) or None,
+                )
+    return _default

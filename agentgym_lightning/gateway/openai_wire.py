@@ -1,0 +1,118 @@
+"""The OpenAI wire format of our answers: chat completions, their streamed chunks, and errors.
+
+Shared by the HTTP app and the in-process transport so both speak byte-for-byte the same.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from agentgym_lightning.llm import ChatRequest, Completion
+
+__all__ = ["GatewayError", "completion_body", "completion_sse", "error_body", "models_body", "ERROR_HEADERS"]
+
+#: Tells the openai client not to retry: a failed call is a signal for the agent, and a retry
+#: against a closed episode only delays the agent's exit.
+ERROR_HEADERS = {"x-should-retry": "false"}
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses; rendered as an OpenAI error body with ``status``."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def error_body(status: int, message: str, code: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": code, "code": status, "param": None}}
+
+
+def models_body(model: str) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "agentgym-lightning"}]}
+
+
+def _message(completion: Completion) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": completion.text}
+    if completion.tool_calls:
+        msg["tool_calls"] = [tc.to_openai() for tc in completion.tool_calls]
+        # OpenAI sends null content alongside tool calls when there is no text.
+        if not completion.text:
+            msg["content"] = None
+    return msg
+
+
+def _usage(completion: Completion) -> dict[str, int] | None:
+    if completion.prompt_token_ids is None or completion.completion_token_ids is None:
+        return None
+    p, c = len(completion.prompt_token_ids), len(completion.completion_token_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _logprobs(request: ChatRequest, completion: Completion) -> dict[str, Any] | None:
+    if not request.sampling.logprobs or completion.logprobs is None:
+        return None
+    ids = completion.completion_token_ids or []
+    # We carry ids, not token strings; the id is given as its own text so the field stays valid.
+    return {
+        "content": [
+            {"token": str(tok), "logprob": lp, "bytes": None, "top_logprobs": []} for tok, lp in zip(ids, completion.logprobs)
+        ]
+    }
+
+
+def completion_body(request: ChatRequest, completion: Completion, call_id: str) -> dict[str, Any]:
+    """A ``chat.completion`` object; token ids ride along as vLLM's extension fields."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": _message(completion),
+        "finish_reason": completion.finish_reason,
+        "logprobs": _logprobs(request, completion),
+    }
+    if completion.completion_token_ids is not None:
+        choice["token_ids"] = completion.completion_token_ids
+    body: dict[str, Any] = {
+        "id": f"chatcmpl-{call_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": completion.model or request.model or "policy",
+        "choices": [choice],
+        "usage": _usage(completion),
+    }
+    if completion.prompt_token_ids is not None:
+        body["prompt_token_ids"] = completion.prompt_token_ids
+    return body
+
+
+def completion_sse(request: ChatRequest, completion: Completion, call_id: str) -> list[bytes]:
+    """The same answer as ``chat.completion.chunk`` server-sent events, ending with ``[DONE]``."""
+    base = {
+        "id": f"chatcmpl-{call_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": completion.model or request.model or "policy",
+    }
+    chunks: list[dict[str, Any]] = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    ]
+    if completion.text:
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": completion.text}, "finish_reason": None}]})
+    for i, tc in enumerate(completion.tool_calls):
+        delta = {"tool_calls": [{"index": i, **tc.to_openai()}]}
+        chunks.append({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+    last: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": completion.finish_reason}
+    if completion.completion_token_ids is not None:
+        last["token_ids"] = completion.completion_token_ids
+    chunks.append({**base, "choices": [last]})
+    if (request.extra.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**base, "choices": [], "usage": _usage(completion)})
+    return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+def new_call_id() -> str:
+    return uuid.uuid4().hex[:24]

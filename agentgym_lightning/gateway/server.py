@@ -1,0 +1,59 @@
+"""The gateway's HTTP server: uvicorn on a daemon thread, bound before it is announced."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from agentgym_lightning.gateway.app import build_app
+
+if TYPE_CHECKING:
+    from agentgym_lightning.gateway.gateway import Gateway
+
+
+class GatewayServer:
+    """Serves :func:`build_app` with uvicorn; :meth:`start` returns once it accepts connections."""
+
+    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # We bind the socket ourselves so port 0 resolves before anyone is handed a URL.
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as exc:
+            self._sock.close()
+            raise OSError(f"gateway cannot bind {host}:{port} ({exc}); pick another port or 0 for a free one") from exc
+        self._sock.listen(4096)
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            build_app(gateway),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            # Many agents keep connections open between calls; a call may wait minutes for a
+            # long generation, so idle keep-alive must outlast that.
+            timeout_keep_alive=600,
+            backlog=4096,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, name="agentgym-gateway", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the gateway server exited during start-up; see the log above")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gateway server did not start within {timeout} s")
+            time.sleep(0.005)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()

@@ -1,0 +1,108 @@
+"""In-process transports: an ``openai`` client in the same process reaches its episode with no
+socket and no server, with exactly the HTTP app's semantics."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+import httpx
+
+from agentgym_lightning.gateway.openai_wire import (
+    ERROR_HEADERS,
+    GatewayError,
+    completion_body,
+    completion_sse,
+    error_body,
+    models_body,
+)
+
+if TYPE_CHECKING:
+    from agentgym_lightning.episode import PendingCall
+    from agentgym_lightning.gateway.gateway import Gateway
+
+_CHAT = re.compile(r"^/episodes/([^/]+)/v1/chat/completions$")
+_MODELS = re.compile(r"^/episodes/([^/]+)/v1/models$")
+_POST = re.compile(r"^/episodes/([^/]+)/(rewards|variables)$")
+
+
+def _json(status: int, payload: object, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.Response(
+        status, content=json.dumps(payload).encode(), headers={"content-type": "application/json", **(headers or {})}
+    )
+
+
+def _error(exc: GatewayError) -> httpx.Response:
+    return _json(exc.status, error_body(exc.status, exc.message, exc.code), ERROR_HEADERS)
+
+
+class _Router:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def begin(self, request: httpx.Request) -> PendingCall | httpx.Response:
+        """Route a request: a pending call to wait on, or a finished response."""
+        path, method = request.url.path, request.method
+        try:
+            self.gateway.check_auth(request.headers.get("authorization"))
+            if method == "POST" and (m := _CHAT.match(path)):
+                return self.gateway.submit(m.group(1), request.content)
+            if method == "GET" and (m := _MODELS.match(path)):
+                return _json(200, models_body(self.gateway.episode(m.group(1)).model_name))
+            if method == "POST" and (m := _POST.match(path)):
+                fn = self.gateway.post_reward if m.group(2) == "rewards" else self.gateway.post_variables
+                return _json(200, fn(m.group(1), request.content))
+            raise GatewayError(404, f"no route {method} {path} in the in-process gateway")
+        except GatewayError as exc:
+            return _error(exc)
+
+    @staticmethod
+    def finish(call: PendingCall) -> httpx.Response:
+        try:
+            completion = call._result()
+        except GatewayError as exc:
+            return _error(exc)
+        if call.request.stream:
+            return httpx.Response(
+                200,
+                headers={"content-type": "text/event-stream"},
+                stream=httpx.ByteStream(b"".join(completion_sse(call.request, completion, call.call_id))),
+            )
+        return _json(200, completion_body(call.request, completion, call.call_id))
+
+
+class InProcessTransport(httpx.BaseTransport):
+    """For ``openai.OpenAI``: the calling thread blocks until the driver answers."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._router = _Router(gateway)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.read()
+        result = self._router.begin(request)
+        if isinstance(result, httpx.Response):
+            return result
+        try:
+            result.wait()
+        except GatewayError:
+            pass  # rendered by finish()
+        return self._router.finish(result)
+
+
+class AsyncInProcessTransport(httpx.AsyncBaseTransport):
+    """For ``openai.AsyncOpenAI``: the calling task awaits the driver's answer."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._router = _Router(gateway)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        result = self._router.begin(request)
+        if isinstance(result, httpx.Response):
+            return result
+        try:
+            await result.wait_async()
+        except GatewayError:
+            pass
+        return self._router.finish(result)

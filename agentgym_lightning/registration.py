@@ -1,0 +1,48 @@
+"""Registers the ``lightning/...`` environment ids with Gymnasium (on ``import agentgym_lightning``).
+
+Gymnasium 1.x has no entry-point env plugins, so third-party plugins add theirs through the
+``agentgym_register_envs`` hook, registered here too.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+#: The bundled environments: id -> entry point.
+BUNDLED_ENVS: dict[str, str] = {
+    "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
+    "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
+}
+
+_done = False
+
+
+def register_envs() -> None:
+    """Register bundled and plugin environments once (idempotent)."""
+    global _done
+    if _done:
+        return
+    _done = True
+    for env_id, entry_point in BUNDLED_ENVS.items():
+        if env_id not in gym.registry:
+            # Agents end themselves; the env enforces max_turns and time limits, so no TimeLimit wrapper.
+            gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
+    from agentgym_lightning.plugin_manager import get_plugin_manager
+
+    for specs in get_plugin_manager().hook.agentgym_register_envs():
+        for spec in specs or []:
+            spec = dict(spec)
+            if spec.get("id") not in gym.registry:
+                gym.register(**spec)
+
+
+def lightning_env_ids() -> list[str]:
+    """Every registered id in the ``lightning`` namespace and those added by plugins."""
+    register_envs()
+    return sorted(k for k, v in gym.registry.items() if v.namespace == "lightning" or k in _plugin_ids())
+
+
+def _plugin_ids() -> set[str]:
+    from agentgym_lightning.plugin_manager import get_plugin_manager
+
+    return {dict(s)["id"] for specs in get_plugin_manager().hook.agentgym_register_envs() for s in specs or []}

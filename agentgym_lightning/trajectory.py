@@ -1,0 +1,266 @@
+"""The unified data interface: a step is one LLM call, a trajectory is one episode.
+
+Everything an environment records, a plugin reads and a trainer consumes is one of these
+dataclasses; they round-trip through JSONL with :func:`save_trajectories` /
+:func:`load_trajectories` (one trajectory a line, so an interrupted run keeps every line written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any
+
+from agentgym_lightning.llm import ChatRequest, Completion
+
+__all__ = [
+    "Status",
+    "Reward",
+    "StepTimings",
+    "Step",
+    "Trajectory",
+    "TrajectoryWriter",
+    "save_trajectories",
+    "load_trajectories",
+]
+
+
+class Status(str, Enum):
+    """How an episode ended.
+
+    ``TASK_FAILED`` is the agent's own fault (it raised, or produced garbage): train on it.
+    ``INFRA_FAILED`` is a fault of the machinery (policy backend, gateway, reward code): never
+    train on it as if it earned a zero reward.
+    """
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    TASK_FAILED = "task_failed"
+    INFRA_FAILED = "infra_failed"
+    TRUNCATED = "truncated"
+
+
+@dataclass
+class Reward:
+    """One reward component. ``value`` is what counts (already weighted); ``raw`` is the signal
+    before its weight, kept for logging."""
+
+    value: float
+    source: str = "agent"
+    raw: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"value": self.value, "source": self.source}
+        if self.raw is not None:
+            d["raw"] = self.raw
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reward:
+        return cls(**data)
+
+
+@dataclass
+class StepTimings:
+    """Wall-clock times (``time.time()`` seconds) of one step."""
+
+    requested_at: float = 0.0  #: the agent sent the request
+    answered_at: float | None = None  #: the completion was handed back
+    ended_at: float | None = None  #: the agent's next call arrived, or the episode ended
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requested_at": self.requested_at, "answered_at": self.answered_at, "ended_at": self.ended_at}
+
+
+@dataclass
+class Step:
+    """One LLM call of the agent, and what followed it until its next call."""
+
+    index: int
+    request: ChatRequest
+    completion: Completion | None = None
+    #: Snapshot of the agent's semantic variables when it made this call.
+    variables: dict[str, Any] = field(default_factory=dict)
+    #: Variables the agent emitted after this call was answered (what happened: tool errors,
+    #: SQL results...). AIR plugins read this.
+    outcome: dict[str, Any] = field(default_factory=dict)
+    rewards: list[Reward] = field(default_factory=list)
+    #: False when the agent marked the call ``metadata={"trainable": "false"}``.
+    trainable: bool = True
+    #: Which part of the agent made the call (``metadata={"role": ...}``), if it said.
+    role: str | None = None
+    #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
+    #: (``None`` when unknown). Filled in by policies that tokenize.
+    prompt_extends_previous: bool | None = None
+    timings: StepTimings = field(default_factory=StepTimings)
+
+    @property
+    def reward(self) -> float:
+        """Sum of this step's reward components."""
+        return float(sum(r.value for r in self.rewards))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "request": self.request.to_dict(),
+            "completion": self.completion.to_dict() if self.completion is not None else None,
+            "variables": self.variables,
+            "outcome": self.outcome,
+            "rewards": [r.to_dict() for r in self.rewards],
+            "trainable": self.trainable,
+            "role": self.role,
+            "prompt_extends_previous": self.prompt_extends_previous,
+            "timings": self.timings.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Step:
+        data = dict(data)
+        data["request"] = ChatRequest.from_dict(data["request"])
+        if data.get("completion") is not None:
+            data["completion"] = Completion.from_dict(data["completion"])
+        data["rewards"] = [Reward.from_dict(r) for r in data.get("rewards") or []]
+        data["timings"] = StepTimings(**(data.get("timings") or {}))
+        return cls(**data)
+
+
+@dataclass
+class Trajectory:
+    """One episode: the task, every LLM call, and how it ended."""
+
+    episode_id: str
+    task: Any = None
+    env_id: str | None = None
+    steps: list[Step] = field(default_factory=list)
+    #: The episode reward from the reward function / ``agentgym_episode_reward`` hook;
+    #: ``None`` until the episode ends, and when it ended in an infrastructure failure.
+    final_reward: float | None = None
+    status: Status = Status.RUNNING
+    error: str | None = None
+    #: The agent's semantic variables at the end of the episode.
+    variables: dict[str, Any] = field(default_factory=dict)
+    #: Rewards the agent emitted before its first LLM call.
+    rewards: list[Reward] = field(default_factory=list)
+    #: What the agent callable returned.
+    result: Any = None
+    #: Episodes reset together on the same task share a ``group_id`` (GRPO groups).
+    group_id: str | None = None
+    seed: int | None = None
+    started_at: float = 0.0
+    ended_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status is not Status.RUNNING
+
+    @property
+    def total_reward(self) -> float:
+        """Final reward plus every intermediate reward (what a Gymnasium return sums to)."""
+        total = sum(s.reward for s in self.steps) + sum(r.value for r in self.rewards)
+        return float(total + (self.final_reward or 0.0))
+
+    @property
+    def template_mismatches(self) -> int:
+        """Calls whose prompt ids do not extend the previous call's prompt+completion ids."""
+        return sum(1 for s in self.steps if s.prompt_extends_previous is False)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether a trainer may learn from this episode (infrastructure failures it may not)."""
+        return self.status is not Status.INFRA_FAILED and self.status is not Status.RUNNING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "task": self.task,
+            "env_id": self.env_id,
+            "steps": [s.to_dict() for s in self.steps],
+            "final_reward": self.final_reward,
+            "status": self.status.value,
+            "error": self.error,
+            "variables": self.variables,
+            "rewards": [r.to_dict() for r in self.rewards],
+            "result": self.result,
+            "group_id": self.group_id,
+            "seed": self.seed,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        data = dict(data)
+        data["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
+        data["status"] = Status(data.get("status", Status.RUNNING.value))
+        data["rewards"] = [Reward.from_dict(r) for r in data.get("rewards") or []]
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=_json_default, ensure_ascii=False)
+
+
+def _json_default(obj: Any) -> Any:
+    # Tasks and results are user objects; keep the line valid JSON whatever they are.
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return repr(obj)
+
+
+class TrajectoryWriter:
+    """Appends trajectories to a JSONL file, one flushed line each, so a crash loses nothing
+    that was written."""
+
+    def __init__(self, path: str | os.PathLike[str], append: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, trajectory: Trajectory) -> None:
+        self._fh.write(trajectory.to_json() + "\n")
+        self._fh.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def save_trajectories(path: str | os.PathLike[str], trajectories: Iterable[Trajectory]) -> int:
+    """Write trajectories to ``path`` as JSONL; returns how many were written."""
+    with TrajectoryWriter(path) as writer:
+        for t in trajectories:
+            writer.write(t)
+        return writer.count
+
+
+def load_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    """Read trajectories back from a JSONL file written by :func:`save_trajectories`.
+
+    A truncated last line (a run killed mid-write) is skipped; any other bad line raises
+    :class:`ValueError` naming the line.
+    """
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines) and not line.endswith("\n"):
+                return  # half-written final line of an interrupted run
+            raise ValueError(f"{path}:{lineno}: not a JSON trajectory ({exc})") from exc
+        yield Trajectory.from_dict(data)

@@ -1,0 +1,5 @@
+"""Bundled plugins (installed as ``agentgym_lightning.plugins``).
+
+Each module is one small plugin implementing hooks of :mod:`agentgym_lightning.hookspecs`;
+the plugin manager registers every module named in ``BUNDLED_PLUGINS``.
+"""

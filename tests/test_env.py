@@ -1,0 +1,328 @@
+"""AgentEnv: the Gymnasium contract, token exactness, reward landing, failures and teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import gymnasium as gym
+import openai
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import agentgym_lightning  # noqa: F401 - registers ids
+from agentgym_lightning import Completion, Status, ToolCall, emit_reward, emit_variable
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.envs.guess_number import binary_search_policy
+from agentgym_lightning.spaces import Observation
+
+
+def echo_agent(task, ctx):
+    """Asks ``task["turns"]`` questions; the answer to each is fed into the next."""
+    client = ctx.openai_client()
+    messages = [{"role": "user", "content": task["prompt"]}]
+    for turn in range(task["turns"]):
+        emit_variable("turn", turn)
+        reply = client.chat.completions.create(model=ctx.model, messages=messages)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "more"}]
+        emit_reward(0.1 * (turn + 1), source=f"turn{turn}")
+    return reply.choices[0].message.content
+
+
+def exact(task, result):
+    return 1.0 if result == task.get("expect") else 0.0
+
+
+def run_episode(env, policy, **reset_kwargs):
+    obs, info = env.reset(**reset_kwargs)
+    rewards = []
+    while True:
+        obs, reward, terminated, truncated, info = env.step(policy(obs))
+        rewards.append(reward)
+        if terminated or truncated:
+            return rewards, terminated, truncated, info
+
+
+def test_multi_turn_episode_records_every_call_and_rewards_on_the_right_step():
+    env = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 3, "expect": "c"}], exact)
+    answers = iter(["a", "b", "c"])
+    obs, info = env.reset(seed=1)
+    assert isinstance(obs, Observation)
+    assert obs.request.messages == [{"role": "user", "content": "hi"}]
+    assert obs.variables == {"turn": 0}
+    assert info["turn"] == 0 and info["task"]["prompt"] == "hi"
+    step_rewards = []
+    for expected_turn in (1, 2):
+        obs, r, term, trunc, info = env.step(next(answers))
+        assert not term and not trunc
+        assert obs.variables["turn"] == expected_turn
+        # the previous answer is in the agent's next request
+        assert obs.request.messages[-2]["role"] == "assistant"
+        step_rewards.append(r)
+    obs, r, term, trunc, info = env.step(next(answers))
+    step_rewards.append(r)
+    assert term and not trunc
+    traj = info["trajectory"]
+    assert traj.status is Status.SUCCEEDED and traj.result == "c" and traj.final_reward == 1.0
+    assert [s.completion.text for s in traj.steps] == ["a", "b", "c"]
+    # emitted rewards land on the call they followed
+    assert [[(rw.source, rw.value) for rw in s.rewards] for s in traj.steps] == [
+        [("turn0", 0.1)],
+        [("turn1", 0.2)],
+        [("turn2", pytest.approx(0.3))],
+    ]
+    assert step_rewards == pytest.approx([0.1, 0.2, 0.3 + 1.0])
+    assert sum(step_rewards) == pytest.approx(traj.total_reward)
+    assert [s.variables for s in traj.steps] == [{"turn": 0}, {"turn": 1}, {"turn": 2}]
+    assert all(s.timings.requested_at <= s.timings.answered_at <= s.timings.ended_at for s in traj.steps)
+    env.close()
+
+
+def test_token_ids_and_logprobs_pass_through_unchanged_and_reach_the_agent():
+    seen = {}
+
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        reply = client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": "x"}], logprobs=True)
+        seen["token_ids"] = reply.choices[0].model_extra.get("token_ids")
+        seen["logprobs"] = [c.logprob for c in reply.choices[0].logprobs.content]
+        seen["prompt_ids"] = reply.model_extra.get("prompt_token_ids")
+        return None
+
+    env = AgentEnv(agent, [{}])
+    env.reset(seed=0)
+    action = Completion(
+        text="hello", prompt_token_ids=[1, 2, 3], completion_token_ids=[7, 8, 2**31 + 5], logprobs=[-0.5, -1e-9, -3.25]
+    )
+    *_, info = env.step(action)
+    step = info["trajectory"].steps[0]
+    assert step.completion.completion_token_ids == [7, 8, 2**31 + 5]
+    assert step.completion.prompt_token_ids == [1, 2, 3]
+    assert step.completion.logprobs == [-0.5, -1e-9, -3.25]
+    assert seen == {"token_ids": [7, 8, 2**31 + 5], "logprobs": [-0.5, -1e-9, -3.25], "prompt_ids": [1, 2, 3]}
+
+
+def test_prompt_continuity_is_recorded_per_step():
+    env = AgentEnv(echo_agent, [{"prompt": "p", "turns": 3}])
+    env.reset(seed=0)
+    env.step(Completion(text="a", prompt_token_ids=[1, 2], completion_token_ids=[3]))
+    env.step(Completion(text="b", prompt_token_ids=[1, 2, 3, 4], completion_token_ids=[5]))  # extends
+    *_, info = env.step(Completion(text="c", prompt_token_ids=[9, 9], completion_token_ids=[1]))  # does not
+    steps = info["trajectory"].steps
+    assert [s.prompt_extends_previous for s in steps] == [None, True, False]
+    assert info["trajectory"].template_mismatches == 1
+
+
+def test_tool_calls_reach_an_openai_agent_and_streaming_works():
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+        r = client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": "2+2"}], tools=tools)
+        call = r.choices[0].message.tool_calls[0]
+        stream = client.chat.completions.create(
+            model=ctx.model, messages=[{"role": "user", "content": "again"}], stream=True
+        )
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        return call.function.name, call.function.arguments, r.choices[0].finish_reason, streamed
+
+    env = AgentEnv(agent, [{}])
+    obs, _ = env.reset(seed=0)
+    assert obs.request.tools[0]["function"]["name"] == "add"
+    tc = ToolCall(id="call_1", name="add", arguments='{"a": 2, "b": 2}')
+    obs, *_ = env.step(Completion(text="", tool_calls=[tc], finish_reason="tool_calls"))
+    assert obs.request.stream is True
+    *_, term, _, info = env.step("streamed answer")
+    assert term
+    assert info["trajectory"].result == ("add", '{"a": 2, "b": 2}', "tool_calls", "streamed answer")
+
+
+def test_air_rewards_are_weighted_and_only_applied_when_weighted():
+    def agent(task, ctx):
+        for _ in range(2):
+            text = ctx.chat_completion([{"role": "user", "content": "guess"}]).text
+            ctx.emit_variable("invalid_guess", not text.isdigit())
+        return None
+
+    weighted = AgentEnv(agent, [{}], air_weights={"invalid_guess": -0.5})
+    weighted.reset(seed=0)
+    _, r1, *_ = weighted.step("nope")
+    _, r2, *_, info = weighted.step("42")
+    assert (r1, r2) == (-0.5, 0.0)
+    rewards = [s.rewards for s in info["trajectory"].steps]
+    assert rewards[0][0].source == "invalid_guess" and rewards[0][0].raw == 1.0 and rewards[0][0].value == -0.5
+    assert rewards[1][0].value == 0.0  # raw 0.0 (valid guess), logged as its own component
+
+    unweighted = AgentEnv(agent, [{}])
+    unweighted.reset(seed=0)
+    unweighted.step("nope")
+    *_, info = unweighted.step("42")
+    assert all(not s.rewards for s in info["trajectory"].steps)
+
+
+def test_agent_crash_is_a_task_failure_with_the_error():
+    def agent(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "x"}])
+        raise ValueError("the agent broke")
+
+    env = AgentEnv(agent, [{}], lambda t, r: 1.0)
+    env.reset(seed=0)
+    _, reward, term, trunc, info = env.step("y")
+    assert term and not trunc
+    assert info["status"] == "task_failed" and "the agent broke" in info["error"]
+    assert reward == 0.0 and info["trajectory"].final_reward == 0.0
+
+
+def test_backend_connection_error_is_an_infra_failure_not_a_zero_reward():
+    def agent(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "x"}])
+        raise openai.APIConnectionError(request=None)  # type: ignore[arg-type]
+
+    env = AgentEnv(agent, [{}], lambda t, r: 1.0)
+    env.reset(seed=0)
+    _, _, term, trunc, info = env.step("y")
+    assert trunc and not term
+    assert info["status"] == "infra_failed" and info["trajectory"].final_reward is None
+    assert not info["trajectory"].trainable
+
+
+def test_reward_function_crash_is_an_infra_failure():
+    env = AgentEnv(echo_agent, [{"prompt": "p", "turns": 1}], lambda t, r: 1 / 0)
+    env.reset(seed=0)
+    *_, info = env.step("a")
+    assert info["status"] == "infra_failed" and "reward function failed" in info["error"]
+
+
+def test_hung_agent_is_truncated_by_the_time_limit_and_stopped():
+    def agent(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "x"}])
+        while True:  # hangs without ever calling the LLM again
+            time.sleep(0.01)
+
+    env = AgentEnv(agent, [{}], time_limit=0.5, stop_grace=0.2)
+    env.reset(seed=0)
+    t0 = time.monotonic()
+    _, _, term, trunc, info = env.step("y")
+    assert trunc and not term and info["status"] == "truncated"
+    assert "time limit" in info["error"]
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_agent_that_swallows_errors_is_still_stopped():
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        while True:
+            try:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            except Exception:  # noqa: BLE001 - a badly behaved agent
+                time.sleep(0.001)
+
+    env = AgentEnv(agent, [{}], max_turns=2, stop_grace=0.2)
+    env.reset(seed=0)
+    env.step("a")
+    _, _, term, trunc, info = env.step("b")
+    assert trunc and info["error"] == "max_turns=2 reached"
+    assert len(info["trajectory"].steps) == 2  # the refused third call is not a step
+
+
+def test_close_mid_episode_stops_the_agent_and_leaves_no_thread():
+    started = threading.Event()
+
+    def agent(task, ctx):
+        started.set()
+        for _ in range(100):
+            ctx.chat_completion([{"role": "user", "content": "x"}])
+
+    env = AgentEnv(agent, [{}])
+    env.reset(seed=0)
+    env.step("a")
+    traj = env.trajectory
+    env.close()
+    assert traj.status is Status.TRUNCATED and "closed" in traj.error
+    env.close()  # closing twice is fine
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step("after close")
+
+
+def test_async_agent_runs_on_the_background_loop():
+    async def agent(task, ctx):
+        client = ctx.async_openai_client()
+        a = await client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": "1"}])
+        b = await ctx.achat_completion([{"role": "user", "content": a.choices[0].message.content}])
+        await asyncio.sleep(0)
+        return b.text
+
+    env = AgentEnv(agent, [{}], lambda t, r: float(r == "two"))
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step("one")
+    assert obs.request.messages[0]["content"] == "one"
+    _, reward, term, _, info = env.step("two")
+    assert term and reward == 1.0 and info["status"] == "succeeded"
+
+
+def test_agent_ending_before_any_call_is_reported_at_reset_and_ended_by_step():
+    def agent(task, ctx):
+        raise RuntimeError("no model needed")
+
+    env = AgentEnv(agent, [{}])
+    obs, info = env.reset(seed=0)
+    assert info["episode_over"] and info["status"] == "task_failed"
+    assert obs in env.observation_space
+    _, _, term, _, info = env.step("ignored")
+    assert term and info["status"] == "task_failed"
+
+
+def test_bad_actions_and_bad_arguments_have_clear_errors():
+    env = AgentEnv(echo_agent, [{"prompt": "p", "turns": 1}])
+    with pytest.raises(gym.error.ResetNeeded, match="reset"):
+        env.step("too early")
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="Completion, a str or a dict"):
+        env.step(42)
+    *_, info = env.step("fine after a bad action")
+    assert info["status"] == "succeeded"
+    with pytest.raises(ValueError, match="transport"):
+        AgentEnv(echo_agent, [{}], transport="carrier-pigeon")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tasks is empty"):
+        AgentEnv(echo_agent, [])
+    with pytest.raises(TypeError, match=r"\(task, ctx\)"):
+        AgentEnv(lambda task: None, [{}])
+    with pytest.raises(IndexError):
+        env.reset(options={"task_index": 5})
+    with pytest.raises(ValueError, match="logprobs"):
+        Completion(text="x", completion_token_ids=[1, 2], logprobs=[0.0])
+
+
+def test_reset_mid_episode_truncates_the_old_one_and_options_pick_tasks():
+    tasks = [{"prompt": f"p{i}", "turns": 2} for i in range(5)]
+    env = AgentEnv(echo_agent, tasks)
+    env.reset(seed=0, options={"task_index": 3})
+    old = env.trajectory
+    obs, info = env.reset(options={"task": {"prompt": "mine", "turns": 1}, "group_id": "g1"})
+    assert old.status is Status.TRUNCATED
+    assert obs.request.messages[0]["content"] == "mine" and env.trajectory.group_id == "g1"
+    env.close()
+
+
+def test_check_env_passes_on_the_registered_env():
+    env = gym.make("lightning/GuessNumber-v0")
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_gym_make_guess_number_solves_with_binary_search():
+    env = gym.make("lightning/GuessNumber-v0", max_guesses=10)
+    rewards, term, trunc, info = run_episode(env, binary_search_policy, seed=3)
+    assert term and info["trajectory"].final_reward == 1.0 and len(rewards) <= 7
+    env.close()
+
+
+def test_same_seed_gives_the_same_first_observation():
+    env = gym.make("lightning/GuessNumber-v0")
+    a, _ = env.reset(seed=7)
+    task_a = env.unwrapped.trajectory.task
+    b, _ = env.reset(seed=8)
+    c, _ = env.reset(seed=7)
+    assert a == c and env.unwrapped.trajectory.task == task_a
+    assert b in env.observation_space
+    env.close()
