@@ -1,0 +1,182 @@
+"""The gateway over real HTTP: OpenAI compatibility, clear 4xx errors, auth, remote agents."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import httpx
+import openai
+import pytest
+
+from agentgym_lightning import Completion, Status
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.gateway import Gateway, GatewayError, get_gateway
+
+
+def openai_agent(task, ctx):
+    client = ctx.openai_client()
+    a = client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": task["q"]}])
+    b = client.chat.completions.create(
+        model=ctx.model, messages=[{"role": "user", "content": a.choices[0].message.content}], stream=True
+    )
+    return "".join(c.choices[0].delta.content or "" for c in b if c.choices)
+
+
+def test_http_transport_runs_the_openai_sdk_over_a_socket():
+    env = AgentEnv(openai_agent, [{"q": "hi"}], lambda t, r: float(r == "done"), transport="http")
+    obs, _ = env.reset(seed=0)
+    assert env.base_url.startswith("http://127.0.0.1:")
+    obs, *_ = env.step("next")
+    assert obs.request.stream and obs.request.messages[0]["content"] == "next"
+    _, reward, term, _, info = env.step("done")
+    assert term and reward == 1.0
+
+
+def test_malformed_requests_get_a_clear_4xx_never_a_hang():
+    started, release = threading.Event(), threading.Event()
+
+    def agent(task, ctx):
+        started.set()
+        release.wait(10)
+        return None
+
+    env = AgentEnv(agent, [{}])
+    # The agent makes no LLM call until released; meanwhile we send bad requests for its episode.
+    holder: dict = {}
+    t = threading.Thread(target=lambda: holder.setdefault("reset", env.reset(seed=0)))
+    t.start()
+    started.wait(5)
+    gw = get_gateway()
+    episode_id = env.episode_id
+    base = gw.base_url(episode_id)
+    with httpx.Client(timeout=5) as http:
+        cases = [
+            (http.post(f"{base}/chat/completions", content=b"{not json"), 400, "not valid JSON"),
+            (http.post(f"{base}/chat/completions", json={"model": "m"}), 400, "'messages'"),
+            (http.post(f"{base}/chat/completions", json={"messages": [{"content": "x"}]}), 400, "role"),
+            (http.post(f"{base}/chat/completions", json={"messages": "hi"}), 400, "'messages'"),
+            (
+                http.post(f"{base}/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 3}),
+                400,
+                "n > 1",
+            ),
+            (http.post(f"{gw.url}/episodes/nope/v1/chat/completions", json={"messages": []}), 404, "no running episode"),
+            (http.post(f"{gw.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}), 404, "episode"),
+            (http.get(f"{gw.url}/no/such/route"), 404, "no route"),
+            (http.get(f"{base}/chat/completions"), 405, "method"),
+            (http.post(f"{gw.url}/episodes/{episode_id}/rewards", json={"source": "x"}), 400, "'value'"),
+            (http.post(f"{gw.url}/episodes/{episode_id}/rewards", json={"value": "high"}), 400, "number"),
+            (http.post(f"{gw.url}/episodes/{episode_id}/variables", json=[1, 2]), 400, "JSON object"),
+        ]
+        for response, status, fragment in cases:
+            assert response.status_code == status, (response.request.url, response.text)
+            error = response.json()["error"]
+            assert fragment in error["message"], error
+            assert response.headers["x-should-retry"] == "false"
+        models = http.get(f"{base}/models").json()
+        assert models["data"][0]["id"] == "policy"
+        assert http.get(f"{gw.url}/health").json()["ok"] is True
+    release.set()
+    t.join(5)
+    _, info = holder["reset"]
+    assert info["episode_over"] and info["status"] == "succeeded"
+
+
+REMOTE_AGENT = textwrap.dedent(
+    """
+    import sys, httpx, openai
+    base_url, root, episode = sys.argv[1], sys.argv[2], sys.argv[3]
+    client = openai.OpenAI(base_url=base_url, api_key="anything", max_retries=0)
+    http = httpx.Client()
+    http.post(f"{root}/episodes/{episode}/variables", json={"question": "2+2?"}).raise_for_status()
+    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+2?"}])
+    answer = reply.choices[0].message.content
+    http.post(f"{root}/episodes/{episode}/rewards", json={"value": 1.0 if answer == "4" else 0.0, "source": "judge"}).raise_for_status()
+    print(answer)
+    """
+)
+
+
+def test_an_agent_in_another_process_takes_part_over_the_base_url():
+    """Training-Agent Disaggregation: the agent runs elsewhere; our side only waits for it."""
+    gw = get_gateway()
+
+    def agent(task, ctx):
+        proc = subprocess.run(
+            [sys.executable, "-c", REMOTE_AGENT, ctx.base_url, gw.url, ctx.episode_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr)
+        return proc.stdout.strip()
+
+    env = AgentEnv(agent, [{}], time_limit=60)
+    obs, _ = env.reset(seed=0)
+    assert obs.request.messages[0]["content"] == "2+2?"
+    assert obs.variables == {"question": "2+2?"}
+    _, reward, term, _, info = env.step("4")
+    assert term and info["trajectory"].result == "4"
+    assert [(r.source, r.value) for r in info["trajectory"].steps[0].rewards] == [("judge", 1.0)]
+    assert reward == 1.0
+
+
+def test_a_gateway_off_loopback_requires_a_bearer_token():
+    gw = Gateway(host="0.0.0.0")  # never started here: we only check its policy
+    assert gw.token and gw.api_key == gw.token
+    with pytest.raises(GatewayError) as err:
+        gw.check_auth(None)
+    assert err.value.status == 401
+    with pytest.raises(GatewayError):
+        gw.check_auth("Bearer wrong")
+    gw.check_auth(f"Bearer {gw.token}")
+
+
+def test_a_token_is_enforced_over_http_and_in_process():
+    gw = Gateway(token="s3cret")
+
+    def agent(task, ctx):
+        bad = openai.OpenAI(base_url=ctx.base_url, api_key="wrong", max_retries=0)
+        try:
+            bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        except openai.AuthenticationError as exc:
+            denied = exc.status_code
+        good = ctx.openai_client()  # carries the token
+        return denied, good.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}]).choices[0].message.content
+
+    for transport in ("http", "inproc"):
+        env = AgentEnv(agent, [{}], gateway=gw, transport=transport)
+        env.reset(seed=0)
+        *_, info = env.step("ok")
+        assert info["trajectory"].result == (401, "ok"), transport
+    gw.close()
+
+
+def test_refused_calls_after_close_do_not_retry_forever():
+    calls = []
+
+    def agent(task, ctx):
+        client = openai.OpenAI(base_url=ctx.base_url, api_key="k")  # default retries
+        for _ in range(3):
+            calls.append(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}]))
+
+    env = AgentEnv(agent, [{}], transport="http")
+    env.reset(seed=0)
+    env.close()
+    assert env.trajectory.status is Status.TRUNCATED
+    assert calls == []
+
+
+def test_completion_body_is_valid_for_the_openai_sdk_with_usage():
+    def agent(task, ctx):
+        r = ctx.openai_client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        return r.usage.prompt_tokens, r.usage.completion_tokens, r.model
+
+    env = AgentEnv(agent, [{}])
+    env.reset(seed=0)
+    *_, info = env.step(Completion(text="t", prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5], model="smol"))
+    assert info["trajectory"].result == (3, 2, "smol")
