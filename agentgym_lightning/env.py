@@ -160,9 +160,17 @@ class AgentEnv(gym.Env[Observation, Any]):
     # ------------------------------------------------------------------ Gymnasium API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Pick the task and start the agent; :meth:`reset_wait` returns its first call.
+
+        Split in two so a driver can start many episodes before waiting on any.
+        """
         super().reset(seed=seed)
         if self._episode is not None and not self._episode.trajectory.done:
-            self._end(Status.TRUNCATED, "reset() called before the episode ended", 0.0)
+            self._end(Status.TRUNCATED, "reset() called before the episode ended", self._finalize(time.time()))
         options = dict(options or {})
         task = self._pick_task(options)
         self._unfinalized = []
@@ -183,8 +191,13 @@ class AgentEnv(gym.Env[Observation, Any]):
         self._hook.agentgym_episode_start(trajectory=self._episode.trajectory)
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
         self._episode.start()
+
+    def reset_wait(self) -> tuple[Observation, dict[str, Any]]:
+        """Run the started agent to its first LLM call (see :meth:`reset_async`)."""
+        if self._episode is None or self._episode.trajectory.done or self._call is not None or self._last_obs is not None:
+            raise gym.error.ResetNeeded("reset_wait() must follow reset_async()")
         obs, reward, terminated, truncated, info = self._advance()
-        reset_info: dict[str, Any] = {"task": copy.deepcopy(task), "turn": 0}
+        reset_info: dict[str, Any] = {"task": copy.deepcopy(self._episode.trajectory.task), "turn": 0}
         if terminated or truncated:
             # Gymnasium's reset cannot end an episode: report it now, end it on the next step().
             self._early_end = (obs, reward, terminated, truncated, info)

@@ -43,7 +43,7 @@ class PendingCall:
     an agent's own loop); the driver resolves it from its thread.
     """
 
-    __slots__ = ("episode", "step", "call_id", "completion", "error", "_event", "_lock", "_waiters")
+    __slots__ = ("episode", "step", "call_id", "completion", "error", "_done", "_gate", "_lock", "_waiters")
 
     def __init__(self, episode: Episode, step: Step) -> None:
         self.episode = episode
@@ -51,7 +51,10 @@ class PendingCall:
         self.call_id = new_call_id()
         self.completion: Completion | None = None
         self.error: GatewayError | None = None
-        self._event = threading.Event()
+        self._done = False
+        # A bare lock held until the answer comes: cheaper to release than an Event's condition.
+        self._gate = threading.Lock()
+        self._gate.acquire()
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
@@ -61,15 +64,16 @@ class PendingCall:
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def resolve(self, completion: Completion | None = None, error: GatewayError | None = None) -> bool:
         """Hand the answer (or the error) to the waiting caller; False if it was already resolved."""
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return False
             self.completion, self.error = completion, error
-            self._event.set()
+            self._done = True
+            self._gate.release()
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
             try:
@@ -89,18 +93,21 @@ class PendingCall:
         # Wait in slices: a thread blocked in one long C-level wait could not be interrupted
         # by the AgentCancelled that Episode.stop() raises in it.
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._event.wait(_WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())):
-            if deadline is not None and time.monotonic() >= deadline:
+        while not self._done:
+            wait = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
+            if wait <= 0:
                 raise GatewayError(504, f"no completion within {timeout} s", code="timeout")
+            if self._gate.acquire(timeout=wait):
+                self._gate.release()  # let any other waiter through too
         return self._result()
 
     async def wait_async(self) -> Completion:
         """Await the answer from any event loop."""
-        if not self._event.is_set():
+        if not self._done:
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
             with self._lock:
-                if not self._event.is_set():
+                if not self._done:
                     self._waiters.append((loop, fut))
                 else:
                     fut.set_result(None)

@@ -132,36 +132,41 @@ def rollout(
     results: list[Trajectory] = []
     pending: dict[int, Observation] = {}
     bar = tqdm(total=len(work), desc="episodes", unit="ep", disable=not progress, dynamic_ncols=True)
+    reward_sum = 0.0
 
-    def finish(slot: int, info: dict[str, Any]) -> None:
-        trajectory: Trajectory = info["trajectory"]
+    def record(trajectory: Trajectory) -> None:
+        nonlocal reward_sum
         results.append(trajectory)
-        pending.pop(slot, None)
         if on_trajectory is not None:
             on_trajectory(trajectory)
+        reward_sum += trajectory.total_reward
         bar.update(1)
-        rewards = [t.total_reward for t in results]
-        bar.set_postfix(reward=f"{np.mean(rewards):.3f}")
-        start(slot)
+        if progress:
+            bar.set_postfix(reward=f"{reward_sum / len(results):.3f}", refresh=False)
 
-    def start(slot: int) -> None:
-        while work:
-            item = work.popleft()
-            obs, info = envs[slot].reset(seed=item.seed, options={"task": item.task, "group_id": item.group_id})
-            if not info.get("episode_over"):
-                pending[slot] = obs
-                return
-            # The agent ended before any LLM call: collect it and start the next one here.
-            _, _, _, _, end_info = envs[slot].step_wait()
-            results.append(end_info["trajectory"])
-            if on_trajectory is not None:
-                on_trajectory(end_info["trajectory"])
-            bar.update(1)
+    def launch(slots: list[int]) -> None:
+        """Start the next episodes in ``slots``, all at once, then wait for their first calls."""
+        while slots:
+            started = []
+            for slot in slots:
+                if not work:
+                    break
+                item = work.popleft()
+                envs[slot].reset_async(seed=item.seed, options={"task": item.task, "group_id": item.group_id})
+                started.append(slot)
+            slots = []
+            for slot in started:
+                obs, info = envs[slot].reset_wait()
+                if info.get("episode_over"):
+                    # The agent ended before any LLM call: collect it and reuse the slot.
+                    record(envs[slot].step_wait()[4]["trajectory"])
+                    slots.append(slot)
+                else:
+                    pending[slot] = obs
 
     failures = 0
     try:
-        for slot in range(len(envs)):
-            start(slot)
+        launch(list(range(len(envs))))
         while pending:
             slots = list(pending)
             try:
@@ -172,18 +177,24 @@ def rollout(
                 log.error("policy.generate failed (%d in a row): %s", failures, exc)
                 for s in slots:
                     *_, info = envs[s].abort(f"policy backend failed: {exc!r}", Status.INFRA_FAILED)
-                    finish(s, info)
+                    del pending[s]
+                    record(info["trajectory"])
                 if failures >= MAX_POLICY_FAILURES:
                     raise
+                launch(slots)
                 continue
             for s, completion in zip(slots, completions):
                 envs[s].step_async(completion)
+            free = []
             for s in slots:
                 obs, _, terminated, truncated, info = envs[s].step_wait()
                 if terminated or truncated:
-                    finish(s, info)
+                    del pending[s]
+                    record(info["trajectory"])
+                    free.append(s)
                 else:
                     pending[s] = obs
+            launch(free)
     finally:
         for e in envs:
             e.close()

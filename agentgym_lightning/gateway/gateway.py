@@ -68,7 +68,7 @@ class Gateway:
         self._server: GatewayServer | None = None
         self._loop: BackgroundLoop | None = None
         self._inproc_client: httpx.Client | None = None
-        self._inproc_async: dict[int, httpx.AsyncClient] = {}
+        self._socket_client: httpx.Client | None = None
 
     # ------------------------------------------------------------------ episodes
 
@@ -181,9 +181,16 @@ class Gateway:
 
                 self._inproc_client = httpx.Client(transport=InProcessTransport(self), timeout=None, trust_env=False)
             return self._inproc_client
-        return httpx.Client(timeout=None, trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+        if self._socket_client is None:
+            # One shared pool with no connection cap: every agent's call reaches the gateway at
+            # once, and no agent pays for building a client (an SSL context costs ~10s of ms).
+            self._socket_client = httpx.Client(
+                timeout=None, trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            )
+        return self._socket_client
 
     def async_http_client(self, transport: str) -> httpx.AsyncClient:
+        """A new async client (async clients are bound to the event loop that uses them)."""
         if transport == "inproc":
             from agentgym_lightning.gateway.transport import AsyncInProcessTransport
 
@@ -208,9 +215,10 @@ class Gateway:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
-        if self._inproc_client is not None:
-            self._inproc_client.close()
-            self._inproc_client = None
+        for client in (self._inproc_client, self._socket_client):
+            if client is not None:
+                client.close()
+        self._inproc_client = self._socket_client = None
 
 
 def _json_object(body: bytes | Mapping[str, Any]) -> dict[str, Any]:
