@@ -42,6 +42,35 @@ _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
 _REQUEST_KEYS = {"messages", "tools", "tool_choice", "model", "stream", "metadata", "max_completion_tokens"}
 
 
+def _check_sampling(sampling: dict[str, Any]) -> None:
+    """Reject values no backend can honour, so the agent that sent them gets the error (a 400),
+    not the whole batch it would have been generated with."""
+
+    def number(name: str, low: float, high: float, low_open: bool = False) -> None:
+        value = sampling.get(name)
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"'{name}' must be a number, got {value!r}")
+        if value < low or value > high or (low_open and value == low):
+            bracket = "(" if low_open else "["
+            raise ValueError(f"'{name}' must be in {bracket}{low}, {high}], got {value}")
+
+    number("temperature", 0.0, 2.0)
+    number("top_p", 0.0, 1.0, low_open=True)
+    number("presence_penalty", -2.0, 2.0)
+    number("frequency_penalty", -2.0, 2.0)
+    for name in ("max_tokens", "n", "top_logprobs", "seed"):
+        value = sampling.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"'{name}' must be an integer, got {value!r}")
+    if sampling.get("max_tokens") is not None and sampling["max_tokens"] < 1:
+        raise ValueError(f"'max_tokens' must be >= 1, got {sampling['max_tokens']}")
+    stop = sampling.get("stop")
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(x, str) for x in stop)):
+        raise ValueError("'stop' must be a string or a list of strings")
+
+
 @dataclass
 class ChatRequest:
     """An intercepted ``/v1/chat/completions`` request.
@@ -80,6 +109,7 @@ class ChatRequest:
             sampling["max_tokens"] = body["max_completion_tokens"]
         if isinstance(sampling.get("stop"), str):
             sampling["stop"] = [sampling["stop"]]
+        _check_sampling(sampling)
         metadata = body.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise ValueError("'metadata' must be an object of strings")
@@ -170,6 +200,9 @@ class Completion:
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     model: str | None = None
+    #: Why text that looked like tool calls was not parsed as one (malformed JSON, no name...):
+    #: the call stays in ``text`` for the agent to see, and this is an AIR signal.
+    tool_call_errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.completion_token_ids is not None and self.logprobs is not None:
@@ -188,6 +221,7 @@ class Completion:
             "completion_token_ids": self.completion_token_ids,
             "logprobs": self.logprobs,
             "model": self.model,
+            "tool_call_errors": self.tool_call_errors,
         }
 
     @classmethod

@@ -326,3 +326,23 @@ def test_same_seed_gives_the_same_first_observation():
     assert a == c and env.unwrapped.trajectory.task == task_a
     assert b in env.observation_space
     env.close()
+
+
+def test_malformed_tool_calls_are_an_air_signal_and_bad_sampling_a_400_for_that_agent():
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], temperature=-3)
+        except openai.BadRequestError as exc:
+            status = exc.status_code
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}])
+        return status
+
+    env = AgentEnv(agent, [{}], air_weights={"tool_call.malformed": -1.0})
+    obs, _ = env.reset(seed=0)
+    assert obs.request.messages[0]["content"] == "y"  # the bad request never became a step
+    bad = Completion(text='<tool_call>{"name": </tool_call>', tool_call_errors=["invalid JSON"])
+    _, reward, term, _, info = env.step(bad)
+    assert term and info["trajectory"].result == 400
+    assert reward == -1.0
+    assert [(r.source, r.raw) for r in info["trajectory"].steps[0].rewards] == [("tool_call.malformed", 1.0)]

@@ -102,6 +102,12 @@ def test_as_completion_accepts_policy_outputs():
         ({"messages": [{"role": 1}]}, "role"),
         ({"messages": [{"role": "user"}], "tools": {}}, "tools"),
         ({"messages": [{"role": "user"}], "metadata": "x"}, "metadata"),
+        ({"messages": [{"role": "user"}], "temperature": -1}, "temperature"),
+        ({"messages": [{"role": "user"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user"}], "top_p": 0}, "top_p"),
+        ({"messages": [{"role": "user"}], "max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "user"}], "max_tokens": 1.5}, "max_tokens"),
+        ({"messages": [{"role": "user"}], "stop": [1]}, "stop"),
     ],
 )
 def test_bad_requests_are_rejected_with_a_reason(body, fragment):

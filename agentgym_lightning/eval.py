@@ -1,0 +1,301 @@
+"""``agentgym-lightning eval``: run a policy on an environment and report how it did.
+
+::
+
+    agentgym-lightning eval --env lightning/GuessNumber-v0 --episodes 32 --output runs/guess.jsonl
+    agentgym-lightning eval --env lightning/Spider-v0 --backend vllm --model Qwen/Qwen2.5-0.5B-Instruct
+    agentgym-lightning eval --env lightning/Spider-v0 --backend openai --base-url http://127.0.0.1:8000/v1
+
+Episodes run through the batched driver (:func:`agentgym_lightning.rollout.rollout`); each
+finished trajectory is appended to ``--output`` (JSONL) at once, so Ctrl-C keeps everything that
+finished and still prints the summary of it.
+
+The summary (also sent to the ``agentgym_log_metrics`` plugin hook, see :func:`summarize`):
+
+* ``reward/mean`` — mean final reward of the episodes that were *not* infrastructure failures
+  (an ``infra_failed`` episode has no reward; it says nothing about the model);
+* ``success_rate`` — among those same episodes, the fraction with status ``succeeded`` *and* a
+  final reward > 0 (the agent finished on its own and the task was solved);
+* ``turns/mean`` — LLM calls per episode;
+* ``tokens_per_s`` — completion tokens of every call / wall time of the run (policy load excluded);
+* ``metrics/<name>`` — the mean of each number the env put in ``trajectory.variables["metrics"]``
+  (Spider reports ``official`` and ``strict`` execution accuracy there);
+* ``status/<status>`` — episode counts per status; ``chat_template/mismatches`` — calls whose prompt
+  ids did not extend the previous call's prompt+completion ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
+
+__all__ = ["register", "run", "evaluate", "summarize", "EvalResult", "parse_kwargs"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``eval`` subcommand."""
+    from agentgym_lightning.policies import BACKENDS, DEFAULT_MODEL
+
+    p = subparsers.add_parser(
+        "eval",
+        help="run a policy on an environment; print reward, success rate, turns, tokens/s",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument("--env", required=True, help="environment id, e.g. lightning/GuessNumber-v0")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"model name, local folder or Hugging Face id (default: {DEFAULT_MODEL} for hf/vllm, "
+        "the server's first model for openai)",
+    )
+    p.add_argument("--backend", choices=sorted(BACKENDS), default="hf", help="policy backend (default: %(default)s)")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (openai backend only)")
+    p.add_argument("--api-key", default=None, help="API key for --base-url (default: $OPENAI_API_KEY)")
+    p.add_argument("--episodes", type=int, default=16, help="episodes to run in total (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=1, help="episodes per task, GRPO groups (default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=8, help="episodes running at once (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds task order and each episode's reset (default: %(default)s)")
+    p.add_argument("--output", "-o", default=None, help="write trajectories here as JSONL, as they finish")
+    p.add_argument("--max-turns", type=int, default=None, help="truncate episodes after this many LLM calls")
+    p.add_argument(
+        "--env-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the env (repeatable; VALUE is parsed as JSON when it can be)",
+    )
+    p.add_argument(
+        "--policy-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the policy backend, e.g. device=cuda, max_batch_size=16 (repeatable)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=run)
+
+
+def parse_kwargs(items: Sequence[str], flag: str = "--env-kwarg") -> dict[str, Any]:
+    """``["k=v", ...]`` → ``{"k": v}``; ``v`` is JSON when it parses (``3``, ``true``, ``[1]``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` ran: the finished trajectories and their summary."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    wall_time: float = 0.0
+    interrupted: bool = False
+
+
+def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str, float]:
+    """The eval metrics of finished trajectories (definitions in the module docstring)."""
+    n = len(trajectories)
+    scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED]
+    rewards = [float(t.final_reward or 0.0) for t in scored]
+    successes = [t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0 for t in scored]
+    turns = [len(t.steps) for t in trajectories]
+    completions = [s.completion for t in trajectories for s in t.steps if s.completion is not None]
+    tokens = sum(len(c.completion_token_ids or []) for c in completions)
+    checks = [s.prompt_extends_previous for t in trajectories for s in t.steps if s.prompt_extends_previous is not None]
+
+    metrics: dict[str, float] = {
+        "episodes": float(n),
+        "reward/mean": _mean(rewards),
+        "return/mean": _mean([t.total_reward for t in scored]),
+        "success_rate": _mean([float(s) for s in successes]),
+        "turns/mean": _mean([float(x) for x in turns]),
+        "completion_tokens": float(tokens),
+        "tokens_per_s": tokens / wall_time if wall_time > 0 else 0.0,
+        "wall_time_s": float(wall_time),
+        "chat_template/checks": float(len(checks)),
+        "chat_template/mismatches": float(sum(1 for c in checks if not c)),
+    }
+    for status, count in sorted(Counter(t.status.value for t in trajectories).items()):
+        metrics[f"status/{status}"] = float(count)
+    per_variant: dict[str, list[float]] = {}
+    for t in trajectories:
+        variants = t.variables.get("metrics") if isinstance(t.variables, Mapping) else None
+        if isinstance(variants, Mapping):
+            for name, value in variants.items():
+                if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
+                    per_variant.setdefault(str(name), []).append(float(value))
+    for name, values in sorted(per_variant.items()):
+        metrics[f"metrics/{name}"] = _mean(values)
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def evaluate(
+    env: str | Callable[[], Any],
+    policy: Any,
+    *,
+    episodes: int,
+    group_size: int = 1,
+    concurrency: int = 8,
+    seed: int = 0,
+    output: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    log_metrics: bool = True,
+) -> EvalResult:
+    """Run ``episodes`` episodes and summarize them; Ctrl-C stops early and keeps what finished.
+
+    ``env`` and ``policy`` are as for :func:`~agentgym_lightning.rollout.rollout`. Each finished
+    trajectory is written to ``output`` (JSONL) as it finishes. The summary is passed to the
+    ``agentgym_log_metrics`` hook unless ``log_metrics`` is false.
+    """
+    from agentgym_lightning.rollout import rollout
+
+    result = EvalResult()
+    writer = TrajectoryWriter(output) if output else None
+
+    def on_trajectory(trajectory: Trajectory) -> None:
+        result.trajectories.append(trajectory)
+        if writer is not None:
+            writer.write(trajectory)
+
+    started = time.perf_counter()
+    try:
+        rollout(
+            env,
+            policy,
+            episodes=episodes,
+            group_size=group_size,
+            concurrency=concurrency,
+            seed=seed,
+            progress=progress,
+            on_trajectory=on_trajectory,
+            env_kwargs=env_kwargs or None,
+        )
+    except KeyboardInterrupt:
+        # rollout has closed the running episodes; what finished is already on disk.
+        result.interrupted = True
+    finally:
+        result.wall_time = time.perf_counter() - started
+        if writer is not None:
+            writer.close()
+    result.metrics = summarize(result.trajectories, result.wall_time)
+    if log_metrics:
+        from agentgym_lightning.plugin_manager import get_plugin_manager
+
+        get_plugin_manager().hook.agentgym_log_metrics(metrics=dict(result.metrics), step=None)
+    return result
+
+
+def _format_summary(args: argparse.Namespace, model: str, result: EvalResult) -> str:
+    m = result.metrics
+    lines = [
+        f"{args.env} · {model or 'server default'} ({args.backend}) · "
+        f"{int(m['episodes'])} episodes in {result.wall_time:.1f} s" + (" (interrupted)" if result.interrupted else ""),
+        f"  mean reward       {m['reward/mean']:.4f}",
+        f"  success rate      {m['success_rate']:.4f}   (status succeeded and final reward > 0)",
+        f"  mean turns        {m['turns/mean']:.2f}",
+        f"  tokens/s          {m['tokens_per_s']:.1f}   ({int(m['completion_tokens'])} completion tokens)",
+    ]
+    for key in sorted(k for k in m if k.startswith("metrics/")):
+        lines.append(f"  {key:<17} {m[key]:.4f}")
+    statuses = ", ".join(f"{k.split('/', 1)[1]} {int(v)}" for k, v in m.items() if k.startswith("status/"))
+    lines.append(f"  status            {statuses or '-'}")
+    if m["chat_template/checks"]:
+        lines.append(
+            f"  chat template     {int(m['chat_template/mismatches'])} of {int(m['chat_template/checks'])} "
+            "prompts did not extend the previous call's prompt+completion tokens "
+            "(expected when the agent rebuilds its prompt each turn)"
+        )
+    if args.output:
+        lines.append(f"  wrote {args.output} ({len(result.trajectories)} trajectories)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``eval`` command: build the policy, run, print the summary. Exit 130 if interrupted."""
+    from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
+
+    try:
+        env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
+        policy_kwargs = parse_kwargs(args.policy_kwarg, "--policy-kwarg")
+    except ValueError as exc:
+        print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
+        return 2
+    for name in ("episodes", "group_size", "concurrency"):
+        if getattr(args, name) < 1:
+            print(f"agentgym-lightning eval: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    if args.max_turns is not None:
+        env_kwargs["max_turns"] = args.max_turns
+    if args.backend == "openai":
+        if args.base_url:
+            policy_kwargs["base_url"] = args.base_url
+        if args.api_key:
+            policy_kwargs["api_key"] = args.api_key
+    elif args.base_url or args.api_key:
+        print("agentgym-lightning eval: --base-url/--api-key only apply to --backend openai", file=sys.stderr)
+        return 2
+    model = args.model if args.model is not None else ("" if args.backend == "openai" else DEFAULT_MODEL)
+
+    try:
+        env_id = _resolve_env_id(args.env)
+        policy = make_policy(args.backend, model, **policy_kwargs)
+    except (ImportError, ValueError, FileNotFoundError) as exc:
+        print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = evaluate(
+            env_id,
+            policy,
+            episodes=args.episodes,
+            group_size=args.group_size,
+            concurrency=args.concurrency,
+            seed=args.seed,
+            output=args.output,
+            env_kwargs=env_kwargs,
+            progress=not args.no_progress,
+        )
+    finally:
+        policy.close()
+    if args.json:
+        print(json.dumps({k: (v if math.isfinite(v) else None) for k, v in result.metrics.items()}))
+    else:
+        print(_format_summary(args, model, result))
+    return 130 if result.interrupted else 0
+
+
+def _resolve_env_id(env: str) -> str:
+    """Accept ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``; unknown ids list the known ones."""
+    import gymnasium as gym
+
+    import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
+    from agentgym_lightning.registration import lightning_env_ids
+
+    if env in gym.registry:
+        return env
+    if f"lightning/{env}" in gym.registry:
+        return f"lightning/{env}"
+    known = ", ".join(lightning_env_ids()) or "none"
+    raise ValueError(f"unknown environment {env!r} (registered: {known})")

