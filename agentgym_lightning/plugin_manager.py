@@ -18,6 +18,7 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "credit",
     "errors",
     "outcome_air",
+    "tool_call_air",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"
