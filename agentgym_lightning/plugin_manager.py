@@ -19,6 +19,7 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "errors",
     "outcome_air",
     "tool_call_air",
+    "spider_air",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

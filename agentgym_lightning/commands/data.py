@@ -1,0 +1,23 @@
+"""``agentgym-lightning data ...``: fetchless data management (import and validate local downloads).
+
+Each data set contributes a subcommand; today: ``data spider PATH`` (see
+``agentgym_lightning.envs.spider.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``data`` command and its per-data-set subcommands."""
+    parser = subparsers.add_parser(
+        "data",
+        help="import and validate data sets you downloaded (e.g. Spider)",
+        description="Import and validate data sets you downloaded, for the bundled environments.",
+    )
+    sub = parser.add_subparsers(dest="data_command", metavar="DATASET")
+    from agentgym_lightning.envs.spider.cli import register_data_command
+
+    register_data_command(sub)
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])

@@ -1,0 +1,157 @@
+"""``lightning/Spider-v0``: text-to-SQL on Spider, one LLM call of the agent per step.
+
+    import gymnasium as gym
+    import agentgym_lightning
+
+    env = gym.make("lightning/Spider-v0", split="dev", reward="strict")
+    obs, info = env.reset(options={"task_index": 0})
+    obs, reward, terminated, truncated, info = env.step("```sql\\nSELECT count(*) FROM singer\\n```")
+
+The episode reward is execution accuracy in the chosen variant (``strict``, the default training
+reward, or ``official``, comparable with published numbers; see :mod:`.evaluation`). Both are
+recorded per episode in ``trajectory.variables["metrics"]`` (``{"official": 0/1, "strict": 0/1}``)
+and in ``trajectory.result``. Without Spider data the env runs on the bundled sample (see
+:mod:`.data`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from agentgym_lightning.agent import AgentContext
+from agentgym_lightning.env import AgentEnv
+
+from .agent import SpiderAgent, SpiderAgentConfig
+from .data import load_spider
+from .evaluation import VARIANTS, GoldQueryError, SpiderEvaluator
+from .sandbox import SandboxLimits, SQLSandbox
+
+__all__ = ["ENV_ID", "make_env", "SpiderEpisodeAgent", "SpiderReward", "gold_policy"]
+
+ENV_ID = "lightning/Spider-v0"
+
+_AGENT_FIELDS = {f.name for f in dataclasses.fields(SpiderAgentConfig)}
+
+
+class SpiderEpisodeAgent:
+    """The env's agent: the :class:`SpiderAgent`, then both reward variants of its final SQL.
+
+    Judging here (in the agent's worker, after its last LLM call) lets episodes of a batch be
+    judged in parallel and puts the metrics on the trajectory. A gold query that fails is not
+    the policy's fault: the result carries the error and :class:`SpiderReward` raises on it, so
+    the episode ends as an infrastructure failure instead of a zero reward.
+    """
+
+    def __init__(self, agent: SpiderAgent, evaluator: SpiderEvaluator) -> None:
+        self.agent = agent
+        self.evaluator = evaluator
+
+    def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
+        sql = self.agent(task, ctx)
+        try:
+            verdicts = self.evaluator.evaluate_all(task["db_path"], sql, task["query"])
+        except GoldQueryError as exc:
+            return {"sql": sql, "error": str(exc)}
+        metrics = {name: v.score for name, v in verdicts.items()}
+        ctx.emit_variable("metrics", metrics)
+        return {"sql": sql, **metrics, "reasons": {name: v.reason for name, v in verdicts.items()}}
+
+
+class SpiderReward:
+    """``reward_fn(task, result)``: the chosen variant's execution accuracy (1.0 or 0.0).
+
+    ``result`` is what :class:`SpiderEpisodeAgent` returns, or plain SQL text (then it is judged
+    here, which lets this reward serve any Spider agent).
+    """
+
+    def __init__(self, evaluator: SpiderEvaluator, variant: str = "strict") -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown Spider reward {variant!r}; choose one of {', '.join(VARIANTS)}")
+        self.evaluator = evaluator
+        self.variant = variant
+
+    def __call__(self, task: Mapping[str, Any], result: Any) -> float:
+        if isinstance(result, Mapping):
+            if "error" in result:
+                raise GoldQueryError(str(result["error"]))
+            if self.variant in result:
+                return float(result[self.variant])
+            result = result.get("sql")
+        sql = result if isinstance(result, str) else None
+        return self.evaluator.evaluate(task["db_path"], sql, task["query"], self.variant).score  # type: ignore[arg-type]
+
+
+_evaluators: dict[tuple[float, int], SpiderEvaluator] = {}
+_evaluators_lock = threading.Lock()
+
+
+def _shared_evaluator(sql_timeout_s: float, max_rows: int) -> SpiderEvaluator:
+    """One evaluator (gold cache, connection pool) per limits, shared by every env of the process:
+    a rollout with 8 envs runs each gold query once, not 8 times."""
+    key = (float(sql_timeout_s), int(max_rows))
+    with _evaluators_lock:
+        if key not in _evaluators:
+            _evaluators[key] = SpiderEvaluator(SQLSandbox(SandboxLimits(timeout_s=sql_timeout_s, max_rows=max_rows)))
+        return _evaluators[key]
+
+
+def make_env(
+    split: str = "dev",
+    data_dir: str | None = None,
+    reward: str = "strict",
+    air_weights: Mapping[str, float] | None = None,
+    max_turns: int = 3,
+    *,
+    limit: int | None = None,
+    sql_timeout_s: float = 5.0,
+    max_rows: int = 100_000,
+    **kwargs: Any,
+) -> AgentEnv:
+    """Build ``lightning/Spider-v0``.
+
+    Args:
+        split: ``"dev"`` or ``"train"``.
+        data_dir: A Spider folder (else ``$AGENTGYM_LIGHTNING_SPIDER_DIR``, the imported copy, or
+            the bundled sample; see :mod:`.data`).
+        reward: ``"strict"`` (default, for training) or ``"official"`` (published numbers).
+        air_weights: AIR weights, e.g. ``{"spider.exec_error": -0.1, "spider.executes": 0.1}``
+            (sources ``spider.no_sql``, ``spider.parse_error``, ``spider.exec_error``,
+            ``spider.executes``); AIR is off without them.
+        max_turns: Most queries the agent writes per episode (write + rewrites).
+        limit: Keep only the first ``limit`` questions of the split.
+        sql_timeout_s: Time limit of each predicted query.
+        max_rows: Rows a query may return before it fails.
+        **kwargs: Agent options (any :class:`SpiderAgentConfig` field: ``max_schema_chars``,
+            ``max_tokens``, ``temperature``, ``train_checker``...), then
+            :class:`~agentgym_lightning.env.AgentEnv` options (``time_limit``, ``transport``,
+            ``model_name``...).
+    """
+    if reward not in VARIANTS:
+        raise ValueError(f"unknown Spider reward {reward!r}; choose one of {', '.join(VARIANTS)}")
+    dataset = load_spider(split, data_dir)
+    tasks = dataset.tasks()
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        tasks = tasks[:limit]
+    agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
+    config = SpiderAgentConfig(max_turns=max_turns, sql_timeout_s=sql_timeout_s, **agent_options)
+    evaluator = _shared_evaluator(sql_timeout_s, max_rows)
+    agent = SpiderEpisodeAgent(SpiderAgent(config, evaluator.sandbox), evaluator)
+    kwargs.setdefault("env_id", ENV_ID)
+    # A guard only: the agent itself never makes more than this many calls.
+    kwargs.setdefault("max_turns", 2 * max_turns - 1)
+    env = AgentEnv(agent, tasks, SpiderReward(evaluator, reward), air_weights=air_weights, **kwargs)
+    env.spider_dataset = dataset  # type: ignore[attr-defined]  # for tools: split, source, skipped
+    env.spider_evaluator = evaluator  # type: ignore[attr-defined]
+    return env
+
+
+def gold_policy(observation: Any, task: Mapping[str, Any]) -> str:
+    """A scripted policy that answers with the gold SQL and accepts it at the check (tests)."""
+    if observation.request.metadata.get("role") == "checker":
+        return "The query answers the question.\nVERDICT: CORRECT"
+    return f"```sql\n{task['query']}\n```"
