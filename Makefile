@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The main job: zero-shot eval of the embedded SmolLM2-135M on Spider (bundled sample when no
 # Spider download is found), on CPU.
-RUN_ARGS ?= --env lightning/Spider-v0 --backend hf --model smollm2-135m --episodes 8 --concurrency 8 --output runs/eval-spider.jsonl
+RUN_ARGS ?= --env lightning/Spider-v0 --backend hf --model smollm2-135m --episodes 4 --concurrency 4 --env-kwarg max_turns=1 --env-kwarg max_tokens=160 --env-kwarg temperature=0 --output runs/eval-spider.jsonl
 
 .PHONY: setup run test bench setup-vllm test-vllm clean
 

@@ -44,7 +44,10 @@ Use only the tables and columns in the schema. Reply with the query in a ```sql 
 Database schema:
 {schema}"""
 
-WRITER_USER = "Question: {question}"
+# The instruction is repeated after the question: small models follow the last thing they read,
+# and without it SmolLM2-135M answers in prose or copies the CREATE TABLE statements.
+WRITER_USER = """Question: {question}
+Answer with one SQLite SELECT query (no CREATE TABLE) in a ```sql code block."""
 
 CHECKER_USER = """You check a SQLite query written to answer a question.
 
