@@ -55,6 +55,13 @@ def httpx_agent(task, ctx):
         (task["latencies"] if i else task.setdefault("first", [])).append(time.perf_counter() - t)
 
 
+async def async_native_agent(task, ctx):
+    for i in range(task["calls"]):
+        t = time.perf_counter()
+        await ctx.achat_completion([{"role": "user", "content": "hi"}])
+        (task["latencies"] if i else task.setdefault("first", [])).append(time.perf_counter() - t)
+
+
 async def async_httpx_agent(task, ctx):
     """The HTTP agents of the throughput runs: one event loop, not one thread per agent."""
     async with ctx.async_http_client() as http:
@@ -128,11 +135,10 @@ def gateway_cpu_per_call(steps: int) -> float:
     return (after - before) / n
 
 
-def throughput(concurrency: int, calls: int, transport: str) -> tuple[float, float, float, float]:
+def throughput(concurrency: int, calls: int, transport: str, agent) -> tuple[float, float, float, float]:
     """Aggregate steps/s, the agents' call latency p50/p99 after their first call, and the
     slowest first call (episode start-up) with ``concurrency`` episodes."""
     task: dict = {"calls": calls, "latencies": [], "first": []}
-    agent = native_agent if transport == "inproc" else async_httpx_agent
 
     def factory() -> AgentEnv:
         # Tasks are shared by reference on purpose: every agent appends to the same lists.
@@ -171,11 +177,16 @@ def main() -> None:
     print(f"gateway server CPU per call: {gw_cpu*ms:.3f} ms -> {1/gw_cpu if gw_cpu else float('inf'):.0f} calls/s on one core (target <= 0.8 ms)")
 
     calls = 20 if args.quick else 60
-    for transport, kind in (("inproc", "sync agents, one thread each"), ("http", "async agents on one loop")):
+    modes = (
+        ("inproc", "sync agents, one thread each", native_agent),
+        ("inproc", "async agents on one loop", async_native_agent),
+        ("http", "async agents on one loop", async_httpx_agent),
+    )
+    for transport, kind, agent in modes:
         print(f"== aggregate throughput, batched driver, {transport} ({kind}), {calls} calls per episode")
         base = None
         for c in (1, 16, 256):
-            sps, p50, p99, first = throughput(c, calls, transport)
+            sps, p50, p99, first = throughput(c, calls, transport, agent)
             base = base or sps
             print(
                 f"{c:>4} episodes: {sps:8.0f} steps/s  ratio to 1 episode {sps/base:5.2f}  "

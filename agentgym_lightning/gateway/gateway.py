@@ -13,6 +13,7 @@ import ipaddress
 import json
 import os
 import secrets
+import ssl
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,7 @@ class Gateway:
         self._loop: BackgroundLoop | None = None
         self._inproc_client: httpx.Client | None = None
         self._socket_client: httpx.Client | None = None
+        self._ssl: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ episodes
 
@@ -173,19 +175,32 @@ class Gateway:
     def api_key(self) -> str:
         return self.token or "agentgym-lightning"
 
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """One SSL context for every client we make: building one loads the CA store (tens of
+        ms), which would otherwise be paid per agent even for plain-HTTP gateways."""
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
     def http_client(self, transport: str) -> httpx.Client:
         """An httpx client for agents: in-process (shared; no socket) or a pooled HTTP one."""
         if transport == "inproc":
             if self._inproc_client is None:
                 from agentgym_lightning.gateway.transport import InProcessTransport
 
-                self._inproc_client = httpx.Client(transport=InProcessTransport(self), timeout=None, trust_env=False)
+                self._inproc_client = httpx.Client(
+                    transport=InProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context
+                )
             return self._inproc_client
         if self._socket_client is None:
             # One shared pool with no connection cap: every agent's call reaches the gateway at
             # once, and no agent pays for building a client (an SSL context costs ~10s of ms).
             self._socket_client = httpx.Client(
-                timeout=None, trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
+                timeout=None,
+                trust_env=False,
+                verify=self.ssl_context,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             )
         return self._socket_client
 
@@ -194,9 +209,14 @@ class Gateway:
         if transport == "inproc":
             from agentgym_lightning.gateway.transport import AsyncInProcessTransport
 
-            return httpx.AsyncClient(transport=AsyncInProcessTransport(self), timeout=None, trust_env=False)
+            return httpx.AsyncClient(
+                transport=AsyncInProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context
+            )
         return httpx.AsyncClient(
-            timeout=None, trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
+            timeout=None,
+            trust_env=False,
+            verify=self.ssl_context,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
 
     def background_loop(self) -> BackgroundLoop:
