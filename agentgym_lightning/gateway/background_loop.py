@@ -16,6 +16,9 @@ class BackgroundLoop:
 
     def __init__(self, name: str = "agentgym-loop") -> None:
         self.loop = asyncio.new_event_loop()
+        # The loop keeps only weak references to tasks: hold them until done, or a task waiting
+        # on a socket can be garbage-collected mid-episode.
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -24,7 +27,18 @@ class BackgroundLoop:
         self.loop.run_forever()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Run ``coro`` on the loop; the returned future is thread-safe."""
+
+        async def held() -> T:
+            task = asyncio.current_task()
+            assert task is not None
+            self._tasks.add(task)
+            try:
+                return await coro
+            finally:
+                self._tasks.discard(task)
+
+        return asyncio.run_coroutine_threadsafe(held(), self.loop)
 
     def close(self, timeout: float = 5.0) -> None:
         if self.loop.is_closed():

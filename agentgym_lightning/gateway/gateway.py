@@ -69,7 +69,6 @@ class Gateway:
         self._server: GatewayServer | None = None
         self._loop: BackgroundLoop | None = None
         self._inproc_client: httpx.Client | None = None
-        self._socket_client: httpx.Client | None = None
         self._ssl: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ episodes
@@ -184,7 +183,7 @@ class Gateway:
         return self._ssl
 
     def http_client(self, transport: str) -> httpx.Client:
-        """An httpx client for agents: in-process (shared; no socket) or a pooled HTTP one."""
+        """An httpx client for an agent: the shared in-process one (no socket), or a new HTTP one."""
         if transport == "inproc":
             if self._inproc_client is None:
                 from agentgym_lightning.gateway.transport import InProcessTransport
@@ -193,16 +192,15 @@ class Gateway:
                     transport=InProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context
                 )
             return self._inproc_client
-        if self._socket_client is None:
-            # One shared pool with no connection cap: every agent's call reaches the gateway at
-            # once, and no agent pays for building a client (an SSL context costs ~10s of ms).
-            self._socket_client = httpx.Client(
-                timeout=None,
-                trust_env=False,
-                verify=self.ssl_context,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            )
-        return self._socket_client
+        # One client (one pool) per agent: httpx's pool does work that grows with its size on every
+        # request, so a single pool shared by hundreds of agents is far slower. Construction is
+        # cheap because every client reuses one SSL context.
+        return httpx.Client(
+            timeout=None,
+            trust_env=False,
+            verify=self.ssl_context,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
 
     def async_http_client(self, transport: str) -> httpx.AsyncClient:
         """A new async client (async clients are bound to the event loop that uses them)."""
@@ -235,10 +233,9 @@ class Gateway:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
-        for client in (self._inproc_client, self._socket_client):
-            if client is not None:
-                client.close()
-        self._inproc_client = self._socket_client = None
+        if self._inproc_client is not None:
+            self._inproc_client.close()
+            self._inproc_client = None
 
 
 def _json_object(body: bytes | Mapping[str, Any]) -> dict[str, Any]:

@@ -97,7 +97,11 @@ def test_seeded_sampling_is_reproducible(hf_policy):
 
 
 def test_per_request_max_tokens_in_one_batch(hf_policy):
-    requests = [_req(QUESTIONS[2], max_tokens=3), _req(QUESTIONS[2], max_tokens=9), _req(QUESTIONS[2], max_tokens=0)]
+    # The gateway refuses max_tokens < 1 (as OpenAI does); a policy called directly must still
+    # answer such a request with an empty completion rather than break the batch.
+    zero = _req(QUESTIONS[2])
+    zero.sampling.max_tokens = 0
+    requests = [_req(QUESTIONS[2], max_tokens=3), _req(QUESTIONS[2], max_tokens=9), zero]
     short, longer, empty = hf_policy.generate(requests)
     assert len(short.completion_token_ids) == 3 and short.finish_reason == "length"
     assert longer.completion_token_ids[:3] == short.completion_token_ids
