@@ -15,6 +15,8 @@ BUNDLED_ENVS: dict[str, str] = {
 }
 
 _done = False
+#: Ids that plugins registered through ``agentgym_register_envs``.
+_plugin_env_ids: set[str] = set()
 
 
 def register_envs() -> None:
@@ -32,17 +34,12 @@ def register_envs() -> None:
     for specs in get_plugin_manager().hook.agentgym_register_envs():
         for spec in specs or []:
             spec = dict(spec)
-            if spec.get("id") not in gym.registry:
+            _plugin_env_ids.add(spec["id"])
+            if spec["id"] not in gym.registry:
                 gym.register(**spec)
 
 
 def lightning_env_ids() -> list[str]:
     """Every registered id in the ``lightning`` namespace and those added by plugins."""
     register_envs()
-    return sorted(k for k, v in gym.registry.items() if v.namespace == "lightning" or k in _plugin_ids())
-
-
-def _plugin_ids() -> set[str]:
-    from agentgym_lightning.plugin_manager import get_plugin_manager
-
-    return {dict(s)["id"] for specs in get_plugin_manager().hook.agentgym_register_envs() for s in specs or []}
+    return sorted(k for k, v in gym.registry.items() if v.namespace == "lightning" or k in _plugin_env_ids)

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.llm import ChatRequest
 from agentgym_lightning.spaces import Observation
 from agentgym_lightning.trajectory import Status, Trajectory
 
@@ -201,7 +201,3 @@ def rollout(
         bar.close()
     return results
 
-
-def completions_of(trajectories: Sequence[Trajectory]) -> list[Completion]:
-    """Every answered completion of ``trajectories``, in order (for token accounting)."""
-    return [s.completion for t in trajectories for s in t.steps if s.completion is not None]
