@@ -96,6 +96,11 @@ class Step:
     #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
     #: (``None`` when unknown). Filled in by policies that tokenize.
     prompt_extends_previous: bool | None = None
+    #: True when the ids do not extend because the agent rebuilt its prompt (its messages do not
+    #: continue the previous call's messages and answer): expected, not chat-template drift.
+    prompt_rebuilt: bool = False
+    #: The error the call was answered with instead of a completion (a backend rejected it).
+    error: str | None = None
     timings: StepTimings = field(default_factory=StepTimings)
 
     @property
@@ -114,6 +119,8 @@ class Step:
             "trainable": self.trainable,
             "role": self.role,
             "prompt_extends_previous": self.prompt_extends_previous,
+            "prompt_rebuilt": self.prompt_rebuilt,
+            "error": self.error,
             "timings": self.timings.to_dict(),
         }
 
@@ -165,8 +172,16 @@ class Trajectory:
 
     @property
     def template_mismatches(self) -> int:
-        """Calls whose prompt ids do not extend the previous call's prompt+completion ids."""
-        return sum(1 for s in self.steps if s.prompt_extends_previous is False)
+        """Calls that continued the previous call's conversation but whose prompt ids do not
+        extend its prompt+completion ids: chat-template drift (what merged-trajectory training
+        must know about)."""
+        return sum(1 for s in self.steps if s.prompt_extends_previous is False and not s.prompt_rebuilt)
+
+    @property
+    def prompt_rebuilds(self) -> int:
+        """Calls for which the agent rebuilt its prompt (a new conversation, as Spider's checker
+        and rewriter do): their ids cannot extend the previous call's, and that is expected."""
+        return sum(1 for s in self.steps if s.prompt_rebuilt)
 
     @property
     def trainable(self) -> bool:
