@@ -9,9 +9,12 @@ How it drives (continuous batching):
   that hangs costs only its own episode (it is truncated at its ``time_limit``).
 - Pending calls are batched. A batch goes to ``policy.generate`` as soon as every running agent
   is waiting on the policy, or the batch holds ``max_batch_size`` calls, or its oldest call has
-  waited ``max_batch_wait`` seconds (default 0.05 s): a slow agent delays the others' next batch
-  by at most that, never by its own slowness. ``max_batch_wait=None`` waits for every running
-  agent (lock-step rounds: the largest batches, the slowest agent sets the pace).
+  waited for stragglers as long as it may: ``max_batch_wait`` seconds (default 0.05 s), and never
+  more than a tenth of what the last ``generate`` took (``BATCH_WAIT_FRACTION``), so waiting
+  costs at most ~10 % of generation time: a fast policy answers at once, a slow one gets fuller
+  batches. A slow agent delays the others' next batch by at most that, never by its own
+  slowness. ``max_batch_wait=None`` waits for every running agent (lock-step rounds: the largest
+  batches, the slowest agent sets the pace).
 - While ``generate`` runs, answered agents run on (tools, SQL, retrieval) and their next calls
   queue up for the next batch.
 - Episodes come in groups of ``group_size`` on the same task with isolated state (GRPO groups);
@@ -50,7 +53,7 @@ from agentgym_lightning.llm import ChatRequest
 from agentgym_lightning.spaces import Observation
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["rollout", "make_env_factory", "PolicyFn", "MAX_POLICY_FAILURES", "DEFAULT_MAX_BATCH_WAIT"]
+__all__ = ["rollout", "make_env_factory", "PolicyFn", "MAX_POLICY_FAILURES", "DEFAULT_MAX_BATCH_WAIT", "BATCH_WAIT_FRACTION"]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,10 @@ PolicyFn = Callable[[Sequence[ChatRequest]], Sequence[Any]]
 
 #: Consecutive batches failed by the backend (not by a request) after which it is deemed broken.
 MAX_POLICY_FAILURES = 3
-#: Seconds the oldest pending call may wait for more calls to join its batch.
+#: Seconds the oldest pending call may wait for more calls to join its batch, at most.
 DEFAULT_MAX_BATCH_WAIT = 0.05
+#: ...and at most this fraction of the last ``generate``'s duration.
+BATCH_WAIT_FRACTION = 0.1
 
 
 def make_env_factory(env: str | Callable[[], AgentEnv], env_kwargs: Mapping[str, Any] | None = None) -> Callable[[], AgentEnv]:
@@ -201,6 +206,7 @@ class _Driver:
         self.waiting_on_agents = 0  # slots STARTING or RUNNING
         self.deadlines: list[tuple[float, int, int]] = []  # (deadline, episode serial, slot)
         self.serial = [0] * len(envs)
+        self.batch_wait = 0.0 if max_batch_wait is None else max_batch_wait  # updated per generate
         for slot, env in enumerate(envs):
             env.set_ready_callback(lambda slot=slot: self.ready.put(slot))
 
@@ -223,13 +229,13 @@ class _Driver:
         if self.max_batch_wait is None:
             return False
         oldest = next(iter(self.pending.values()))[1]
-        return time.monotonic() - oldest >= self.max_batch_wait
+        return time.monotonic() - oldest >= self.batch_wait
 
     def _wait_for_agents(self) -> None:
         now = time.monotonic()
         until = [self.deadlines[0][0]] if self.deadlines else []
         if self.pending and self.max_batch_wait is not None:
-            until.append(next(iter(self.pending.values()))[1] + self.max_batch_wait)
+            until.append(next(iter(self.pending.values()))[1] + self.batch_wait)
         try:
             slot: int | None = self.ready.get(timeout=max(0.0, min(until) - now) if until else None)
         except queue.Empty:
@@ -293,6 +299,7 @@ class _Driver:
 
     def _generate(self) -> None:
         slots = list(self.pending)[: self.max_batch_size or None]
+        started = time.monotonic()
         try:
             answers = self.batcher.answer([self.pending[s][0].request for s in slots])
         except _PolicyDown as exc:
@@ -305,6 +312,8 @@ class _Driver:
             if self.batcher.failures >= MAX_POLICY_FAILURES:
                 raise cause from None
             return
+        if self.max_batch_wait is not None:
+            self.batch_wait = min(self.max_batch_wait, BATCH_WAIT_FRACTION * (time.monotonic() - started))
         for slot, answer in zip(slots, answers):
             del self.pending[slot]
             self.envs[slot].step_async(answer)
@@ -344,9 +353,9 @@ def rollout(
         on_trajectory: Called with each trajectory as it finishes (write it out here: nothing
             finished is lost if the run is interrupted).
         env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
-        max_batch_wait: Seconds the oldest pending call waits for others to join its batch
-            before the batch is generated anyway; ``None`` waits for every running agent
-            (lock-step rounds). See the module docstring.
+        max_batch_wait: Seconds the oldest pending call may wait for others to join its batch
+            (and never more than ``BATCH_WAIT_FRACTION`` of the last ``generate``'s duration);
+            ``None`` waits for every running agent (lock-step rounds). See the module docstring.
         max_batch_size: Most calls per ``generate`` (default: every pending call).
 
     A request the backend rejects fails only its own call (an OpenAI 400 to that agent); a

@@ -9,7 +9,9 @@ Measured in one run and printed as numbers and ratios:
 2. Over HTTP: added per call versus in-process at p50, and the gateway server thread's CPU time
    per call (read from /proc for the uvicorn thread).
 3. Aggregate steps/s with 1, 16 and 256 concurrent episodes through the batched driver, with the
-   agents' own per-call latency p50/p99.
+   agents' own per-call latency p50/p99 (``bench/bench_driver.py`` compares the driver's modes).
+4. CPU per call along one long episode (10,000 calls, completions with token ids so the
+   chat-template continuity check runs): it must stay flat from the 100th call to the 10,000th.
 
 Targets on a 2-core machine: in-process p50 <= 0.5 ms; HTTP <= 1 ms added at p50 and <= 0.8 ms
 gateway CPU per call; 256 episodes >= 90 % of single-episode throughput with p99 <= 10x p50.
@@ -152,6 +154,23 @@ def throughput(concurrency: int, calls: int, transport: str, agent) -> tuple[flo
     return steps / elapsed, pct(lat, 0.5), pct(lat, 0.99), max(task["first"])
 
 
+def long_episode_cpu(steps: int, windows: tuple[int, ...]) -> dict[int, float]:
+    """Process CPU seconds per step over the 100 steps that end at each of ``windows``."""
+    env = AgentEnv(native_agent, [{"calls": steps + 1, "latencies": []}], time_limit=None)
+    env.reset(seed=0)
+    answer = Completion(text="ok", prompt_token_ids=[1, 2, 3], completion_token_ids=[4])
+    out: dict[int, float] = {}
+    cpu0 = time.process_time()
+    for i in range(1, steps + 1):
+        if i + 100 in windows or (i == 1 and 100 in windows):
+            cpu0 = time.process_time()
+        env.step(answer)
+        if i in windows:
+            out[i] = (time.process_time() - cpu0) / 100
+    env.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3000)
@@ -175,6 +194,15 @@ def main() -> None:
     print(f"HTTP added per call at p50 vs in-process: {added*ms:.3f} ms (target <= 1 ms)")
     gw_cpu = gateway_cpu_per_call(steps)
     print(f"gateway server CPU per call: {gw_cpu*ms:.3f} ms -> {1/gw_cpu if gw_cpu else float('inf'):.0f} calls/s on one core (target <= 0.8 ms)")
+
+    n = 2_000 if args.quick else 10_000
+    windows = (100, 1_000, n)
+    per = long_episode_cpu(n, windows)
+    print(f"== CPU per call along one {n}-call episode (token ids on every completion)")
+    print(
+        "  ".join(f"at call {w:>6}: {per[w] * ms:.3f} ms" for w in windows)
+        + f"   ratio last/first {per[n] / per[100]:.2f} (flat = ~1)"
+    )
 
     calls = 20 if args.quick else 60
     modes = (
