@@ -136,18 +136,17 @@ class SpiderReward:
         return self.evaluator.evaluate(task["db_path"], sql, task["query"], self.variant).score  # type: ignore[arg-type]
 
 
-_evaluators: dict[tuple[float, int], SpiderEvaluator] = {}
+_evaluators: dict[SandboxLimits, SpiderEvaluator] = {}
 _evaluators_lock = threading.Lock()
 
 
-def _shared_evaluator(sql_timeout_s: float, max_rows: int) -> SpiderEvaluator:
-    """One evaluator (gold cache, connection pool) per limits, shared by every env of the process:
-    a rollout with 8 envs runs each gold query once, not 8 times."""
-    key = (float(sql_timeout_s), int(max_rows))
+def _shared_evaluator(limits: SandboxLimits) -> SpiderEvaluator:
+    """One evaluator (gold cache, worker processes) per limits, shared by every env of the
+    process: a rollout with 8 envs runs each gold query once, not 8 times."""
     with _evaluators_lock:
-        if key not in _evaluators:
-            _evaluators[key] = SpiderEvaluator(SQLSandbox(SandboxLimits(timeout_s=sql_timeout_s, max_rows=max_rows)))
-        return _evaluators[key]
+        if limits not in _evaluators:
+            _evaluators[limits] = SpiderEvaluator(SQLSandbox(limits))
+        return _evaluators[limits]
 
 
 def make_env(
@@ -160,6 +159,7 @@ def make_env(
     limit: int | None = None,
     sql_timeout_s: float = 5.0,
     max_rows: int = 100_000,
+    sql_limits: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/Spider-v0``.
@@ -176,6 +176,8 @@ def make_env(
         limit: Keep only the first ``limit`` questions of the split.
         sql_timeout_s: Time limit of each predicted query.
         max_rows: Rows a query may return before it fails.
+        sql_limits: Any other :class:`~.sandbox.SandboxLimits` field, e.g.
+            ``{"max_result_bytes": 64_000_000}`` (see ``docs/limits.md``).
         **kwargs: Agent options (any :class:`SpiderAgentConfig` field: ``max_schema_chars``,
             ``max_tokens``, ``temperature``, ``train_checker``...), then
             :class:`~agentgym_lightning.env.AgentEnv` options (``time_limit``, ``transport``,
@@ -191,7 +193,12 @@ def make_env(
         tasks = tasks[:limit]
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = SpiderAgentConfig(max_turns=max_turns, sql_timeout_s=sql_timeout_s, **agent_options)
-    evaluator = _shared_evaluator(sql_timeout_s, max_rows)
+    try:
+        limits = SandboxLimits(**{**dict(sql_limits or {}), "timeout_s": sql_timeout_s, "max_rows": max_rows})
+    except TypeError:
+        known = ", ".join(f.name for f in dataclasses.fields(SandboxLimits) if f.name not in ("timeout_s", "max_rows"))
+        raise ValueError(f"sql_limits {dict(sql_limits or {})} has an unknown field; known: {known}") from None
+    evaluator = _shared_evaluator(limits)
     agent = SpiderEpisodeAgent(SpiderAgent(config, evaluator.sandbox), evaluator)
     kwargs.setdefault("env_id", ENV_ID)
     # A guard only: the agent itself never makes more than this many calls.

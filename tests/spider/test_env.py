@@ -214,3 +214,11 @@ def test_the_result_records_what_a_mismatch_needs(sample_env):
         "score": 0.0, "reason": "mismatch", "detail": "", "pred_shape": [9, 1], "gold_shape": [1, 1]
     }
     assert json.loads(trajectory.to_json())["result"] == result  # all of it is plain JSON
+
+
+def test_sql_limits_reach_the_sandbox(sample_env):
+    env = sample_env(max_turns=1, sql_limits={"max_result_bytes": 300})
+    trajectory, total = run_episode(env, lambda obs, task: "```sql\nSELECT * FROM book\n```", task_index=0)
+    assert total == 0.0 and trajectory.result["reasons"]["strict"] == "pred_too_large"
+    with pytest.raises(ValueError, match="unknown field"):
+        make_env(sql_limits={"max_result_megabytes": 1})
