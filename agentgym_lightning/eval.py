@@ -42,7 +42,6 @@ import json
 import math
 import sys
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -287,10 +286,13 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
         raise _UsageError("--base-url/--api-key only apply to --backend openai")
     try:
         env_id = _resolve_env_id(args.env)
-        check_policy_kwargs(args.backend, policy_kwargs)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
     _check_env_kwargs(env_id, env_kwargs)
+    try:
+        check_policy_kwargs(args.backend, policy_kwargs)  # may import the backend (torch): after the cheap checks
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
     if args.output:
         _check_writable(args.output)  # last: it creates the file
     return env_id, env_kwargs, policy_kwargs
@@ -315,9 +317,7 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
     import gymnasium as gym
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # warnings come again, once, when the run builds it
-            env = gym.make(env_id, **env_kwargs)
+        env = gym.make(env_id, **env_kwargs)  # its warnings (data skipped...) show here, once
     except (TypeError, ValueError, gym.error.Error) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]
         raise _UsageError(f"--env-kwarg: {env_id} does not accept {env_kwargs}: {message}") from None

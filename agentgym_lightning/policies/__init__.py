@@ -67,6 +67,8 @@ def check_policy_kwargs(backend: str, kwargs: dict[str, Any], cls: type | None =
     does not, without building anything (``eval`` checks before it loads a model). Does nothing
     when the backend's module cannot be imported here (``make_policy`` then says what to install)."""
     if cls is None:
+        if not kwargs:
+            return  # nothing to check: do not import the backend (torch) for it
         if backend not in BACKENDS:
             raise ValueError(f"unknown policy backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         module_name, class_name, requirements, _ = BACKENDS[backend]

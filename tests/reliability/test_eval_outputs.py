@@ -42,7 +42,7 @@ def dead_backend(monkeypatch):
         (["--max-turns", "0"], "--max-turns must be >= 1, got 0"),
         (["--env-kwarg", "no_such_option=1"], "no_such_option"),
         (["--env-kwarg", "time_limit=-1"], "time_limit must be > 0"),
-        (["--policy-kwarg", "no_such_option=1"], "has no option 'no_such_option'"),
+        (["--backend", "openai", "--policy-kwarg", "no_such_option=1"], "has no option 'no_such_option'"),
         (["--output", "/proc/nope/out.jsonl"], "--output"),
         (["--output", "{tmp}"], "is a directory"),
         (["--output", "{tmp}/read-only/sub/out.jsonl"], "cannot be written"),

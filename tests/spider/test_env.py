@@ -222,3 +222,30 @@ def test_sql_limits_reach_the_sandbox(sample_env):
     assert total == 0.0 and trajectory.result["reasons"]["strict"] == "pred_too_large"
     with pytest.raises(ValueError, match="unknown field"):
         make_env(sql_limits={"max_result_megabytes": 1})
+
+
+@pytest.mark.spider
+def test_eval_announces_the_skipped_dev_questions_once(spider_dir: Path, monkeypatch, capsys):
+    """62 dev questions need the missing wta_1 database: said once, with count and reason, even
+    though eval builds an env to check its arguments and then one per concurrent episode."""
+    from agentgym_lightning import cli, policies
+
+    class SelectOne:
+        def generate(self, requests):
+            return ["```sql\nSELECT 1\n```"] * len(requests)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: SelectOne())
+    monkeypatch.setenv("AGENTGYM_LIGHTNING_SPIDER_DIR", str(spider_dir))
+    from agentgym_lightning.envs.spider import data
+
+    monkeypatch.setattr(data, "_cache", {})  # a fresh process: nothing loaded yet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = cli.main(["eval", "--env", "lightning/Spider-v0", "--episodes", "3", "--concurrency", "3", "--no-progress",
+                         "--env-kwarg", "max_turns=1"])
+    assert code == 0
+    skipped = [w for w in caught if issubclass(w.category, SpiderDataWarning)]
+    assert len(skipped) == 1 and "skipped 62 of 1034" in str(skipped[0].message) and "missing" in str(skipped[0].message)
