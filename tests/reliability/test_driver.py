@@ -153,3 +153,28 @@ def test_max_batch_size_and_continuous_batching():
 def test_bad_driver_options_are_refused(bad):
     with pytest.raises(ValueError):
         rollout(lambda: AgentEnv(agent, [{"id": 0, "calls": 1}]), echo, episodes=1, progress=False, **bad)
+
+
+def test_an_agent_with_parallel_calls_gets_every_one_answered():
+    """Calls queued behind one another in one env are collected after each answer, with no
+    wake-up of their own (their notices came while the env was still waiting on the policy)."""
+    import threading
+
+    def parallel(task, ctx):
+        out = []
+
+        def call(i):
+            out.append(ctx.chat_completion([{"role": "user", "content": str(i)}]).text)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(out)
+
+    out = rollout(
+        lambda: AgentEnv(parallel, [{}], lambda t, r: float(r == ["0", "1", "2"]), time_limit=20), echo,
+        episodes=6, concurrency=3, progress=False,
+    )
+    assert all(t.status is Status.SUCCEEDED and t.final_reward == 1.0 and len(t.steps) == 3 for t in out)
