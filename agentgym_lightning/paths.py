@@ -19,3 +19,33 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "agentgym-lightning"
+
+
+def link_into_cache(src: str | os.PathLike[str], target: Path, *, copy: bool = False, force: bool = False) -> Path:
+    """Make ``target`` (a folder in the cache) a symbolic link to ``src``, or a copy of it.
+
+    A previous link is replaced; a previous copy only with ``force`` (else ``FileExistsError``).
+    Copies land atomically; where symbolic links are not allowed, the folder is copied.
+    """
+    import shutil
+    import tempfile
+
+    source = Path(src).expanduser().resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()
+    elif target.exists():
+        if not force:
+            raise FileExistsError(f"{target} already holds an imported copy; pass --force to replace it")
+        shutil.rmtree(target)
+    if copy:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-copy-", dir=target.parent))
+        shutil.copytree(source, tmp / target.name)
+        os.replace(tmp / target.name, target)
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        try:
+            target.symlink_to(source, target_is_directory=source.is_dir())
+        except OSError:  # no symbolic links here (some Windows setups): copy instead
+            shutil.copytree(source, target)
+    return target

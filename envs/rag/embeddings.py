@@ -46,6 +46,11 @@ class Embedder:
         """One L2-normalised float32 row per text."""
         raise NotImplementedError
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Embedder:
+        # A loaded model is a shared resource: gym.make deep-copies env kwargs, which must not
+        # copy (or fail to copy) the model.
+        return self
+
 
 def resolve_model_path(model: str) -> tuple[str, str]:
     """``(what to load, fingerprint)`` for a model name or path.

@@ -188,6 +188,10 @@ class PassageIndex:
     def __len__(self) -> int:
         return len(self.corpus)
 
+    @property
+    def closed(self) -> bool:
+        return self._collection is None
+
     def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         """The ``k`` best passages for each query vector (rows of ``vectors``)."""
         if k < 1:
@@ -339,7 +343,7 @@ def _build(final: Path, key: str, corpus: Sequence[Passage], embedder: Embedder,
         client = _client(tmp / chroma_dir)
         try:
             collection = client.create_collection(COLLECTION, embedding_function=None,
-                                                  configuration={"hnsw": {"space": "cosine"}})
+                                                  configuration={"hnsw": {"space": "cosine", "sync_threshold": 2}})
             limit = max(1, int(client.get_max_batch_size()))
             batch_size = max(1, min(batch_size, limit))
             dimension = 0

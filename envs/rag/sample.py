@@ -230,7 +230,9 @@ def hotpotqa_records(distractors: int = 6) -> list[dict[str, Any]]:
         records.append({
             "_id": q["id"].split("__")[1], "question": q["question"], "answer": q["answer"],
             "type": q["type"], "level": "medium", "supporting_facts": facts,
-            "context": [[t, list(SAMPLE_PASSAGES[t])] for t in context_titles],
+            # HotpotQA's sentences carry their own separating space: " Second sentence."
+            "context": [[t, [s if j == 0 else f" {s}" for j, s in enumerate(SAMPLE_PASSAGES[t])]]
+                        for t in context_titles],
         })
     return records
 
