@@ -334,6 +334,8 @@ def _build(final: Path, key: str, corpus: Sequence[Passage], embedder: Embedder,
            batch_size: int) -> None:
     from tqdm.auto import tqdm
 
+    # Similar lengths batched together: less padding, a faster build (the order is not stored).
+    corpus = sorted(corpus, key=lambda p: len(embed_text(p)))
     tmp = final.with_name(f".{final.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     started = time.perf_counter()
