@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CACHE_ENV_VAR", "cache_root"]
+__all__ = ["CACHE_ENV_VAR", "cache_root", "link_into_cache", "build_once"]
 
 #: Overrides the cache folder.
 CACHE_ENV_VAR = "AGENTGYM_LIGHTNING_CACHE"
@@ -49,3 +50,26 @@ def link_into_cache(src: str | os.PathLike[str], target: Path, *, copy: bool = F
         except OSError:  # no symbolic links here (some Windows setups): copy instead
             shutil.copytree(source, target)
     return target
+
+
+def build_once(final: Path, build: Callable[[Path], object], is_complete: Callable[[Path], bool]) -> Path:
+    """``final``, built by ``build(tmp)`` into a temporary folder beside it and renamed into place
+    unless ``is_complete(final)`` already; a concurrent builder that wins the race is fine."""
+    import shutil
+    import tempfile
+
+    if is_complete(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not is_complete(final):  # not a concurrent builder that won the race
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

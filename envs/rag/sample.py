@@ -16,10 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from agentgym_lightning.paths import build_once
 
 __all__ = ["SAMPLE_PASSAGES", "SAMPLE_QUESTIONS", "sample_version", "musique_records", "hotpotqa_records",
            "build_sample", "ensure_sample"]
@@ -261,19 +261,7 @@ def build_sample(dest: str | os.PathLike[str]) -> Path:
 
 def ensure_sample(cache_root: str | os.PathLike[str]) -> Path:
     """The sample's folder under ``cache_root``, built (atomically) if it is not there yet."""
-    final = Path(cache_root) / f"rag-sample-{sample_version()}"
-    if (final / "musique" / SAMPLE_FILE).is_file() and (final / "hotpotqa" / SAMPLE_FILE).is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".rag-sample-", dir=final.parent))
-    try:
-        build_sample(tmp)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not (final / "musique" / SAMPLE_FILE).is_file():  # not a concurrent builder that won
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    def complete(p: Path) -> bool:
+        return (p / "musique" / SAMPLE_FILE).is_file() and (p / "hotpotqa" / SAMPLE_FILE).is_file()
+
+    return build_once(Path(cache_root) / f"rag-sample-{sample_version()}", build_sample, complete)

@@ -104,3 +104,24 @@ def test_concurrent_searches_are_batched_and_each_gets_its_own_results(musique_d
     with pytest.raises(ValueError, match="k must be"):
         retriever.search("x", k=0)
     retriever.close()
+
+
+def test_data_command_builds_the_index_ahead(tmp_path, real_embedder, isolated_cache, capsys):
+    import json
+
+    from agentgym_lightning.cli import main as cli_main
+    from agentgym_lightning.envs.rag.retriever import close_retrievers
+
+    records = [
+        {"_id": f"q{i}", "question": f"Question {i}?", "answer": "x", "type": "bridge",
+         "supporting_facts": [[f"T{i}", 0]], "context": [[f"T{i}", [f"Passage {i}.", " More."]], ["Shared", ["Same."]]]}
+        for i in range(2)
+    ]
+    (tmp_path / "hotpot_dev_distractor_v1.json").write_text(json.dumps(records))
+    assert cli_main(["data", "hotpotqa", str(tmp_path), "--index"]) == 0
+    out = capsys.readouterr().out
+    assert "dev: 2 questions, 3 passages; 2 mark supporting" in out and "index of 3 passages built" in out
+    assert str(isolated_cache / "rag-index") in out and (isolated_cache / "hotpotqa").is_symlink()
+    close_retrievers()
+    assert cli_main(["data", "hotpotqa", "--no-import", "--index", str(tmp_path)]) == 0
+    assert "index of 3 passages already cached" in capsys.readouterr().out
