@@ -31,7 +31,7 @@ searching on its last call has no answer (``missing``).
 
 **Signals.** After each call the agent emits what happened, into that step's ``outcome`` (read
 by ``plugins/rag_air.py``): ``action`` (``search``, ``answer``, ``no_directive``,
-``bad_tool_call``),
+``bad_tool_call``, ``unknown_tool``),
 ``queries``, ``retrieved`` (passage ids), ``empty_queries``, ``repeated_queries``,
 ``new_supporting`` (supporting passages this call found first, where the data marks them), and
 after the final call ``answer`` and ``answer_status`` (``ok``, ``malformed``, ``missing``).
@@ -211,7 +211,7 @@ class RagAgent:
                     else:
                         query = _query_argument(call.function.arguments)
                         queries.append(query)
-                        content = self._results(query, seen_queries, retrieved, found_supporting, supporting)
+                        content = self._results(query, retrieved)
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
                 self._emit_search(emit, queries, seen_queries, retrieved, found_supporting, supporting)
                 if last_but_one:
@@ -220,7 +220,7 @@ class RagAgent:
             reply = parse_reply(text)
             if reply.kind == "search":
                 messages.append({"role": "assistant", "content": text})
-                content = self._results(reply.value, seen_queries, retrieved, found_supporting, supporting)
+                content = self._results(reply.value, retrieved)
                 self._emit_search(emit, [reply.value], seen_queries, retrieved, found_supporting, supporting)
                 messages.append({"role": "user", "content": content + ("\n\n" + LAST_CALL if last_but_one else "")})
                 continue
@@ -255,7 +255,8 @@ class RagAgent:
         response = client.chat.completions.create(model=model, messages=[dict(m) for m in messages], **kwargs)  # type: ignore[arg-type]
         return response.choices[0].message
 
-    def _results(self, query: str, seen: set[str], retrieved: list[str], found: set[str], supporting: set[str]) -> str:
+    def _results(self, query: str, retrieved: list[str]) -> str:
+        """Search and format the results; record the passages seen (in order, once each)."""
         query = query.strip()[: self.config.max_query_chars]
         if not query:
             return 'Error: the query is empty. Call search with a query, e.g. {"query": "..."}.'
@@ -276,7 +277,7 @@ class RagAgent:
             seen.add(key)
         new = [pid for pid in retrieved if pid in supporting and pid not in found]
         found.update(new)
-        emit("action", "search")
+        emit("action", "search" if queries else "unknown_tool")
         emit("queries", list(queries))
         emit("retrieved", list(retrieved))
         emit("empty_queries", empty)

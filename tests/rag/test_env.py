@@ -118,6 +118,8 @@ def test_air_signals_for_queries_and_answers(sample_env):
     assert sources == [[("rag.empty_query", -0.1)], [], [("rag.repeated_query", -0.2)], [],
                        [("rag.answer_malformed", -0.3)], [("rag.answer_malformed", -0.3)]]
     assert trajectory.result["answer_status"] == "malformed"
+    assert [s.outcome["action"] for s in trajectory.steps] == [
+        "search", "search", "search", "unknown_tool", "no_directive", "answer"]
     assert trajectory.variables["metrics"]["f1"] == pytest.approx(2 * 0.5 * 1.0 / 1.5)  # "aldric vane" of 4 tokens
 
 
