@@ -3,9 +3,11 @@
 Every env of a rollout searches the same corpus, so :func:`get_retriever` hands all of them one
 :class:`Retriever` (one index, one embedding model) per process. Episodes search from their own
 threads at once; :meth:`Retriever.search` combines the searches that are waiting into one batch
-(one embedding call, one chromadb query) instead of running them one by one: the first waiting
-caller embeds everything queued, the others find their results done. No background thread is
-involved and a lone search costs the same as before.
+(one embedding call, one chromadb query) instead of running them one by one: one waiting
+caller embeds everything queued, the others sleep until their results are there. Under
+concurrency the serving caller first lingers a few milliseconds while the queue still grows
+(callers woken by the previous batch submit their next search). No background thread is
+involved, and a lone search never waits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,18 +33,32 @@ class _Request:
     k: int
     hits: list[list[Hit]] | None = None
     error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    finished: bool = False
+    #: This request's caller serves the queue (set by the previous server when it hands over).
+    lead: bool = False
+    wake: threading.Event = field(default_factory=threading.Event)
 
 
 class Retriever:
-    """``search(query, k) -> hits`` over a :class:`PassageIndex`, thread-safe, batched."""
+    """``search(query, k) -> hits`` over a :class:`PassageIndex`, thread-safe, batched.
 
-    def __init__(self, index: PassageIndex, max_batch: int = 256) -> None:
+    One caller at a time serves the queue: it embeds and searches every queued search in one
+    batch, until its own is done, then hands the role to the caller of the oldest search still
+    queued. The others sleep on their own event, so nobody spins and a lone search is served at
+    once by its own caller.
+    """
+
+    def __init__(self, index: PassageIndex, max_batch: int = 256, linger_s: float = 0.01) -> None:
         self.index = index
         self.max_batch = max_batch
+        #: Under concurrency (the last batch served several searches) the server first waits up
+        #: to this long, while the queue still grows, for searches of callers just woken by the
+        #: previous batch. A lone searcher never waits.
+        self.linger_s = linger_s
         self._queue: list[_Request] = []
-        self._queue_lock = threading.Lock()
-        self._work_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._serving = False
+        self._last_batch = 1
         #: Searches served, and the embedding batches that served them (batching statistics).
         self.queries = 0
         self.batches = 0
@@ -57,15 +74,27 @@ class Retriever:
         request = _Request(list(queries), k)
         if not request.queries:
             return []
-        with self._queue_lock:
+        with self._lock:
             self._queue.append(request)
-        while not request.done.is_set():
-            with self._work_lock:
-                if request.done.is_set():  # a caller before us served it
-                    break
-                with self._queue_lock:
-                    batch, self._queue = self._take(self._queue)
-                self._serve(batch)
+            if not self._serving:
+                self._serving = request.lead = True
+        if not request.lead:
+            request.wake.wait()  # served by someone else, or handed the serving role
+        if request.lead:
+            try:
+                while not request.finished:
+                    self._linger()
+                    with self._lock:
+                        batch, self._queue = self._take(self._queue)
+                    self._serve(batch)
+            finally:
+                with self._lock:
+                    if self._queue:
+                        successor = self._queue[0]
+                        successor.lead = True
+                        successor.wake.set()
+                    else:
+                        self._serving = False
         if request.error is not None:
             raise request.error
         assert request.hits is not None
@@ -74,6 +103,18 @@ class Retriever:
     async def asearch(self, query: str, k: int = 5) -> list[Hit]:
         """``search`` for ``async`` agents (runs in a worker thread; batches with the others)."""
         return await asyncio.to_thread(self.search, query, k)
+
+    def _linger(self) -> None:
+        if self._last_batch <= 1 or self.linger_s <= 0:
+            return
+        deadline = time.monotonic() + self.linger_s
+        size = len(self._queue)
+        while time.monotonic() < deadline and size < self.max_batch:
+            time.sleep(self.linger_s / 5)
+            now = len(self._queue)
+            if now == size:  # nobody else is coming
+                break
+            size = now
 
     def _take(self, queue: list[_Request]) -> tuple[list[_Request], list[_Request]]:
         batch, size = [], 0
@@ -91,18 +132,20 @@ class Retriever:
             hits = self.index.search_vectors(vectors, max(r.k for r in batch))
         except BaseException as exc:  # noqa: BLE001 - handed to every caller of the batch
             for r in batch:
-                r.error = exc
-                r.done.set()
+                r.error, r.finished = exc, True
+                r.wake.set()
             if not isinstance(exc, Exception):
                 raise
             return
         self.queries += len(texts)
         self.batches += 1
+        self._last_batch = len(batch)
         start = 0
         for r in batch:
             r.hits = [h[: r.k] for h in hits[start : start + len(r.queries)]]
+            r.finished = True
             start += len(r.queries)
-            r.done.set()
+            r.wake.set()
 
     def close(self) -> None:
         self.index.close()
