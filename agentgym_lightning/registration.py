@@ -13,6 +13,8 @@ from gymnasium.envs.registration import WrapperSpec
 BUNDLED_ENVS: dict[str, str] = {
     "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
     "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
+    "lightning/MuSiQue-v0": "agentgym_lightning.envs.rag.env:make_musique_env",
+    "lightning/HotpotQA-v0": "agentgym_lightning.envs.rag.env:make_hotpotqa_env",
 }
 
 #: Applied by ``gym.make`` after its ``TimeLimit``: ``max_episode_steps=N`` ends agent episodes
