@@ -21,6 +21,8 @@ The contract:
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import queue
 import time
 import traceback
@@ -37,7 +39,7 @@ from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
 
-__all__ = ["AgentEnv", "adapt_agent", "TaskSource", "RewardFn"]
+__all__ = ["AgentEnv", "adapt_agent", "call_seed", "TaskSource", "RewardFn"]
 
 #: Tasks: a sequence to pick from, or a function of the env's RNG.
 TaskSource = Sequence[Any] | Callable[[np.random.Generator], Any]
@@ -79,6 +81,11 @@ class AgentEnv(gym.Env[Observation, Any]):
         model_name: The model name agents are told to use (``ctx.model``).
         gateway: The gateway to register episodes with (default: the process-wide one).
         stop_grace: Seconds to wait for an agent to unwind when its episode is cut short.
+        seed_calls: Give every call the agent did not seed a ``seed`` derived from the episode's
+            seed and the call's index, in the observation's request (the recorded request stays
+            as the agent sent it). With a backend that samples seeded requests independently of
+            their batch (``hf``, ``vllm``), a rollout is then reproducible however its calls
+            were batched; the trainer turns this on.
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -98,6 +105,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         gateway: Gateway | None = None,
         stop_grace: float = 1.0,
         render_mode: str | None = None,
+        seed_calls: bool = False,
     ) -> None:
         if transport not in ("inproc", "http"):
             raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
@@ -121,6 +129,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self.gateway = gateway or get_gateway()
         self.stop_grace = stop_grace
         self.render_mode = render_mode
+        self.seed_calls = seed_calls
         self.observation_space = ObservationSpace()
         self.action_space = CompletionSpace()
 
@@ -293,7 +302,11 @@ class AgentEnv(gym.Env[Observation, Any]):
                 return self._end(Status.TRUNCATED, reason, reward)
             self._call = event.pending
             step = event.pending.step
-            obs = Observation(request=step.request, variables=dict(step.variables))
+            request = step.request
+            if self.seed_calls and request.sampling.seed is None:
+                seed = call_seed(episode.trajectory.seed, step.index)
+                request = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
+            obs = Observation(request=request, variables=dict(step.variables))
             self._last_obs = obs
             return obs, reward, False, False, {"turn": step.index}
         return self._end_by_agent(event, reward)
@@ -375,6 +388,13 @@ class AgentEnv(gym.Env[Observation, Any]):
             return
         prefix = prev.prompt_token_ids + prev.completion_token_ids
         step.prompt_extends_previous = completion.prompt_token_ids[: len(prefix)] == prefix
+
+
+def call_seed(episode_seed: int | None, call_index: int) -> int:
+    """The sampling seed of call ``call_index`` of an episode seeded ``episode_seed`` (a stable
+    hash, so the same episode always samples the same way)."""
+    digest = hashlib.blake2b(f"{episode_seed}:{call_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def _format_error(exc: BaseException) -> str:
