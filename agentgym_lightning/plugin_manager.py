@@ -20,6 +20,8 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "outcome_air",
     "tool_call_air",
     "spider_air",
+    "metrics_jsonl",
+    "wandb_logger",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"
