@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,13 @@ def agentgym_train_start(config: Mapping[str, Any], output_dir: str, step: int) 
         import wandb
     except ImportError:
         return ["W&B: wandb is not installed (pip install 'agentgym-lightning[train]'); metrics go to metrics.jsonl only"]
+    # W&B's own banners (and its LLM-tracing advertisement) would drown the progress bar; the
+    # run folder is reported below.
+    os.environ.setdefault("WANDB_SILENT", "true")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     id_file = out / _RUN_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.is_file() and step > 0 else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() and step > 0 else uuid.uuid4().hex[:8]
     _state.mode = _mode()
     _state.run = wandb.init(
         project=os.environ.get("WANDB_PROJECT", "agentgym-lightning"),
