@@ -159,13 +159,15 @@ class LightningRLTrainer:
             cfg.lr_scheduler_type, self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps * cfg.num_iterations
         )
         self.step = 0
+        self._last_saved = 0
         self.history: list[dict[str, float]] = []
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
 
     # ================================================================== the loop
 
     def train(self, resume_from: str | Path | None = None) -> TrainResult:
-        """Run until ``max_steps``; Ctrl-C saves a checkpoint and returns (``interrupted``)."""
+        """Run :meth:`train_step` until ``max_steps``, evaluating before, every ``eval_steps``
+        and after; Ctrl-C saves a checkpoint and returns (``result.interrupted``)."""
         cfg = self.config
         if resume_from is not None:
             self._resume(resume_from)
@@ -175,92 +177,100 @@ class LightningRLTrainer:
             result.messages.extend(lines or [])
         for line in result.messages:
             print(line, file=sys.stderr)
-        training = SamplingOverride(self.policy, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
         bar = _progress(cfg, self.step)
-        last_saved = self.step
+        postfix: dict[str, str] = {}
+        completed = False
         try:
             if self.eval_factory is not None and self.step == 0:
                 result.eval_before = self.evaluate()
-                bar.set_postfix(eval=f"{result.eval_before['eval/reward/mean']:.3f}")
+                postfix["eval"] = f"{result.eval_before['eval/reward/mean']:.3f}"
+                bar.set_postfix(postfix)
             while self.step < cfg.max_steps:
-                step_start = time.perf_counter()
-                # 1-2. tasks and rollouts (Ctrl-C here loses nothing: the step is simply not taken)
-                tasks = self.schedule.tasks_for(self.step)
-                t0 = time.perf_counter()
-                with TrajectoryWriter(self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl") as writer:
-                    trajectories = rollout(
-                        self.env_factory,
-                        training,
-                        episodes=cfg.episodes_per_step,
-                        group_size=cfg.num_generations,
-                        concurrency=cfg.concurrency or cfg.episodes_per_step,
-                        seed=_step_seed(cfg.seed, self.step),
-                        tasks=tasks,
-                        progress=False,
-                        on_trajectory=writer.write,
-                    )
-                rollout_s = time.perf_counter() - t0
-                # 3. samples (episodes in seed order: the same rows whatever order they finished in)
-                trajectories.sort(key=lambda t: t.seed or 0)
-                batch = build_samples(
-                    trajectories,
-                    aggregation=cfg.aggregation,
-                    credit=cfg.credit,
-                    credit_kwargs=cfg.credit_kwargs,
-                    scale_rewards=cfg.scale_rewards,
-                    zero_variance_groups=cfg.zero_variance_groups,
-                    episode_weighting=cfg.episode_weighting,
-                    mask_truncated_completions=cfg.mask_truncated_completions,
-                )
-                with _deferred_interrupt() as interrupted:
-                    # 4. update
-                    t0 = time.perf_counter()
-                    update = self.update(batch)
-                    update_s = time.perf_counter() - t0
-                    # 5. sync
-                    sync_s = sync_weights(self.policy, self.model, peft=cfg.use_peft)
-                    self.step += 1
-                    # 6. log and checkpoint
-                    metrics = {
-                        **episode_metrics(trajectories, rollout_s, prefix="train/"),
-                        **{f"samples/{k}": v for k, v in batch.stats.items()},
-                        **update,
-                        "time/rollout_s": rollout_s,
-                        "time/update_s": update_s,
-                        "time/sync_s": sync_s,
-                        "time/step_s": time.perf_counter() - step_start,
-                        "epoch": self.schedule.epoch_of(self.step),
-                    }
-                    self.history.append({"step": float(self.step), **metrics})
-                    if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                        self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
-                        if cfg.log_episodes:
-                            self._hook.agentgym_log_episodes(trajectories=trajectories[: cfg.log_episodes], step=self.step)
-                    if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
-                        self._save()
-                        last_saved = self.step
+                metrics = self.train_step()
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics['train/reward/mean']:.3f}", **({"eval": f"{result.eval_before['eval/reward/mean']:.3f}"} if result.eval_before else {}))
-                if interrupted.fired:
-                    raise KeyboardInterrupt
+                postfix["reward"] = f"{metrics['train/reward/mean']:.3f}"
                 if self.eval_factory is not None and cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
-                    self.evaluate()
+                    postfix["eval"] = f"{self.evaluate()['eval/reward/mean']:.3f}"
+                bar.set_postfix(postfix)
             if self.eval_factory is not None:
                 result.eval_after = self.evaluate()
+            completed = True
         except KeyboardInterrupt:
             result.interrupted = True
-            if self.step > last_saved:
+            if not self._saved_current_step():
                 self._save()
         finally:
             bar.close()
             result.steps = self.step
             result.history = list(self.history)
-            final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
-            if not result.interrupted:
+            if completed:
                 self._save_final()
-            for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=result.interrupted):
+            final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
+            for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
                 result.messages.extend(lines or [])
         return result
+
+    def train_step(self) -> dict[str, float]:
+        """One training step (the six moves of the module docstring); returns its metrics."""
+        cfg = self.config
+        step_start = time.perf_counter()
+        # 1-2. tasks and rollouts (Ctrl-C here loses nothing: the step is simply not taken)
+        tasks = self.schedule.tasks_for(self.step)
+        t0 = time.perf_counter()
+        with TrajectoryWriter(self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl") as writer:
+            trajectories = rollout(
+                self.env_factory,
+                SamplingOverride(self.policy, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length),
+                episodes=cfg.episodes_per_step,
+                group_size=cfg.num_generations,
+                concurrency=cfg.concurrency or cfg.episodes_per_step,
+                seed=_step_seed(cfg.seed, self.step),
+                tasks=tasks,
+                progress=False,
+                on_trajectory=writer.write,
+            )
+        rollout_s = time.perf_counter() - t0
+        # 3. samples (episodes in seed order: the same rows whatever order they finished in)
+        trajectories.sort(key=lambda t: t.seed or 0)
+        batch = build_samples(
+            trajectories,
+            aggregation=cfg.aggregation,
+            credit=cfg.credit,
+            credit_kwargs=cfg.credit_kwargs,
+            scale_rewards=cfg.scale_rewards,
+            zero_variance_groups=cfg.zero_variance_groups,
+            episode_weighting=cfg.episode_weighting,
+            mask_truncated_completions=cfg.mask_truncated_completions,
+        )
+        with _deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
+            # 4. update
+            t0 = time.perf_counter()
+            update = self.update(batch)
+            update_s = time.perf_counter() - t0
+            # 5. sync
+            sync_s = sync_weights(self.policy, self.model, peft=cfg.use_peft)
+            self.step += 1
+            # 6. log and checkpoint
+            metrics = {
+                **episode_metrics(trajectories, rollout_s, prefix="train/"),
+                **{f"samples/{k}": v for k, v in batch.stats.items()},
+                **update,
+                "time/rollout_s": rollout_s,
+                "time/update_s": update_s,
+                "time/sync_s": sync_s,
+                "time/step_s": time.perf_counter() - step_start,
+                "epoch": self.schedule.epoch_of(self.step),
+            }
+            self.history.append({"step": float(self.step), **metrics})
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
+                self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
+                if cfg.log_episodes:
+                    self._hook.agentgym_log_episodes(trajectories=trajectories[: cfg.log_episodes], step=self.step)
+            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
+                self._save()
+        if interrupted.fired:
+            raise KeyboardInterrupt
+        return metrics
 
     # ================================================================== the update
 
@@ -364,7 +374,11 @@ class LightningRLTrainer:
     def _state(self) -> TrainerState:
         return TrainerState(step=self.step, config=self.config.to_dict(), history=self.history, extra={})
 
+    def _saved_current_step(self) -> bool:
+        return self._last_saved == self.step
+
     def _save(self) -> Path:
+        self._last_saved = self.step
         return save_checkpoint(
             self.output_dir,
             model=self.model,
@@ -386,7 +400,7 @@ class LightningRLTrainer:
                 + "); resume with the saved config (the train command's --resume does)"
             )
         state = load_checkpoint(checkpoint, model=self.model, peft=self.config.use_peft, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.step = state.step
+        self.step = self._last_saved = state.step
         self.history = [dict(h) for h in state.history]
         sync_weights(self.policy, self.model, peft=self.config.use_peft)
 

@@ -66,7 +66,7 @@ def _weights(checkpoint: Path):
     return load_file(str(checkpoint / "model.safetensors"))
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None:
@@ -194,7 +194,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_run(tiny_model_dir, t
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for(run / "trajectories" / "step-000002.jsonl", proc)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 130, output
     saved = sorted((run / "checkpoints").iterdir())
     assert saved, output
