@@ -58,6 +58,21 @@ class _Row:
     stops: list[str]
 
 
+def _refresh_tied_lm_head(worker: Any) -> bool:
+    """Runs inside each vLLM worker after a reload. A LM head tied to the embeddings is not in
+    the pushed weights (vLLM ties it itself), so vLLM's reload does not re-process it, and on CPU
+    its GEMM kernel keeps a packed copy of the *old* embeddings. Re-process it from the new ones."""
+    model = worker.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is None or embed is None or getattr(lm_head, "weight", None) is not getattr(embed, "weight", None):
+        return False
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm_head)
+    return True
+
+
 def _on_cuda() -> bool:
     try:
         import torch
@@ -112,6 +127,9 @@ class VLLMPolicy(Policy):
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         # Read by vLLM's CPU platform, in this process and the engine's (it inherits them).
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        # load_weights sends a function of ours to the engine process (collective_rpc with a
+        # callable), which vLLM only unpickles when allowed; the messages come from this process.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
             import vllm
             from transformers import AutoTokenizer
@@ -194,6 +212,19 @@ class VLLMPolicy(Policy):
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """The engine's logprob of each completion token given everything before it (vLLM's
+        ``prompt_logprobs`` over prompt+completion, at temperature 1): what the trainer's model
+        computes for the same ids, so a weight sync can be checked."""
+        if not completion_ids:
+            return []
+        ids = list(prompt_ids) + list(completion_ids)
+        params = self._sampling_params_cls(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        with self._lock:
+            out = self.llm.generate([self._tokens_prompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        positions = out.prompt_logprobs[len(prompt_ids) :]
+        return [float(pos[tok].logprob) for tok, pos in zip(completion_ids, positions)]
+
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Replace every weight of the engine's model (the trainer's weight sync).
 
@@ -223,6 +254,7 @@ class VLLMPolicy(Policy):
         os.replace(tmp, folder / "model.safetensors")
         with self._lock:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True})
+            self.llm.collective_rpc(_refresh_tied_lm_head)
             self.llm.reset_prefix_cache()
         self.weights_version += 1
 
