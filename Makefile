@@ -28,6 +28,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_env_overhead.py
+	$(BIN)/python bench/bench_driver.py
 	$(BIN)/python bench/bench_disaggregated.py
 	$(BIN)/python bench/bench_generation.py
 
