@@ -224,9 +224,14 @@ def test_wandb_plugin_writes_an_offline_run_and_the_jsonl_has_the_same_metrics(t
     assert len(runs) == 1
     assert any("offline" in m and f"wandb sync {runs[0]}" in m for m in result.messages), result.messages
     # the run file (protobuf records) holds the step's metrics; the episodes table is a media file
-    record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in (b"train/reward/mean", b"time/rollout_s", b"samples/episodes", b"eval/reward/mean"):
-        assert key in record, key
+    run_file = next(runs[0].glob("run-*.wandb"))
+    keys = (b"train/reward/mean", b"time/rollout_s", b"samples/episodes", b"eval/reward/mean")
+    deadline = time.monotonic() + 60  # wandb's writer process may finish the file just after finish()
+    while not all(k in run_file.read_bytes() for k in keys) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    record = run_file.read_bytes()
+    for key in keys:
+        assert key in record, (key, len(record))
     table = json.loads(next((runs[0] / "files" / "media" / "table").glob("episodes_1_*.table.json")).read_text())
     assert table["columns"][:3] == ["step", "episode", "group"] and len(table["data"]) >= 2  # one row per call
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
