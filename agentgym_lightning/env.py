@@ -113,7 +113,10 @@ class AgentEnv(gym.Env[Observation, Any]):
             final reward is ``None`` (only emitted rewards count).
         env_id: Recorded on trajectories (``gym.make`` passes its id).
         max_turns: Most LLM calls an episode may make; one more truncates it.
-        time_limit: Wall-clock seconds an episode may run; ``None`` for no limit.
+        time_limit: Seconds the agent may run in an episode, ``None`` for no limit. Time its calls
+            spend waiting for the policy's answer does not count: a slow generator (a CPU, a
+            busy server) never truncates an agent, only the agent's own work (tools, SQL, a hang)
+            does. :attr:`deadline` moves on by the wait when a call is answered.
         air_weights: Weight of each Automatic Intermediate Reward source (``{"tool_error":
             -0.1}``). Sources without a weight are not applied: AIR is off by default.
         transport: How ``ctx.openai_client()`` reaches the gateway: ``"inproc"`` (no socket) or
@@ -184,6 +187,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self._unfinalized: list[Step] = []
         self._last_obs: Observation | None = None
         self._deadline: float | None = None
+        self._waiting_since: float | None = None  # when the pending call was shown to the driver
         self._early_end: StepResult | None = None  # the agent ended before its first call
 
     # ------------------------------------------------------------------ public state
@@ -206,7 +210,8 @@ class AgentEnv(gym.Env[Observation, Any]):
 
     @property
     def deadline(self) -> float | None:
-        """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None."""
+        """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None.
+        While a call waits for its answer the clock is stopped; answering moves this later."""
         return self._deadline
 
     def set_ready_callback(self, callback: Callable[[], None] | None) -> None:
@@ -257,6 +262,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         )
         self._hook.agentgym_episode_start(trajectory=self._episode.trajectory)
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
+        self._waiting_since = None
         self._episode.start()
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -294,6 +300,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             self._refuse(action)
             return
         completion = as_completion(action)
+        self._resume_clock()
         call, self._call = self._call, None
         self._mark_template_continuity(call.step, completion)
         assert self._episode is not None
@@ -347,6 +354,7 @@ class AgentEnv(gym.Env[Observation, Any]):
 
     def _refuse(self, error: GatewayError) -> None:
         """Answer the pending call with an OpenAI error instead of a completion."""
+        self._resume_clock()
         call, self._call = self._call, None
         step = call.step
         step.error = f"{error.status} {error.code}: {error.message}"
@@ -354,6 +362,12 @@ class AgentEnv(gym.Env[Observation, Any]):
         step.timings.answered_at = time.time()
         call.resolve(error=error)
         self._unfinalized.append(step)
+
+    def _resume_clock(self) -> None:
+        """The answer came: the time the call waited for it is not the agent's."""
+        if self._waiting_since is not None and self._deadline is not None:
+            self._deadline += time.monotonic() - self._waiting_since
+        self._waiting_since = None
 
     def _next_event(self, timeout: float | None = None) -> EpisodeEvent | None:
         """The episode's next event; None once the time limit passed; TimeoutError after ``timeout``."""
@@ -390,6 +404,7 @@ class AgentEnv(gym.Env[Observation, Any]):
                 request = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
             obs = Observation(request=request, variables=dict(step.variables))
             self._last_obs = obs
+            self._waiting_since = time.monotonic()  # the agent's clock stops until the answer
             return obs, reward, False, False, {"turn": step.index}
         return self._end_by_agent(event, reward)
 

@@ -384,3 +384,28 @@ def test_seed_calls_keeps_a_seed_the_agent_chose():
     assert obs.request.sampling.seed is None  # off by default
     plain.step("a")
     plain.close()
+
+
+def test_time_waiting_for_the_policy_does_not_count_against_the_time_limit():
+    env = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 2, "expect": "b"}], exact, time_limit=0.5)
+    env.reset(seed=0)
+    time.sleep(0.8)  # a slow policy: longer than the whole limit
+    obs, _, terminated, truncated, _ = env.step("a")
+    assert not terminated and not truncated
+    time.sleep(0.8)
+    _, _, terminated, truncated, info = env.step("b")
+    assert terminated and not truncated and info["status"] == "succeeded"
+
+
+def test_the_agents_own_time_still_counts():
+    def slow(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "q"}])
+        time.sleep(2.0)  # the agent's own work, after its answer
+        return "done"
+
+    env = AgentEnv(slow, [{}], time_limit=0.5)
+    env.reset(seed=0)
+    time.sleep(0.6)  # the policy's time: not counted
+    _, _, terminated, truncated, info = env.step("a")  # the agent's 2 s of its own work: counted
+    assert truncated and info["status"] == "truncated" and "time limit of 0.5 s" in info["error"]
+    env.close()
