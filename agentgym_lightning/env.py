@@ -34,6 +34,8 @@ Every step costs the same however long the episode already is: nothing here scan
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import queue
 import time
 import traceback
@@ -52,7 +54,7 @@ from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
 
-__all__ = ["AgentEnv", "adapt_agent", "TaskSource", "RewardFn", "TimeLimitAsMaxTurns", "NoRewardWarning"]
+__all__ = ["AgentEnv", "adapt_agent", "call_seed", "TaskSource", "RewardFn", "TimeLimitAsMaxTurns", "NoRewardWarning"]
 
 #: Tasks: a sequence to pick from, or a function of the env's RNG.
 TaskSource = Sequence[Any] | Callable[[np.random.Generator], Any]
@@ -111,7 +113,10 @@ class AgentEnv(gym.Env[Observation, Any]):
             final reward is ``None`` (only emitted rewards count).
         env_id: Recorded on trajectories (``gym.make`` passes its id).
         max_turns: Most LLM calls an episode may make; one more truncates it.
-        time_limit: Wall-clock seconds an episode may run; ``None`` for no limit.
+        time_limit: Seconds the agent may run in an episode, ``None`` for no limit. Time its calls
+            spend waiting for the policy's answer does not count: a slow generator (a CPU, a
+            busy server) never truncates an agent, only the agent's own work (tools, SQL, a hang)
+            does. :attr:`deadline` moves on by the wait when a call is answered.
         air_weights: Weight of each Automatic Intermediate Reward source (``{"tool_error":
             -0.1}``). Sources without a weight are not applied: AIR is off by default.
         transport: How ``ctx.openai_client()`` reaches the gateway: ``"inproc"`` (no socket) or
@@ -119,6 +124,11 @@ class AgentEnv(gym.Env[Observation, Any]):
         model_name: The model name agents are told to use (``ctx.model``).
         gateway: The gateway to register episodes with (default: the process-wide one).
         stop_grace: Seconds to wait for an agent to unwind when its episode is cut short.
+        seed_calls: Give every call the agent did not seed a ``seed`` derived from the episode's
+            seed and the call's index, in the observation's request (the recorded request stays
+            as the agent sent it). With a backend that samples seeded requests independently of
+            their batch (``hf``, ``vllm``), a rollout is then reproducible however its calls
+            were batched; the trainer turns this on.
 
     With neither ``reward_fn`` nor an ``agentgym_episode_reward`` hook that answers, episodes end
     with ``final_reward=None``; the env warns once (:class:`NoRewardWarning`).
@@ -141,6 +151,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         gateway: Gateway | None = None,
         stop_grace: float = 1.0,
         render_mode: str | None = None,
+        seed_calls: bool = False,
     ) -> None:
         if transport not in ("inproc", "http"):
             raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
@@ -164,6 +175,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self.gateway = gateway or get_gateway()
         self.stop_grace = stop_grace
         self.render_mode = render_mode
+        self.seed_calls = seed_calls
         self.observation_space = ObservationSpace()
         self.action_space = CompletionSpace()
 
@@ -175,6 +187,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self._unfinalized: list[Step] = []
         self._last_obs: Observation | None = None
         self._deadline: float | None = None
+        self._waiting_since: float | None = None  # when the pending call was shown to the driver
         self._early_end: StepResult | None = None  # the agent ended before its first call
 
     # ------------------------------------------------------------------ public state
@@ -197,7 +210,8 @@ class AgentEnv(gym.Env[Observation, Any]):
 
     @property
     def deadline(self) -> float | None:
-        """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None."""
+        """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None.
+        While a call waits for its answer the clock is stopped; answering moves this later."""
         return self._deadline
 
     def set_ready_callback(self, callback: Callable[[], None] | None) -> None:
@@ -248,6 +262,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         )
         self._hook.agentgym_episode_start(trajectory=self._episode.trajectory)
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
+        self._waiting_since = None
         self._episode.start()
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -285,6 +300,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             self._refuse(action)
             return
         completion = as_completion(action)
+        self._resume_clock()
         call, self._call = self._call, None
         self._mark_template_continuity(call.step, completion)
         assert self._episode is not None
@@ -338,6 +354,7 @@ class AgentEnv(gym.Env[Observation, Any]):
 
     def _refuse(self, error: GatewayError) -> None:
         """Answer the pending call with an OpenAI error instead of a completion."""
+        self._resume_clock()
         call, self._call = self._call, None
         step = call.step
         step.error = f"{error.status} {error.code}: {error.message}"
@@ -345,6 +362,12 @@ class AgentEnv(gym.Env[Observation, Any]):
         step.timings.answered_at = time.time()
         call.resolve(error=error)
         self._unfinalized.append(step)
+
+    def _resume_clock(self) -> None:
+        """The answer came: the time the call waited for it is not the agent's."""
+        if self._waiting_since is not None and self._deadline is not None:
+            self._deadline += time.monotonic() - self._waiting_since
+        self._waiting_since = None
 
     def _next_event(self, timeout: float | None = None) -> EpisodeEvent | None:
         """The episode's next event; None once the time limit passed; TimeoutError after ``timeout``."""
@@ -375,8 +398,13 @@ class AgentEnv(gym.Env[Observation, Any]):
                 return self._end(Status.TRUNCATED, reason, reward)
             self._call = event.pending
             step = event.pending.step
-            obs = Observation(request=step.request, variables=dict(step.variables))
+            request = step.request
+            if self.seed_calls and request.sampling.seed is None:
+                seed = call_seed(episode.trajectory.seed, step.index)
+                request = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
+            obs = Observation(request=request, variables=dict(step.variables))
             self._last_obs = obs
+            self._waiting_since = time.monotonic()  # the agent's clock stops until the answer
             return obs, reward, False, False, {"turn": step.index}
         return self._end_by_agent(event, reward)
 
@@ -514,6 +542,13 @@ def _messages_continue(previous: Step, step: Step) -> bool:
     assert completion is not None
     # Text answers must come back as given; a tool-call answer may carry empty content.
     return (reply.get("content") or "") == completion.text or bool(completion.tool_calls and reply.get("tool_calls"))
+
+
+def call_seed(episode_seed: int | None, call_index: int) -> int:
+    """The sampling seed of call ``call_index`` of an episode seeded ``episode_seed`` (a stable
+    hash, so the same episode always samples the same way)."""
+    digest = hashlib.blake2b(f"{episode_seed}:{call_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def _format_error(exc: BaseException) -> str:

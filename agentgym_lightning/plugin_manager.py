@@ -21,6 +21,8 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "tool_call_air",
     "spider_air",
     "rag_air",
+    "metrics_jsonl",
+    "wandb_logger",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

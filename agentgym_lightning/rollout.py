@@ -316,7 +316,10 @@ class _Driver:
             self.batch_wait = min(self.max_batch_wait, BATCH_WAIT_FRACTION * (time.monotonic() - started))
         for slot, answer in zip(slots, answers):
             del self.pending[slot]
-            self.envs[slot].step_async(answer)
+            env = self.envs[slot]
+            env.step_async(answer)
+            if env.deadline is not None:  # answering moved it on by the time the call waited
+                heapq.heappush(self.deadlines, (env.deadline, self.serial[slot], slot))
             self.state[slot] = _Slot.RUNNING
             self.waiting_on_agents += 1
             self.ready.put(slot)  # its agent may have called again already (parallel calls)

@@ -178,3 +178,20 @@ def test_an_agent_with_parallel_calls_gets_every_one_answered():
         episodes=6, concurrency=3, progress=False,
     )
     assert all(t.status is Status.SUCCEEDED and t.final_reward == 1.0 and len(t.steps) == 3 for t in out)
+
+
+def test_a_slow_policy_never_truncates_agents_through_their_time_limit():
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.rollout import rollout
+
+    def two_calls(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "1"}])
+        return ctx.chat_completion([{"role": "user", "content": "2"}]).text
+
+    def slow_policy(requests):
+        time.sleep(0.4)  # each batch takes longer than an episode's whole time limit
+        return ["ok"] * len(requests)
+
+    out = rollout(lambda: AgentEnv(two_calls, [{}], lambda t, r: 1.0, time_limit=0.3), slow_policy,
+                  episodes=4, concurrency=4, progress=False)
+    assert [t.status.value for t in out] == ["succeeded"] * 4
