@@ -12,6 +12,9 @@ import gymnasium as gym
 BUNDLED_ENVS: dict[str, str] = {
     "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
     "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
+    "lightning/GSM8K-v0": "agentgym_lightning.envs.math.env:make_gsm8k_env",
+    "lightning/CalcX-v0": "agentgym_lightning.envs.math.env:make_calcx_env",
+    "lightning/Arithmetic-v0": "agentgym_lightning.envs.math.env:make_arithmetic_env",
 }
 
 _done = False
