@@ -264,7 +264,7 @@ class _Evaluator:
 
     # ---- the walk
 
-    def eval(self, node: ast.expr) -> Number:
+    def value_of(self, node: ast.expr) -> Number:
         self.nodes += 1
         if self.nodes > self.limits.max_nodes:
             raise CalculatorError("limit", f"the expression has more than {self.limits.max_nodes} parts")
@@ -275,11 +275,11 @@ class _Evaluator:
                 return self.from_mp(CONSTANTS[node.id]())
             raise CalculatorError("forbidden", f"unknown name {node.id!r}: only numbers, pi, e and math functions are allowed")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-            value = self.eval(node.operand)
+            value = self.value_of(node.operand)
             return -value if isinstance(node.op, ast.USub) else value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left = self.eval(node.left)
-            right = self.eval(node.right)
+            left = self.value_of(node.left)
+            right = self.value_of(node.right)
             return self.check(_BINARY[type(node.op)](self, left, right))
         if isinstance(node, ast.Call):
             return self.call(node)
@@ -312,7 +312,7 @@ class _Evaluator:
         if not low <= len(node.args) <= high:
             want = str(low) if low == high else f"{low} to {high}"
             raise CalculatorError("syntax", f"{name}() takes {want} argument{'s' if high > 1 else ''}, got {len(node.args)}")
-        args = [self.eval(a) for a in node.args]
+        args = [self.value_of(a) for a in node.args]
         return self.check(fn(self, *args))
 
     # ---- operations (each checks its cost first)
@@ -426,7 +426,11 @@ class _Evaluator:
             raise CalculatorError("math", "logarithm of a number that is not positive (or base 0 or 1)")
         with mpmath.workdps(self.limits.precision + 5):
             value = mpmath.log(self.mp(x)) if base is None else mpmath.log(self.mp(x)) / mpmath.log(self.mp(base))
-            return self.from_mp(value)
+        if base is not None and isinstance(x, sympy.Rational) and isinstance(base, sympy.Rational):
+            k = int(mpmath.nint(value))  # log10(1000) is exactly 3, not 2.9999...
+            if abs(k) <= self.limits.max_exponent and abs(value - k) < 1e-9 and self.power(base, sympy.Integer(k)) == x:
+                return sympy.Integer(k)
+        return self.from_mp(value)
 
     def transcendental(self, name: str, x: Number) -> Number:
         arg = self.mp(x)
@@ -515,7 +519,7 @@ def evaluate(expression: str, limits: CalculatorLimits = DEFAULT_LIMITS) -> symp
     tree = _parse(text, limits)
     evaluator = _Evaluator(text, limits)
     try:
-        return evaluator.eval(tree)
+        return evaluator.value_of(tree)
     except (RecursionError, MemoryError, OverflowError, ZeroDivisionError, ValueError, TypeError) as exc:
         if isinstance(exc, CalculatorError):
             raise
