@@ -30,6 +30,7 @@ bench: setup
 	$(BIN)/python bench/bench_env_overhead.py
 	$(BIN)/python bench/bench_disaggregated.py
 	$(BIN)/python bench/bench_generation.py
+	$(BIN)/python bench/bench_math.py
 
 bench-vllm: setup-vllm
 	.venv-vllm/bin/python bench/bench_generation_vllm.py

@@ -1,6 +1,7 @@
 """A math agent with a calculator tool, written from scratch on the ``openai`` client.
 
-The model reads the question, calls ``calculator`` as often as it likes, reads each result, and
+The model reads the question (after ``examples`` worked examples in the same format, as real
+turns of the conversation), calls ``calculator`` as often as it likes, reads each result, and
 ends with a reply that holds the final answer (``Answer: <number>``; see :mod:`.answers` for
 what else is accepted). It is one conversation: every call sends the previous call's messages
 plus the assistant's reply and the tool results appended to them, so each prompt extends the
@@ -18,13 +19,19 @@ Two protocols (``MathAgentConfig.protocol``):
     (:mod:`agentgym_lightning.policies.tool_calls`).
 
 ``text``
-    For servers that take no ``tools`` (``vllm serve`` without ``--enable-auto-tool-choice``):
-    the agent writes the very same tool description into its system prompt itself
-    (:func:`~agentgym_lightning.policies.tool_calls.render_tools_system_prompt`), reads
-    ``<tool_call>...</tool_call>`` blocks from the reply itself, appends the reply verbatim as the
-    assistant message and the results as one user message of ``<tool_response>`` blocks. That is
-    exactly what the ``hf`` backend renders for the ``tools`` protocol, so a model sees the same
-    tokens under either protocol.
+    For servers that take no ``tools`` (``vllm serve`` without ``--enable-auto-tool-choice``), and
+    for small models: the agent describes the tool in its own system prompt, reads
+    ``<tool_call>{"name": "calculator", "arguments": {"expression": ...}}</tool_call>`` blocks
+    from the reply itself, appends the reply verbatim as the assistant message and the results as
+    one user message of ``<tool_response>`` blocks. The call format, the examples and the results
+    look exactly as under ``tools`` through the ``hf`` backend; what differs is the description:
+    ``tool_description="compact"`` (default) is one sentence, ``"full"`` is the generic tools
+    preamble the ``hf`` backend writes
+    (:func:`~agentgym_lightning.policies.tool_calls.render_tools_system_prompt`; then the two
+    protocols show the model the very same tokens). With SmolLM2 the compact prompt is ~150
+    tokens shorter, and the verbatim reply keeps every prompt a token-exact extension of the last
+    one even when the model writes its JSON in another layout (which the ``hf`` backend's
+    canonical re-rendering of ``tool_calls`` cannot).
 
 What the agent emits (semantic variables; each lands in the ``outcome`` of the call it follows):
 
@@ -48,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym_lightning.policies.tool_calls import (
     TOOL_CALL_OPEN,
+    format_tool_call,
     new_tool_call_id,
     parse_tool_calls,
     render_tool_result,
@@ -66,6 +74,8 @@ __all__ = [
     "CALCULATOR_TOOL",
     "PROTOCOLS",
     "SYSTEM_PROMPT",
+    "EXAMPLES",
+    "COMPACT_TOOL_PROMPT",
     "MathAgentConfig",
     "MathAgent",
     "AgentResult",
@@ -91,6 +101,21 @@ CALCULATOR_TOOL: dict[str, Any] = {
 
 SYSTEM_PROMPT = "Use the calculator for every calculation. When you know the result, reply: Answer: <number>"
 
+#: The text protocol's compact tool description (``tool_description="compact"``).
+COMPACT_TOOL_PROMPT = (
+    'To use the calculator, write <tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call> '
+    "and its result comes back in <tool_response></tool_response>."
+)
+
+#: Worked examples shown before the question as real turns of the conversation (question,
+#: calculator call, result, answer): ``(question, expression, result)``. Small models follow the
+#: format they just saw far better than one described to them (measured in envs/math/README.md).
+EXAMPLES: tuple[tuple[str, str, str], ...] = (
+    ("What is 12 * 7?", "12 * 7", "84"),
+    ("What is 35 + 46?", "35 + 46", "81"),
+    ("What is 9 * (8 - 3)?", "9 * (8 - 3)", "45"),
+)
+
 Emit = Callable[[str, Any], None]
 
 
@@ -110,6 +135,11 @@ class MathAgentConfig:
     system_prompt: str = SYSTEM_PROMPT
     #: The user message; ``{question}`` is replaced by the task's question.
     user_template: str = "{question}"
+    #: How many of :data:`EXAMPLES` to show before the question (0 to 3).
+    examples: int = 3
+    #: The text protocol's tool description: ``"compact"`` (:data:`COMPACT_TOOL_PROMPT`) or
+    #: ``"full"`` (the generic preamble the ``hf`` backend writes for ``tools``).
+    tool_description: str = "compact"
     #: Only an explicit marker (``Answer:``, ``####``, ``\\boxed{}``) counts as an answer; without
     #: it the reply's last number does.
     require_marker: bool = False
@@ -123,6 +153,10 @@ class MathAgentConfig:
             raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
         if "{question}" not in self.user_template:
             raise ValueError("user_template must contain {question}")
+        if self.tool_description not in ("compact", "full"):
+            raise ValueError(f"tool_description must be 'compact' or 'full', got {self.tool_description!r}")
+        if not 0 <= self.examples <= len(EXAMPLES):
+            raise ValueError(f"examples must be 0 to {len(EXAMPLES)}, got {self.examples}")
 
 
 @dataclass
@@ -195,15 +229,29 @@ class MathAgent:
         return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable)
 
     def initial_messages(self, question: str) -> list[dict[str, Any]]:
-        """The first call's messages."""
+        """The first call's messages: instructions, the worked examples, the question."""
         cfg = self.config
         system = cfg.system_prompt
         if cfg.protocol == "text":
-            system = render_tools_system_prompt([CALCULATOR_TOOL], system)
-        return [
-            {"role": "system", "content": system},
-            {"role": "user", "content": cfg.user_template.format(question=question)},
-        ]
+            if cfg.tool_description == "full":
+                system = render_tools_system_prompt([CALCULATOR_TOOL], system)
+            else:
+                system = f"{system}\n{COMPACT_TOOL_PROMPT}" if system else COMPACT_TOOL_PROMPT
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for i, (example, expression, result) in enumerate(EXAMPLES[: cfg.examples]):
+            messages.append({"role": "user", "content": cfg.user_template.format(question=example)})
+            arguments = json.dumps({"expression": expression})
+            if cfg.protocol == "text":
+                messages.append({"role": "assistant", "content": format_tool_call("calculator", arguments)})
+                messages.append({"role": "user", "content": render_tool_result(result)})
+            else:
+                call_id = f"call_example_{i}"
+                call = {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+            messages.append({"role": "assistant", "content": f"Answer: {result}"})
+        messages.append({"role": "user", "content": cfg.user_template.format(question=question)})
+        return messages
 
     def run(self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None = None) -> AgentResult:
         """Solve ``task["question"]``; returns the final answer and what happened on the way."""

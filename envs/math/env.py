@@ -200,6 +200,7 @@ def make_arithmetic_env(
     allow_negative: bool | None = None,
     heldout_size: int = 200,
     max_tokens: int | None = 64,
+    protocol: str = "text",
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/Arithmetic-v0``: generated problems (see :mod:`.arithmetic`).
@@ -213,6 +214,9 @@ def make_arithmetic_env(
             train), in order.
         max_turns: Most LLM calls per episode (a calculator call, the answer, one retry).
         max_tokens: ``max_tokens`` of each call: a calculator call and an answer are short.
+        protocol: ``"text"`` by default here (``"tools"`` for GSM8K and Calc-X): with the
+            embedded SmolLM2-135M it calls the calculator and answers correctly far more often
+            from the shorter prompt, and every prompt extends the last verbatim (see README).
         **kwargs: As for :func:`make_gsm8k_env`.
     """
     level = resolve_difficulty(
@@ -226,7 +230,7 @@ def make_arithmetic_env(
     else:
         raise ValueError(f"Arithmetic-v0 split must be 'train' or 'test', got {split!r}")
     env = _build(tasks, env_id=ARITHMETIC_ID, rel_tol=0.0, air_weights=air_weights,
-                 max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
+                 max_turns=max_turns, max_tokens=max_tokens, kwargs={"protocol": protocol, **kwargs})
     env.arithmetic = problems  # type: ignore[attr-defined]
     return env
 

@@ -94,10 +94,10 @@ def test_calculator_errors_and_malformed_calls_go_back_to_the_model():
 
 
 def test_running_out_of_turns_is_a_missing_answer():
-    env = make_arithmetic_env(split="test", max_turns=2, air_weights=ALL_AIR)
+    always_calls = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+    env = make_arithmetic_env(split="test", max_turns=2, air_weights=ALL_AIR)  # text protocol by default
     try:
-        trajectory, _, total = play(env, lambda obs, task: calculator_policy(obs, task) if len(obs.request.messages) == 2
-                                    else calculator_policy(type(obs)(request=obs.request.__class__(messages=obs.request.messages[:2], tools=obs.request.tools)), task))
+        trajectory, _, _ = play(env, lambda obs, task: always_calls)
     finally:
         env.close()
     assert trajectory.status is Status.SUCCEEDED and len(trajectory.steps) == 2
@@ -169,7 +169,7 @@ def test_prompts_extend_token_for_token_and_protocols_render_alike(smol_tokenize
     call = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
     prompts = {}
     for protocol in ("tools", "text"):
-        env = make_arithmetic_env(difficulty=2, split="test", protocol=protocol)
+        env = make_arithmetic_env(difficulty=2, split="test", protocol=protocol, tool_description="full")
         try:
             trajectory, _, _ = play(env, _token_policy(smol_tokenizer, [call, "Answer: {answer}"]), task_index=3)
         finally:
@@ -178,6 +178,26 @@ def test_prompts_extend_token_for_token_and_protocols_render_alike(smol_tokenize
         assert [s.prompt_extends_previous for s in trajectory.steps] == [None, True]
         prompts[protocol] = [s.completion.prompt_token_ids for s in trajectory.steps]
     assert prompts["tools"] == prompts["text"]
+
+
+def test_text_protocol_extends_even_when_the_model_writes_its_own_json_layout(smol_tokenizer):
+    """The text protocol echoes the reply verbatim, so a call written without the canonical
+    spacing still leaves the next prompt a token-exact extension (the compact description is
+    also shorter than the generic one)."""
+    call = '<tool_call>{{"name":"calculator","arguments":{{"expression":"{expression}"}}}}</tool_call>'
+    env = make_arithmetic_env(difficulty=2, split="test", protocol="text")
+    try:
+        trajectory, _, _ = play(env, _token_policy(smol_tokenizer, [call, "Answer: {answer}"]), task_index=3)
+    finally:
+        env.close()
+    assert trajectory.final_reward == 1.0
+    assert [s.prompt_extends_previous for s in trajectory.steps] == [None, True]
+    full = make_arithmetic_env(difficulty=2, split="test", protocol="text", tool_description="full")
+    try:
+        obs, _ = full.reset(options={"task_index": 3})
+        assert len(trajectory.steps[0].completion.prompt_token_ids) < len(_token_policy(smol_tokenizer, [""])(obs, {}).prompt_token_ids) - 100
+    finally:
+        full.close()
 
 
 @pytest.mark.parametrize(
