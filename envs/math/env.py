@@ -125,12 +125,17 @@ def _build(
     return AgentEnv(agent, tasks, MathReward(rel_tol), air_weights=weights, **kwargs)
 
 
-def _limited(tasks: list[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
-    if limit is None:
-        return tasks
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
-    return tasks[:limit]
+def _dataset_env(name: str, split: str, data_dir: str | None, limit: int | None, **build: Any) -> AgentEnv:
+    """An env over the tasks of a loaded data set (``env.math_dataset`` says which)."""
+    dataset = load_math(name, split, data_dir)
+    tasks = dataset.tasks()
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        tasks = tasks[:limit]
+    env = _build(tasks, **build)
+    env.math_dataset = dataset  # type: ignore[attr-defined]
+    return env
 
 
 def make_gsm8k_env(
@@ -160,11 +165,8 @@ def make_gsm8k_env(
             ``temperature``, ``system_prompt``...), then :class:`~agentgym_lightning.env.AgentEnv`
             options (``time_limit``, ``transport``, ``model_name``...).
     """
-    dataset = load_math("gsm8k", split, data_dir)
-    env = _build(_limited(dataset.tasks(), limit), env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights,
-                 max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
-    env.math_dataset = dataset  # type: ignore[attr-defined]
-    return env
+    return _dataset_env("gsm8k", split, data_dir, limit, env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights,
+                        max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
 
 
 def make_calcx_env(
@@ -181,11 +183,8 @@ def make_calcx_env(
     """Build ``lightning/CalcX-v0``: as :func:`make_gsm8k_env`, on Calc-X (``train``,
     ``validation``, ``test``), with the Calc-X paper's relative tolerance 1e-2 by default.
     Multiple-choice items (AQuA) are answered with the option letter."""
-    dataset = load_math("calcx", split, data_dir)
-    env = _build(_limited(dataset.tasks(), limit), env_id=CALCX_ID, rel_tol=rel_tol, air_weights=air_weights,
-                 max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
-    env.math_dataset = dataset  # type: ignore[attr-defined]
-    return env
+    return _dataset_env("calcx", split, data_dir, limit, env_id=CALCX_ID, rel_tol=rel_tol, air_weights=air_weights,
+                        max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
 
 
 def make_arithmetic_env(

@@ -169,15 +169,22 @@ def test_prompts_extend_token_for_token_and_protocols_render_alike(smol_tokenize
     call = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
     prompts = {}
     for protocol in ("tools", "text"):
-        env = make_arithmetic_env(difficulty=2, split="test", protocol=protocol, tool_description="full")
-        try:
-            trajectory, _, _ = play(env, _token_policy(smol_tokenizer, [call, "Answer: {answer}"]), task_index=3)
-        finally:
-            env.close()
-        assert trajectory.final_reward == 1.0
-        assert [s.prompt_extends_previous for s in trajectory.steps] == [None, True]
+        trajectory = _token_episode(smol_tokenizer, call, protocol=protocol, tool_description="full")
         prompts[protocol] = [s.completion.prompt_token_ids for s in trajectory.steps]
     assert prompts["tools"] == prompts["text"]
+
+
+def _token_episode(tokenizer, call: str, **env_kwargs: Any):
+    """A calculator call (``call``, formatted with the task) then the answer, token-exact; checks
+    that it solved the task and that the second prompt extended the first."""
+    env = make_arithmetic_env(difficulty=2, split="test", **env_kwargs)
+    try:
+        trajectory, _, _ = play(env, _token_policy(tokenizer, [call, "Answer: {answer}"]), task_index=3)
+    finally:
+        env.close()
+    assert trajectory.final_reward == 1.0
+    assert [s.prompt_extends_previous for s in trajectory.steps] == [None, True]
+    return trajectory
 
 
 def test_text_protocol_extends_even_when_the_model_writes_its_own_json_layout(smol_tokenizer):
@@ -185,13 +192,7 @@ def test_text_protocol_extends_even_when_the_model_writes_its_own_json_layout(sm
     spacing still leaves the next prompt a token-exact extension (the compact description is
     also shorter than the generic one)."""
     call = '<tool_call>{{"name":"calculator","arguments":{{"expression":"{expression}"}}}}</tool_call>'
-    env = make_arithmetic_env(difficulty=2, split="test", protocol="text")
-    try:
-        trajectory, _, _ = play(env, _token_policy(smol_tokenizer, [call, "Answer: {answer}"]), task_index=3)
-    finally:
-        env.close()
-    assert trajectory.final_reward == 1.0
-    assert [s.prompt_extends_previous for s in trajectory.steps] == [None, True]
+    trajectory = _token_episode(smol_tokenizer, call, protocol="text")
     full = make_arithmetic_env(difficulty=2, split="test", protocol="text", tool_description="full")
     try:
         obs, _ = full.reset(options={"task_index": 3})
