@@ -46,6 +46,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,6 +220,18 @@ def _parse(text: str, limits: CalculatorLimits) -> ast.expr:
 
 Number = sympy.Rational | sympy.Float
 
+_local = threading.local()
+
+
+def _mp_context(dps: int) -> Any:
+    """This thread's own mpmath context at ``dps`` digits: ``mpmath.workdps`` changes one global
+    precision, which calculators running in parallel agent threads would change under each other."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        ctx = _local.ctx = mpmath.MPContext()
+    ctx.dps = dps
+    return ctx
+
 
 def _digits(n: int) -> int:
     """Decimal digits of ``|n|`` (from its bit length: exact enough, and free)."""
@@ -231,6 +244,7 @@ class _Evaluator:
     def __init__(self, source: str, limits: CalculatorLimits) -> None:
         self.source = source
         self.limits = limits
+        self.ctx = _mp_context(limits.precision + 5)
         self.deadline = time.monotonic() + limits.time_limit_s
         self.nodes = 0
 
@@ -245,7 +259,7 @@ class _Evaluator:
             m = value._mpf_
             if m in (mpmath.libmp.finf, mpmath.libmp.fninf, mpmath.libmp.fnan):
                 raise CalculatorError("math", "the result is not a finite number")
-            if value != 0 and abs(mpmath.log10(abs(mpmath.mpf(m)))) > lim.max_digits:
+            if value != 0 and abs(self.ctx.log10(abs(self.ctx.mpf(m)))) > lim.max_digits:
                 raise CalculatorError("limit", f"a result is outside 10**-{lim.max_digits} .. 10**{lim.max_digits}")
         if time.monotonic() > self.deadline:
             raise CalculatorError("timeout", f"the expression took more than {lim.time_limit_s} s")
@@ -255,10 +269,10 @@ class _Evaluator:
         return sympy.Float(x, self.limits.precision)
 
     def mp(self, x: Number) -> Any:
-        return mpmath.mpf(self.to_float(x)._mpf_)
+        return self.ctx.mpf(self.to_float(x)._mpf_)
 
     def from_mp(self, x: Any) -> sympy.Float:
-        if isinstance(x, mpmath.mpc) or not mpmath.isfinite(x):
+        if isinstance(x, self.ctx.mpc) or not self.ctx.isfinite(x):
             raise CalculatorError("math", "the result is not a finite real number")
         return self.check(sympy.Float(x, self.limits.precision))
 
@@ -272,7 +286,7 @@ class _Evaluator:
             return self.number(node)
         if isinstance(node, ast.Name):
             if node.id in CONSTANTS:
-                return self.from_mp(CONSTANTS[node.id]())
+                return self.from_mp(CONSTANTS[node.id](self.ctx))
             raise CalculatorError("forbidden", f"unknown name {node.id!r}: only numbers, pi, e and math functions are allowed")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
             value = self.value_of(node.operand)
@@ -366,11 +380,10 @@ class _Evaluator:
                 raise CalculatorError("math", "zero to a negative power")
             return sympy.Integer(0) if exponent > 0 else sympy.Integer(1)
         # Numeric: bound the result's size from logarithms before computing it.
-        magnitude = float(self.mp(exponent)) * float(mpmath.log10(abs(self.mp(base))))
+        magnitude = float(self.mp(exponent)) * float(self.ctx.log10(abs(self.mp(base))))
         if magnitude > lim.max_digits:
             raise CalculatorError("limit", f"the power is beyond 10**{lim.max_digits}")
-        with mpmath.workdps(lim.precision):
-            return self.from_mp(mpmath.power(self.mp(base), self.mp(exponent)))
+        return self.from_mp(self.ctx.power(self.mp(base), self.mp(exponent)))
 
     def exact_root(self, x: sympy.Rational, q: int) -> sympy.Rational | None:
         """``x ** (1/q)`` when it is rational (``sqrt(16/9)`` is ``4/3``), else ``None``."""
@@ -383,7 +396,7 @@ class _Evaluator:
     def floor(self, x: Number) -> Number:
         if isinstance(x, sympy.Rational):
             return sympy.Integer(x.p // x.q)
-        return sympy.Integer(int(mpmath.floor(self.mp(x))))
+        return sympy.Integer(int(self.ctx.floor(self.mp(x))))
 
     def ceil(self, x: Number) -> Number:
         return -self.floor(-x)
@@ -424,10 +437,9 @@ class _Evaluator:
     def log(self, x: Number, base: Number | None = None) -> Number:
         if x <= 0 or (base is not None and (base <= 0 or base == 1)):
             raise CalculatorError("math", "logarithm of a number that is not positive (or base 0 or 1)")
-        with mpmath.workdps(self.limits.precision + 5):
-            value = mpmath.log(self.mp(x)) if base is None else mpmath.log(self.mp(x)) / mpmath.log(self.mp(base))
+        value = self.ctx.log(self.mp(x)) if base is None else self.ctx.log(self.mp(x)) / self.ctx.log(self.mp(base))
         if base is not None and isinstance(x, sympy.Rational) and isinstance(base, sympy.Rational):
-            k = int(mpmath.nint(value))  # log10(1000) is exactly 3, not 2.9999...
+            k = int(self.ctx.nint(value))  # log10(1000) is exactly 3, not 2.9999...
             if abs(k) <= self.limits.max_exponent and abs(value - k) < 1e-9 and self.power(base, sympy.Integer(k)) == x:
                 return sympy.Integer(k)
         return self.from_mp(value)
@@ -440,8 +452,7 @@ class _Evaluator:
             raise CalculatorError("limit", f"{name}() of a number beyond 1e15 has no meaningful digits")
         if name in ("asin", "acos") and abs(arg) > 1:
             raise CalculatorError("math", f"{name}() is defined on [-1, 1] only")
-        with mpmath.workdps(self.limits.precision + 5):
-            return self.from_mp(getattr(mpmath, name)(arg))
+        return self.from_mp(getattr(self.ctx, name)(arg))
 
 
 def _unary(method: str) -> Callable[..., Number]:
@@ -487,8 +498,8 @@ FUNCTIONS: dict[str, tuple[int, int, Callable[..., Number]]] = {
     "max": (1, 10, lambda ev, *xs: max(xs)),
 }
 
-#: Named constants: name -> its mpmath value at the working precision.
-CONSTANTS: dict[str, Callable[[], Any]] = {"pi": lambda: +mpmath.pi, "e": lambda: +mpmath.e}
+#: Named constants: name -> its value in an mpmath context.
+CONSTANTS: dict[str, Callable[[Any], Any]] = {"pi": lambda ctx: +ctx.pi, "e": lambda ctx: +ctx.e}
 
 
 def _describe(node: ast.AST) -> str:

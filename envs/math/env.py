@@ -64,7 +64,9 @@ class MathEpisodeAgent:
     """The env's agent: the :class:`MathAgent`, then the verdict on its answer.
 
     Judging in the agent's worker puts the metrics on the trajectory (``metrics``) and lets a
-    batch of episodes be judged in parallel.
+    batch of episodes be judged in parallel. A gold answer that cannot be read is a data problem:
+    the result carries the error and :class:`MathReward` raises on it, so the episode ends as an
+    infrastructure failure instead of a zero reward.
     """
 
     def __init__(self, agent: MathAgent, rel_tol: float = 0.0) -> None:
@@ -75,7 +77,10 @@ class MathEpisodeAgent:
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
         result: AgentResult = self.agent(task, ctx)
-        correct = answers_match(result.answer, str(task["answer"]), self.rel_tol)
+        try:
+            correct = answers_match(result.answer, str(task["answer"]), self.rel_tol)
+        except ValueError as exc:  # the gold cannot be read: not the model's fault
+            return {"error": str(exc), **dataclasses.asdict(result)}
         metrics = {
             "correct": float(correct),
             "used_calculator": float(result.calculator_calls > 0),
@@ -97,6 +102,8 @@ class MathReward:
 
     def __call__(self, task: Mapping[str, Any], result: Any) -> float:
         if isinstance(result, Mapping):
+            if "error" in result:
+                raise ValueError(result["error"])  # the episode ends as infra_failed, not as a zero reward
             if "correct" in result:
                 return float(bool(result["correct"]))
             result = result.get("answer")

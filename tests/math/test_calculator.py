@@ -213,3 +213,13 @@ def test_no_eval_sympify_or_parse_expr_in_the_calculator():
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
             assert not any("parsing" in n for n in names), f"line {node.lineno}: imports a parser that evaluates"
+
+
+def test_parallel_calculations_do_not_disturb_each_other():
+    """Agents calculate in parallel threads; each has its own numeric precision context."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    expressions = ["sqrt(2)", "log(3)", "sin(1)", "2**0.5**2", "exp(7)", "pi", "1/7"] * 30
+    expected = [calculate(e).text for e in expressions]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda e: calculate(e).text, expressions)) == expected

@@ -249,6 +249,16 @@ def test_calcx_option_answers_and_tolerance(calcx_file: Path):
     assert option.final_reward == 1.0 and close.final_reward == 1.0
 
 
+def test_unreadable_gold_is_an_infrastructure_failure():
+    env = make_arithmetic_env(split="test")
+    try:
+        trajectory, _, _ = play(env, lambda obs, task: "Answer: 3", task={"question": "What is 1 + 2?", "answer": "n/a"})
+    finally:
+        env.close()
+    assert trajectory.status is Status.INFRA_FAILED and trajectory.final_reward is None
+    assert "gold answer 'n/a'" in trajectory.error
+
+
 def test_math_reward_judges_plain_text():
     reward = MathReward()
     assert reward({"answer": "18"}, "$18") == 1.0
