@@ -208,11 +208,12 @@ def run_tool_call(name: str, arguments: Any, limits: CalculatorLimits | None = N
     result = calculate(expression, limits or CalculatorLimits())
     if result.ok:
         return {"expression": expression, "result": result.text}
-    return _tool_error(expression[:200], result.error or "syntax", result.text)
+    return _tool_error(expression[:200], result.error or "syntax", result.text.removeprefix("Error: "))
 
 
 def _tool_text(record: Mapping[str, Any]) -> str:
-    return str(record["result"]) if "result" in record else f"Error: {record['message']}".replace("Error: Error: ", "Error: ")
+    """What the model is shown for one call: the result, or ``Error: <why>``."""
+    return str(record["result"]) if "result" in record else f"Error: {record['message']}"
 
 
 class MathAgent:
@@ -263,10 +264,9 @@ class MathAgent:
         turn = 0
         while turn < cfg.max_turns:
             turn += 1
-            content, tool_calls, assistant = self._chat(client, model, messages)
+            content, tool_calls, malformed, assistant = self._chat(client, model, messages)
             reply = content
             records = [run_tool_call(c["name"], c["arguments"], cfg.calculator) for c in tool_calls]
-            malformed = parse_tool_calls(content).errors if TOOL_CALL_OPEN in content else []
             records += [_tool_error(None, "malformed", f"the tool call could not be read: {m}") for m in malformed]
             if not records:
                 break  # the final reply
@@ -293,8 +293,9 @@ class MathAgent:
 
     def _chat(
         self, client: openai.OpenAI, model: str, messages: list[dict[str, Any]]
-    ) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
-        """One call: ``(content, tool calls as {id, name, arguments}, the assistant message to append)``."""
+    ) -> tuple[str, list[dict[str, str]], list[str], dict[str, Any]]:
+        """One call: ``(content, tool calls as {id, name, arguments}, why each unreadable
+        <tool_call> block failed, the assistant message to append)``."""
         cfg = self.config
         kwargs: dict[str, Any] = {"metadata": {"role": "solver", "trainable": "true"}}
         if cfg.max_tokens is not None:
@@ -309,7 +310,7 @@ class MathAgent:
         if cfg.protocol == "text":
             parsed = parse_tool_calls(content, make_id=new_tool_call_id)
             calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]
-            return content, calls, {"role": "assistant", "content": content}
+            return content, calls, parsed.errors, {"role": "assistant", "content": content}
         calls = [
             {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
             for c in (message.tool_calls or [])
@@ -321,4 +322,6 @@ class MathAgent:
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                 for c in calls
             ]
-        return content, calls, assistant
+        # A backend that parses calls from text (hf, vllm) leaves an unreadable block in the content.
+        malformed = parse_tool_calls(content).errors if TOOL_CALL_OPEN in content else []
+        return content, calls, malformed, assistant
