@@ -13,6 +13,9 @@ from gymnasium.envs.registration import WrapperSpec
 BUNDLED_ENVS: dict[str, str] = {
     "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
     "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
+    "lightning/GSM8K-v0": "agentgym_lightning.envs.math.env:make_gsm8k_env",
+    "lightning/CalcX-v0": "agentgym_lightning.envs.math.env:make_calcx_env",
+    "lightning/Arithmetic-v0": "agentgym_lightning.envs.math.env:make_arithmetic_env",
 }
 
 #: Applied by ``gym.make`` after its ``TimeLimit``: ``max_episode_steps=N`` ends agent episodes

@@ -107,12 +107,17 @@ class Step:
     #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
     #: (``None`` when unknown). Filled in by policies that tokenize.
     prompt_extends_previous: bool | None = None
+<<<<<<< HEAD
     #: True when the ids do not extend because the agent rebuilt its prompt (its messages do not
     #: continue the previous call's messages and answer): expected, not chat-template drift.
     prompt_rebuilt: bool = False
     #: The error the call was answered with instead of a completion (a backend rejected it).
     error: str | None = None
     timings: StepTimings = field(default_factory=StepTimings)
+=======
+    #: Not compared: two steps are equal when they recorded the same call, whenever it ran.
+    timings: StepTimings = field(default_factory=StepTimings, compare=False)
+>>>>>>> math
 
     @property
     def reward(self) -> float:
@@ -148,9 +153,14 @@ class Step:
 
 @dataclass
 class Trajectory:
-    """One episode: the task, every LLM call, and how it ended."""
+    """One episode: the task, every LLM call, and how it ended.
 
-    episode_id: str
+    Equality compares what was recorded, not which run recorded it: ``episode_id`` and the
+    wall-clock times are left out, so a replay with the same seed and actions compares equal
+    (Gymnasium's ``check_env`` relies on that when an episode can end on its first step).
+    """
+
+    episode_id: str = field(compare=False)
     task: Any = None
     env_id: str | None = None
     steps: list[Step] = field(default_factory=list)
@@ -168,8 +178,8 @@ class Trajectory:
     #: Episodes reset together on the same task share a ``group_id`` (GRPO groups).
     group_id: str | None = None
     seed: int | None = None
-    started_at: float = 0.0
-    ended_at: float | None = None
+    started_at: float = field(default=0.0, compare=False)
+    ended_at: float | None = field(default=None, compare=False)
 
     @property
     def done(self) -> bool:

@@ -1,7 +1,8 @@
 """``agentgym-lightning data ...``: fetchless data management (import and validate local downloads).
 
-Each data set contributes a subcommand; today: ``data spider PATH`` (see
-``agentgym_lightning.envs.spider.cli``).
+Each data set contributes a subcommand: ``data spider PATH`` (see
+``agentgym_lightning.envs.spider.cli``), ``data gsm8k PATH`` and ``data calcx PATH`` (see
+``agentgym_lightning.envs.math.cli``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the ``data`` command and its per-data-set subcommands."""
     parser = subparsers.add_parser(
         "data",
-        help="import and validate data sets you downloaded (e.g. Spider)",
+        help="import and validate data sets you downloaded (Spider, GSM8K, Calc-X)",
         description="Import and validate data sets you downloaded, for the bundled environments.",
     )
     sub = parser.add_subparsers(dest="data_command", metavar="DATASET")
+    from agentgym_lightning.envs.math.cli import register_data_commands
     from agentgym_lightning.envs.spider.cli import register_data_command
 
     register_data_command(sub)
+    register_data_commands(sub)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
