@@ -20,12 +20,9 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "outcome_air",
     "tool_call_air",
     "spider_air",
-<<<<<<< HEAD
     "metrics_jsonl",
     "wandb_logger",
-=======
     "math_air",
->>>>>>> math
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

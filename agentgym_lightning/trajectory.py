@@ -107,17 +107,13 @@ class Step:
     #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
     #: (``None`` when unknown). Filled in by policies that tokenize.
     prompt_extends_previous: bool | None = None
-<<<<<<< HEAD
     #: True when the ids do not extend because the agent rebuilt its prompt (its messages do not
     #: continue the previous call's messages and answer): expected, not chat-template drift.
     prompt_rebuilt: bool = False
     #: The error the call was answered with instead of a completion (a backend rejected it).
     error: str | None = None
-    timings: StepTimings = field(default_factory=StepTimings)
-=======
     #: Not compared: two steps are equal when they recorded the same call, whenever it ran.
     timings: StepTimings = field(default_factory=StepTimings, compare=False)
->>>>>>> math
 
     @property
     def reward(self) -> float:
