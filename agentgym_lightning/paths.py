@@ -23,7 +23,7 @@ def cache_root() -> Path:
 
 
 def link_into_cache(src: str | os.PathLike[str], target: Path, *, copy: bool = False, force: bool = False) -> Path:
-    """Make ``target`` (a folder in the cache) a symbolic link to ``src``, or a copy of it.
+    """Make ``target`` (in the cache) a symbolic link to the folder or file ``src``, or a copy of it.
 
     A previous link is replaced; a previous copy only with ``force`` (else ``FileExistsError``).
     Copies land atomically; where symbolic links are not allowed, the folder is copied.
@@ -38,17 +38,20 @@ def link_into_cache(src: str | os.PathLike[str], target: Path, *, copy: bool = F
     elif target.exists():
         if not force:
             raise FileExistsError(f"{target} already holds an imported copy; pass --force to replace it")
-        shutil.rmtree(target)
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
     if copy:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-copy-", dir=target.parent))
-        shutil.copytree(source, tmp / target.name)
+        if source.is_dir():
+            shutil.copytree(source, tmp / target.name)
+        else:
+            shutil.copy2(source, tmp / target.name)
         os.replace(tmp / target.name, target)
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         try:
             target.symlink_to(source, target_is_directory=source.is_dir())
         except OSError:  # no symbolic links here (some Windows setups): copy instead
-            shutil.copytree(source, target)
+            shutil.copytree(source, target) if source.is_dir() else shutil.copy2(source, target)
     return target
 
 

@@ -23,6 +23,7 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "rag_air",
     "metrics_jsonl",
     "wandb_logger",
+    "math_air",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

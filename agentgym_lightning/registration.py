@@ -15,6 +15,9 @@ BUNDLED_ENVS: dict[str, str] = {
     "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
     "lightning/MuSiQue-v0": "agentgym_lightning.envs.rag.env:make_musique_env",
     "lightning/HotpotQA-v0": "agentgym_lightning.envs.rag.env:make_hotpotqa_env",
+    "lightning/GSM8K-v0": "agentgym_lightning.envs.math.env:make_gsm8k_env",
+    "lightning/CalcX-v0": "agentgym_lightning.envs.math.env:make_calcx_env",
+    "lightning/Arithmetic-v0": "agentgym_lightning.envs.math.env:make_arithmetic_env",
 }
 
 #: Applied by ``gym.make`` after its ``TimeLimit``: ``max_episode_steps=N`` ends agent episodes

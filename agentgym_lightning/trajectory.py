@@ -112,7 +112,8 @@ class Step:
     prompt_rebuilt: bool = False
     #: The error the call was answered with instead of a completion (a backend rejected it).
     error: str | None = None
-    timings: StepTimings = field(default_factory=StepTimings)
+    #: Not compared: two steps are equal when they recorded the same call, whenever it ran.
+    timings: StepTimings = field(default_factory=StepTimings, compare=False)
 
     @property
     def reward(self) -> float:
@@ -148,9 +149,14 @@ class Step:
 
 @dataclass
 class Trajectory:
-    """One episode: the task, every LLM call, and how it ended."""
+    """One episode: the task, every LLM call, and how it ended.
 
-    episode_id: str
+    Equality compares what was recorded, not which run recorded it: ``episode_id`` and the
+    wall-clock times are left out, so a replay with the same seed and actions compares equal
+    (Gymnasium's ``check_env`` relies on that when an episode can end on its first step).
+    """
+
+    episode_id: str = field(compare=False)
     task: Any = None
     env_id: str | None = None
     steps: list[Step] = field(default_factory=list)
@@ -168,8 +174,8 @@ class Trajectory:
     #: Episodes reset together on the same task share a ``group_id`` (GRPO groups).
     group_id: str | None = None
     seed: int | None = None
-    started_at: float = 0.0
-    ended_at: float | None = None
+    started_at: float = field(default=0.0, compare=False)
+    ended_at: float | None = field(default=None, compare=False)
 
     @property
     def done(self) -> bool:
