@@ -28,10 +28,11 @@ Two protocols (``MathAgentConfig.protocol``):
     ``tool_description="compact"`` (default) is one sentence, ``"full"`` is the generic tools
     preamble the ``hf`` backend writes
     (:func:`~agentgym_lightning.policies.tool_calls.render_tools_system_prompt`; then the two
-    protocols show the model the very same tokens). With SmolLM2 the compact prompt is ~150
-    tokens shorter, and the verbatim reply keeps every prompt a token-exact extension of the last
-    one even when the model writes its JSON in another layout (which the ``hf`` backend's
-    canonical re-rendering of ``tool_calls`` cannot).
+    protocols show the model the very same tokens). With SmolLM2 the compact prompt is ~120
+    tokens shorter, and the verbatim reply keeps the next prompt an extension of the last one
+    even when the model writes its JSON in another layout (the ``hf`` backend re-renders
+    ``tool_calls`` canonically). Text re-tokenizes, though: when the model's own token split of
+    its reply is not the tokenizer's (``"}`` + ``}`` for ``"`` + ``}}``), the ids still differ.
 
 What the agent emits (semantic variables; each lands in the ``outcome`` of the call it follows):
 
