@@ -16,6 +16,7 @@ a function of the seed and the step, see :mod:`.schedule`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -44,12 +45,18 @@ class TrainerState:
     extra: dict[str, Any]
 
     def to_json(self) -> str:
+        # A skipped update logs NaN (no loss); JSON has no NaN, so non-finite numbers are written as null.
+        history = [{k: _finite_or_none(v) for k, v in row.items()} for row in self.history]
         return json.dumps(
-            {"step": self.step, "config": self.config, "history": self.history, "extra": self.extra},
+            {"step": self.step, "config": self.config, "history": history, "extra": self.extra},
             indent=1,
             default=repr,
             allow_nan=False,
         )
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _trainable_state(model: Any, peft: bool) -> dict[str, torch.Tensor]:

@@ -238,3 +238,11 @@ def test_wandb_plugin_writes_an_offline_run_and_the_jsonl_has_the_same_metrics(t
     train = next(x for x in logged if "train/reward/mean" in x)
     assert train["step"] == 1 and "time/rollout_s" in train and "samples/episodes" in train
     assert any("eval/reward/mean" in x for x in logged)
+
+
+def test_a_skipped_update_nan_metrics_checkpoint_as_null():
+    # Every group with zero reward variance skips the update and logs NaN loss; the checkpoint must still save.
+    from agentgym_lightning.training.checkpoint import TrainerState
+
+    state = TrainerState(step=1, config={}, history=[{"step": 1.0, "loss": float("nan"), "kl": float("inf"), "reward": 0.5}], extra={})
+    assert json.loads(state.to_json())["history"] == [{"step": 1.0, "loss": None, "kl": None, "reward": 0.5}]
