@@ -3,9 +3,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The main job: zero-shot eval of the embedded SmolLM2-135M on Spider (bundled sample when no
-# Spider download is found), on CPU.
-RUN_ARGS ?= --env lightning/Spider-v0 --backend hf --model smollm2-135m --episodes 4 --concurrency 4 --env-kwarg max_turns=1 --env-kwarg max_tokens=160 --env-kwarg temperature=0 --output runs/eval-spider.jsonl
+# The main job: RL-train the embedded SmolLM2-135M on lightning/Arithmetic-v0 (generated problems,
+# a calculator tool) on CPU, with the AIR that rewards a calculator call that returned a result;
+# greedy held-out reward before and after, metrics in runs/main, W&B offline unless a key is set.
+# Why these settings: docs/training.md ("The main job").
+RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg examples=1 \
+	--eval-env-kwarg split=test --eval-env-kwarg difficulty=3 --eval-env-kwarg examples=1 \
+	--air math.calc_ok=0.5 --steps 6 --tasks-per-step 4 --group-size 8 --learning-rate 2e-5 \
+	--eval-episodes 32 --seed 0 --output-dir runs/main
 
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean
 
@@ -21,7 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(BIN)/agentgym-lightning eval $(RUN_ARGS)
+	$(BIN)/agentgym-lightning train $(RUN_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -246,3 +246,32 @@ def test_a_skipped_update_nan_metrics_checkpoint_as_null():
 
     state = TrainerState(step=1, config={}, history=[{"step": 1.0, "loss": float("nan"), "kl": float("inf"), "reward": 0.5}], extra={})
     assert json.loads(state.to_json())["history"] == [{"step": 1.0, "loss": None, "kl": None, "reward": 0.5}]
+
+
+def test_the_readme_main_job_is_a_valid_run_on_arithmetic_with_a_held_out_split():
+    # `make run` trains with the Makefile's RUN_ARGS: they must parse, validate and build both envs.
+    import re
+    import shlex
+
+    import gymnasium as gym
+    import numpy as np
+
+    from agentgym_lightning.cli import build_parser
+    from agentgym_lightning.commands.train import build_config
+
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
+    run_args = shlex.split(re.search(r"^RUN_ARGS \?=(.*)$", makefile, re.M).group(1))
+    assert re.search(r"^run: setup\n\t\$\(BIN\)/agentgym-lightning train \$\(RUN_ARGS\)$", makefile, re.M)
+    config = build_config(build_parser().parse_args(["train", *run_args]))
+    assert config.env == "lightning/Arithmetic-v0" and config.air_weights == {"math.calc_ok": 0.5}
+    assert config.eval_env_kwargs["split"] == "test" and config.eval_episodes > 0
+    train_env = gym.make(config.env, **config.env_kwargs)
+    heldout_env = gym.make(config.env, **config.eval_env_kwargs)
+    try:
+        heldout = {t["expression"] for t in heldout_env.unwrapped.arithmetic.heldout}
+        rng = np.random.default_rng(0)
+        drawn = {train_env.unwrapped.arithmetic.sample(rng)["expression"] for _ in range(100)}
+        assert len(heldout) == 200 and not drawn & heldout
+    finally:
+        train_env.close()
+        heldout_env.close()
