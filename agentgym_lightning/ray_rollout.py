@@ -17,7 +17,9 @@ Faults (the contract; ``tests/test_ray_rollout.py`` checks it):
 - A worker that returns nothing for ``worker_timeout`` seconds is deemed hung: it is killed and
   treated as dead. Nothing here waits without a time limit.
 - With ``retry_infra_failed``, the lost episodes run once more (same plan: same tasks and seeds)
-  on the workers still alive (``retried`` counts them); what fails again stays ``infra_failed``.
+  on the workers still alive (``retried`` counts them, ``recovered`` those that made it) and their
+  second outcome is returned instead; what is lost again stays ``infra_failed``. Either way a
+  rollout returns exactly ``episodes`` trajectories.
 - A dead worker is replaced by a fresh actor at the start of the next :meth:`~RayRolloutRunner.rollout`.
 
 Ray starts on first use: ``ray.init(address=ray_address)``, a local Ray of ``num_cpus`` CPUs
@@ -43,6 +45,9 @@ from agentgym_lightning.trajectory import Status, Trajectory
 __all__ = ["RayRolloutRunner", "RolloutWorker", "RolloutStats", "init_ray"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds a rollout worker may take to start (import, build its policy).
+STARTUP_TIMEOUT = 300.0
 
 #: (task, group_id, reset seed), as :func:`~agentgym_lightning.rollout.plan_rollout` gives them.
 PlanItem = tuple[Any, str, int]
@@ -80,20 +85,18 @@ class RolloutWorker:
         env: str | Callable[[], AgentEnv],
         policy_factory: Callable[[], Any],
         env_kwargs: Mapping[str, Any] | None = None,
-        concurrency: int = 8,
         max_batch_wait: float | None = DEFAULT_MAX_BATCH_WAIT,
     ) -> None:
         self.factory = make_env_factory(env, env_kwargs)
         self.policy = policy_factory()
-        self.concurrency = concurrency
         self.max_batch_wait = max_batch_wait
 
     def pid(self) -> int:
         """The worker's process id (tests kill it)."""
         return os.getpid()
 
-    def run(self, plan: Sequence[PlanItem]) -> Iterator[tuple[int, Trajectory]]:
-        stream = RolloutStream(self.factory, self.policy, concurrency=self.concurrency, max_batch_wait=self.max_batch_wait)
+    def run(self, plan: Sequence[PlanItem], concurrency: int) -> Iterator[tuple[int, Trajectory]]:
+        stream = RolloutStream(self.factory, self.policy, concurrency=concurrency, max_batch_wait=self.max_batch_wait)
         index_of: dict[str, int] = {}
 
         def started(index: int, env: AgentEnv | None) -> None:
@@ -119,7 +122,7 @@ class RolloutStats:
 
     #: Workers that died or hung (and were killed).
     workers_lost: int = 0
-    #: Episodes ended ``infra_failed`` because their worker was lost (before any retry).
+    #: Episodes lost with their worker (ended ``infra_failed``, or retried).
     infra_failed: int = 0
     #: Of those, episodes run again (``retry_infra_failed``).
     retried: int = 0
@@ -184,26 +187,25 @@ class RayRolloutRunner:
         self._ray = ray
         self._actor_class = ray.remote(RolloutWorker)
         self._workers: list[Any] = [None] * num_workers
-        self._concurrency = 0
         self.stats = RolloutStats()
 
     # ------------------------------------------------------------------ workers
 
-    def _ensure_workers(self, concurrency: int) -> None:
-        per_worker = -(-concurrency // self.num_workers)
-        if per_worker != self._concurrency:  # a new share size: new actors
-            self.close_workers()
-            self._concurrency = per_worker
+    def _ensure_workers(self) -> None:
         for i, worker in enumerate(self._workers):
             if worker is None:
                 self._workers[i] = self._actor_class.options(num_cpus=self.worker_cpus, max_restarts=0).remote(
-                    self.env, self.policy_factory, self.env_kwargs, per_worker, self.max_batch_wait
+                    self.env, self.policy_factory, self.env_kwargs, self.max_batch_wait
                 )
 
     def worker_pids(self) -> list[int]:
-        """The workers' process ids (starting any that are not running)."""
-        self._ensure_workers(self._concurrency or self.num_workers)
-        return self._ray.get([w.pid.remote() for w in self._workers], timeout=self.worker_timeout)
+        """The workers' process ids, once every worker is up (starting any that are not):
+        actor start-up (imports, the policy) does not count against ``worker_timeout``."""
+        self._ensure_workers()
+        try:
+            return self._ray.get([w.pid.remote() for w in self._workers], timeout=STARTUP_TIMEOUT)
+        except self._ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"rollout workers did not start within {STARTUP_TIMEOUT} s; see Ray's worker logs") from None
 
     def kill_worker(self, index: int) -> None:
         """Kill worker ``index`` now (fault drills): its in-flight episodes end ``infra_failed``."""
@@ -277,30 +279,34 @@ class RayRolloutRunner:
         finally:
             probe.close()
         self.stats = RolloutStats()
-        self._ensure_workers(concurrency)
-        lost: list[PlanItem] = []
-        for outcome in self._run(plan, list(range(self.num_workers))):
+        self.worker_pids()  # every worker up before the clock of worker_timeout starts
+        lost: list[tuple[PlanItem, Trajectory]] = []
+        for outcome in self._run(plan, list(range(self.num_workers)), concurrency):
             if isinstance(outcome, Trajectory):
                 yield outcome
+            elif retry_infra_failed:
+                lost.append(outcome)  # its retry's outcome is yielded instead
             else:
-                lost.append(outcome[0])
+                self.stats.infra_failed += 1
                 yield outcome[1]
-        self.stats.infra_failed = len(lost)
-        if lost and retry_infra_failed:
-            alive = [i for i, w in enumerate(self._workers) if w is not None]
-            if not alive:
-                self._ensure_workers(concurrency)
-                alive = list(range(self.num_workers))
-            self.stats.retried = len(lost)
-            log.warning("re-running %d episodes lost with their workers on %d workers", len(lost), len(alive))
-            for outcome in self._run(lost, alive):
-                if isinstance(outcome, Trajectory):
-                    self.stats.recovered += outcome.status is not Status.INFRA_FAILED
-                    yield outcome
-                else:
-                    yield outcome[1]
+        if not lost:
+            return
+        self.stats.infra_failed = self.stats.retried = len(lost)
+        alive = [i for i, w in enumerate(self._workers) if w is not None]
+        if not alive:
+            self._ensure_workers()
+            alive = list(range(self.num_workers))
+        log.warning("re-running %d episodes lost with their workers, on %d workers", len(lost), len(alive))
+        for outcome in self._run([item for item, _ in lost], alive, concurrency):
+            if isinstance(outcome, Trajectory):
+                self.stats.recovered += outcome.status is not Status.INFRA_FAILED
+                yield outcome
+            else:
+                yield outcome[1]
 
-    def _run(self, plan: list[PlanItem], workers: list[int]) -> Iterator[Trajectory | tuple[PlanItem, Trajectory]]:
+    def _run(
+        self, plan: list[PlanItem], workers: list[int], concurrency: int
+    ) -> Iterator[Trajectory | tuple[PlanItem, Trajectory]]:
         """Deal ``plan``'s groups to ``workers`` and stream the results back; an episode lost
         with its worker comes as ``(plan item, infra_failed trajectory)``."""
         ray = self._ray
@@ -315,7 +321,8 @@ class RayRolloutRunner:
         last_heard: dict[int, float] = {}
         for i, share in shares.items():
             if share:
-                streams[i] = self._workers[i].run.options(num_returns="streaming").remote(share)
+                per_worker = -(-concurrency // len(workers))
+                streams[i] = self._workers[i].run.options(num_returns="streaming").remote(share, per_worker)
                 left[i] = dict(enumerate(share))
                 last_heard[i] = time.monotonic()
         by_stream = {id(s): i for i, s in streams.items()}

@@ -77,6 +77,13 @@ class _RemoteEnv(AgentEnv):
     def _episode_reward(self, task: Any, result: Any, trajectory: Trajectory) -> float | None:
         return self._server._final_rewards.pop(trajectory.episode_id, None)
 
+    def _end(self, status: Any, error: str | None, reward: float, final: float | None = None) -> Any:
+        # However the episode ends (truncated, closed), release the stand-in at once: it would
+        # otherwise hold the driver for the env's stop grace.
+        if self.episode_id is not None:
+            self._server._outcome(self.episode_id).cancel()
+        return super()._end(status, error, reward, final)
+
 
 class StandaloneGateway:
     """Serves episodes to remote agents over HTTP (see the module docstring for the API).
