@@ -530,3 +530,53 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def _episode_request(episode: str, turn: int) -> ChatRequest:
+    from agentgym_lightning.llm import EPISODE_KEY
+
+    return ChatRequest(messages=[{"role": "user", "content": f"turn {turn}"}], metadata={EPISODE_KEY: episode})
+
+
+@BOTH_PATHS
+def test_replicas_share_the_load_sticky_per_episode_and_a_dead_one_leaves_rotation(batch):
+    with MockOpenAIServer() as a, MockOpenAIServer() as b:
+        urls = [a.base_url, b.base_url]
+        with OpenAIPolicy("m", base_url=urls, max_retries=0) as policy:
+            episodes = [f"episode-{i}" for i in range(16)]
+            replica_of = {}
+            for turn in range(3):  # each episode's calls all land on one replica
+                for i in range(0, 16, batch):
+                    before = (a.state.requests, b.state.requests)
+                    policy.generate([_episode_request(e, turn) for e in episodes[i : i + batch]])
+                    if batch == 1:
+                        landed = 0 if a.state.requests > before[0] else 1
+                        assert replica_of.setdefault(episodes[i], landed) == landed
+            assert a.state.requests + b.state.requests == 48 and min(a.state.requests, b.state.requests) >= 8
+            b.stop()  # replica b dies: its episodes move to a at once, with no error
+            out = policy.generate([_episode_request(e, 3) for e in episodes][: max(batch, 4)])
+            assert all(c.text == "ok" for c in out)
+            assert policy.replicas_in_rotation == [a.base_url]
+
+
+def test_metadata_names_the_episode_for_the_policy_but_not_in_the_trajectory():
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.llm import EPISODE_KEY
+    from agentgym_lightning.rollout import rollout
+
+    seen = []
+
+    def policy(requests):
+        seen.extend(r.metadata.get(EPISODE_KEY) for r in requests)
+        return [Completion(text="x") for _ in requests]
+
+    def agent(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "a"}])
+        return ctx.chat_completion([{"role": "user", "content": "b"}]).text
+
+    (t,) = rollout(lambda: AgentEnv(agent, [1], lambda *_: 1.0), policy, episodes=1, progress=False)
+    assert seen == [t.episode_id, t.episode_id]
+    assert all(EPISODE_KEY not in s.request.metadata for s in t.steps)

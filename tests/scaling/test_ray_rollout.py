@@ -134,3 +134,34 @@ def test_a_hung_worker_is_killed_after_worker_timeout(local_ray, tmp_path):
     assert [t.status for t in out] == [Status.INFRA_FAILED] * 2 and "hung" in out[0].error
     assert runner.stats.workers_lost == 1
     assert waited < 15  # the timeout, not forever
+
+
+def llm_agent(task, ctx):
+    return ctx.chat_completion([{"role": "user", "content": task["q"]}], max_tokens=4).text
+
+
+def make_llm_env():
+    return AgentEnv(llm_agent, [{"q": f"question {i}"} for i in range(4)], lambda task, result: float(len(result) % 2))
+
+
+def test_a_training_step_on_two_workers_rolls_out_what_one_process_does(local_ray, tiny_model_dir, tmp_path):
+    pytest.importorskip("trl", reason="needs the train extra")
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.trajectory import load_trajectories
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    def step(workers):
+        out = tmp_path / f"workers-{workers}"
+        config = LightningRLConfig(
+            env="scripted", model=str(tiny_model_dir), max_steps=1, tasks_per_step=2, num_generations=2, output_dir=str(out),
+            report_to=[], progress=False, save_steps=1, rollout_workers=workers,
+        )
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+        result = LightningRLTrainer(config, env=make_llm_env, policy=policy).train()
+        return list(load_trajectories(out / "trajectories" / "step-000001.jsonl")), result.history[0]
+
+    remote, remote_metrics = step(2)
+    local, _ = step(0)
+    assert len(remote) == 4 and remote_metrics["rollout/workers_lost"] == 0.0
+    assert _content(remote) == _content(local)  # token ids, logprobs and rewards included
+    assert all(s.completion.logprobs for t in remote for s in t.steps)
