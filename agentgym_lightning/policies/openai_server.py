@@ -8,10 +8,9 @@ hosted API::
 
 Each request's messages, tools and sampling options are forwarded as they came from the agent; a
 batch is sent concurrently (every request of it in flight at once, up to ``concurrency``) from one
-asyncio loop on a thread of the policy's own, each request on a keep-alive connection of its own —
-there is no hidden cap at 100 connections. Plain ``http://`` upstreams are spoken to by a lean
-HTTP/1.1 client (~0.1 ms of CPU a request; see :mod:`._http`), ``https://`` ones (and any
-proxied one) through httpx.
+asyncio loop on a thread of the policy's own (aiohttp), each request on a keep-alive connection of
+its own — there is no hidden cap at 100 connections; a batch of one goes out from the caller's
+thread through urllib3's blocking pool (see :mod:`._http` and ``bench/bench_openai_transport.py``).
 
 Token ids: vLLM returns them when asked (``return_token_ids: true``, an extension:
 ``prompt_token_ids`` at the top level of the response, ``token_ids`` in each choice); per-token
@@ -53,7 +52,7 @@ from typing import Any, Literal
 import httpx
 
 from agentgym_lightning.llm import EPISODE_KEY, ChatRequest, Completion, ToolCall
-from agentgym_lightning.policies._http import FastHTTP, SyncHTTP, TransportFailure, pick_transport
+from agentgym_lightning.policies._http import AiohttpTransport, SyncHTTP, TransportFailure, env_proxy, pick_transport
 from agentgym_lightning.policies.base import Policy
 
 __all__ = ["OpenAIPolicy", "PolicyBackendError", "DEFAULT_CONCURRENCY", "RETRY_STATUSES", "EPISODE_KEY"]
@@ -210,8 +209,9 @@ class OpenAIPolicy(Policy):
             for on-policy data collection).
         extra_body: Extra JSON fields added to every request (e.g. ``{"top_k": 20}`` for vLLM).
         headers: Extra HTTP headers for every request.
-        fast_http: Use the lean built-in HTTP/1.1 client for plain ``http://`` upstreams
-            (default); ``False`` always uses httpx.
+        sync_single: Send a batch of one from the calling thread (urllib3's blocking pool)
+            instead of through the policy's I/O loop (aiohttp): the lowest latency for a lone
+            agent. ``False``: every request goes through aiohttp.
         transport: An httpx transport to use instead of the network (tests).
         replica_cooldown: Seconds a replica that failed at the connection level stays out of
             rotation (only with several replicas).
@@ -238,7 +238,7 @@ class OpenAIPolicy(Policy):
         sampling_overrides: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-        fast_http: bool = True,
+        sync_single: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         replica_cooldown: float = 30.0,
     ) -> None:
@@ -288,16 +288,16 @@ class OpenAIPolicy(Policy):
                 timeout=timeout,
                 connect_timeout=connect_timeout,
                 transport=transport,
-                fast=fast_http,
             )
             for url in self.base_urls
         ]
         # A batch of one on plain http goes out from the caller's thread on a blocking socket:
         # handing it to the I/O thread and back is most of a small request's latency.
         self._sync_replicas: list[SyncHTTP] | None = None
-        if all(isinstance(r, FastHTTP) for r in self._replicas):
+        if sync_single and all(isinstance(r, AiohttpTransport) and env_proxy(r.base_url) is None for r in self._replicas):
             self._sync_replicas = [
-                SyncHTTP(url, self._headers, timeout=timeout, connect_timeout=connect_timeout) for url in self.base_urls
+                SyncHTTP(url, self._headers, concurrency=self.concurrency, timeout=timeout, connect_timeout=connect_timeout)
+                for url in self.base_urls
             ]
         self._sync_budget = threading.BoundedSemaphore(self.concurrency)
         self._counter_lock = threading.Lock()
@@ -321,8 +321,8 @@ class OpenAIPolicy(Policy):
         Raises :class:`PolicyBackendError` if any request failed after retries (once all have
         finished; its ``completions`` holds the ones that succeeded).
 
-        A batch of one to a plain ``http://`` upstream is sent from the calling thread (the
-        fastest path for a lone agent); such calls have their own budget of ``concurrency``.
+        A batch of one is sent from the calling thread (the fastest path for a lone agent; see
+        ``sync_single``); such calls have their own budget of ``concurrency``.
         """
         if self._closed:
             raise RuntimeError("this OpenAIPolicy is closed")
