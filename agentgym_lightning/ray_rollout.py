@@ -23,7 +23,7 @@ Faults (the contract; ``tests/test_ray_rollout.py`` checks it):
 - A dead worker is replaced by a fresh actor at the start of the next :meth:`~RayRolloutRunner.rollout`.
 
 Ray starts on first use: ``ray.init(address=ray_address)``, a local Ray of ``num_cpus`` CPUs
-(no dashboard, bound to 127.0.0.1) when no address is given and none is running. Install with
+(no dashboard, no usage stats) when no address is given and none is running. Install with
 ``pip install 'agentgym-lightning[ray]'``.
 """
 
@@ -55,7 +55,7 @@ PlanItem = tuple[Any, str, int]
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect to Ray (``address``, e.g. ``ray://head:10001`` or ``auto``) or start a local one:
-    ``num_cpus`` CPUs, no dashboard, 127.0.0.1 only, no usage stats. Does nothing if connected."""
+    ``num_cpus`` CPUs, no dashboard, no usage stats. Does nothing if connected."""
     try:
         import ray
     except ImportError:
@@ -66,13 +66,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=True,
-        configure_logging=False,
-    )
+    # No dashboard (its head still binds 127.0.0.1). Ray's own gRPC servers listen on every
+    # interface whatever address is given (2.60 resolves 127.0.0.1 to the node's IP); Ray's
+    # token authentication (on here: Ray 2.60 says so at start-up) guards them.
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False)
 
 
 class RolloutWorker:

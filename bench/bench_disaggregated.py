@@ -10,7 +10,7 @@ Three processes, as in a real Training-Agent Disaggregation deployment:
 * **upstream**: the instant mock OpenAI server (:mod:`agentgym_lightning.policies.openai_mock`),
   standing in for ``vllm serve``;
 * **agents**: a runner process whose agents make chat calls, each on its own keep-alive
-  connection, to the base URL their episode was given: by default with a lean HTTP/1.1 client
+  connection, to the base URL their episode was given: by default with a lean HTTP client (aiohttp)
   (~0.2 ms of CPU a call), with ``--agent-client sdk`` through the ``openai`` SDK on a thread
   each (several ms of CPU a call here: with 256 agents on 2 cores the SDK itself is then the
   bottleneck, which is the agents' cost, not the path's);
@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--agent-client",
         choices=["raw", "sdk"],
         default="raw",
-        help="how runner agents call: a lean HTTP/1.1 client (default) or the openai SDK, one thread per agent",
+        help="how runner agents call: a lean HTTP client, aiohttp (default) or the openai SDK, one thread per agent",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     parser.add_argument("--agent-runner", action="store_true", help=argparse.SUPPRESS)
