@@ -93,3 +93,10 @@ def test_close_ends_running_episodes_and_records_them():
     server.close()
     thread.join()
     assert got[0].episode_id == episode["episode_id"] and got[0].status is Status.TRUNCATED
+
+
+def test_serve_command_rejects_bad_arguments_with_exit_2(capsys):
+    from agentgym_lightning.cli import main
+
+    assert main(["serve", "--backend", "hf", "--base-url", "http://127.0.0.1:1/v1"]) == 2
+    assert "--base-url is for the openai backend" in capsys.readouterr().err
