@@ -6,8 +6,8 @@ client libraries.
   loop, one keep-alive connection each, no pool cap. aiohttp's connector does constant work per
   request however many connections it holds (httpx's async pool scans all of them, twice nested,
   on every request: ~100 ms a call at hundreds of connections).
-* :class:`SyncHTTP` — urllib3's blocking pool, for a batch of one: the request goes out from the
-  caller's thread (handing it to the I/O thread and back would be most of a small request's
+* :class:`SyncHTTP` — the standard library's ``http.client``, for a batch of one: the request
+  goes out from the caller's thread (handing it to the I/O thread and back would be most of a small request's
   latency). ``bench/bench_openai_transport.py`` measures what it adds over a bare socket.
 * :class:`HttpxTransport` — httpx's async client over an injected transport (tests), spread
   over small pools of :data:`POOL_SHARD_SIZE` connections.
@@ -22,6 +22,8 @@ replica.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -110,45 +112,89 @@ class AiohttpTransport:
 
 
 class SyncHTTP:
-    """urllib3's blocking pool to one upstream, for requests sent from the caller's thread.
-    Thread-safe; up to ``concurrency`` keep-alive connections. (urllib3 rather than httpx here:
-    on this project's 2-core CI box httpx's blocking client costs ~0.8 ms of CPU a request,
-    urllib3 ~0.35 ms; see ``bench/bench_openai_transport.py``.)"""
+    """The standard library's ``http.client`` to one upstream, for requests sent from the
+    caller's thread. Thread-safe; keep-alive connections pooled LIFO (the policy bounds how many
+    requests are out). ``http.client`` rather than httpx or urllib3 here: on this project's
+    2-core CI box a request costs ~0.3 ms of CPU with it, ~0.55 ms with urllib3 and ~0.8 ms with
+    httpx's blocking client, and this path is a lone agent's latency (see
+    ``bench/bench_openai_transport.py``)."""
 
     def __init__(
         self,
         base_url: str,
         headers: Mapping[str, str],
         *,
-        concurrency: int,
         timeout: float | None,
         connect_timeout: float | None,
     ) -> None:
-        import urllib3
+        import http.client
+        import ssl
 
         parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"SyncHTTP needs an http:// or https:// URL, got {base_url!r}")
         self.base_path = parts.path.rstrip("/")
         self.headers = {"accept": "application/json", "user-agent": "agentgym-lightning", **headers}
-        self._pool = urllib3.connection_from_url(
-            base_url,
-            maxsize=concurrency,
-            block=False,
-            retries=False,  # the policy retries, with backoff, and counts them
-            timeout=urllib3.Timeout(connect=connect_timeout, read=timeout),
-        )
-        self._errors = (urllib3.exceptions.HTTPError, OSError)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        if parts.scheme == "https":
+            context = ssl.create_default_context()
+            self._connect = lambda: http.client.HTTPSConnection(
+                parts.hostname, parts.port, timeout=connect_timeout, context=context
+            )
+        else:
+            self._connect = lambda: http.client.HTTPConnection(parts.hostname, parts.port, timeout=connect_timeout)
+        self._errors = (OSError, http.client.HTTPException)
+        self._stale = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+        self._idle: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self.connections_opened = 0
+
+    def _acquire(self) -> tuple[Any, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True  # LIFO: the warmest connection
+        conn = self._connect()
+        conn.connect()
+        conn.sock.settimeout(self.timeout)  # connect_timeout was for connecting only
+        self.connections_opened += 1
+        return conn, False
 
     def request(self, method: str, path: str, content: bytes | None) -> Response:
-        try:
-            response = self._pool.urlopen(
-                method, self.base_path + path, body=content, headers=self.headers, preload_content=True, redirect=False
-            )
-        except self._errors as exc:  # connect/read errors, time-outs, protocol errors
-            raise TransportFailure(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
-        return response.status, _headers_of_interest(response.headers), response.data
+        for attempt in (1, 2):
+            conn = None
+            try:
+                conn, reused = self._acquire()
+                conn.request(method, self.base_path + path, body=content, headers=self.headers)
+                response = conn.getresponse()
+                body = response.read()
+            except self._stale as exc:
+                if conn is not None:
+                    conn.close()
+                if reused and attempt == 1:
+                    continue  # an idle keep-alive connection the server had dropped: send again
+                raise TransportFailure(f"{type(exc).__name__}: {exc or 'connection closed'}") from exc
+            except TimeoutError as exc:
+                if conn is not None:
+                    conn.close()
+                raise TransportFailure(f"no response within {self.timeout} s ({exc})") from exc
+            except self._errors as exc:  # refused, reset, not HTTP...
+                if conn is not None:
+                    conn.close()
+                raise TransportFailure(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
+            if response.will_close:
+                conn.close()
+            else:
+                with self._lock:
+                    self._idle.append(conn)
+            retry_after = response.getheader("retry-after")
+            return response.status, ({"retry-after": retry_after} if retry_after is not None else {}), body
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self._pool.close()
+        with self._lock:
+            while self._idle:
+                self._idle.pop().close()
 
 
 class HttpxTransport:

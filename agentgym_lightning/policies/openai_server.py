@@ -10,7 +10,7 @@ Each request's messages, tools and sampling options are forwarded as they came f
 batch is sent concurrently (every request of it in flight at once, up to ``concurrency``) from one
 asyncio loop on a thread of the policy's own (aiohttp), each request on a keep-alive connection of
 its own — there is no hidden cap at 100 connections; a batch of one goes out from the caller's
-thread through urllib3's blocking pool (see :mod:`._http` and ``bench/bench_openai_transport.py``).
+thread through the standard library's http.client (see :mod:`._http` and ``bench/bench_openai_transport.py``).
 
 Token ids: vLLM returns them when asked (``return_token_ids: true``, an extension:
 ``prompt_token_ids`` at the top level of the response, ``token_ids`` in each choice); per-token
@@ -209,7 +209,7 @@ class OpenAIPolicy(Policy):
             for on-policy data collection).
         extra_body: Extra JSON fields added to every request (e.g. ``{"top_k": 20}`` for vLLM).
         headers: Extra HTTP headers for every request.
-        sync_single: Send a batch of one from the calling thread (urllib3's blocking pool)
+        sync_single: Send a batch of one from the calling thread (the standard library's http.client)
             instead of through the policy's I/O loop (aiohttp): the lowest latency for a lone
             agent. ``False``: every request goes through aiohttp.
         transport: An httpx transport to use instead of the network (tests).
@@ -296,7 +296,7 @@ class OpenAIPolicy(Policy):
         self._sync_replicas: list[SyncHTTP] | None = None
         if sync_single and all(isinstance(r, AiohttpTransport) and env_proxy(r.base_url) is None for r in self._replicas):
             self._sync_replicas = [
-                SyncHTTP(url, self._headers, concurrency=self.concurrency, timeout=timeout, connect_timeout=connect_timeout)
+                SyncHTTP(url, self._headers, timeout=timeout, connect_timeout=connect_timeout)
                 for url in self.base_urls
             ]
         self._sync_budget = threading.BoundedSemaphore(self.concurrency)

@@ -71,7 +71,7 @@ def test_leaving_early_truncates_the_running_episodes_and_refuses_late_work():
 
 def test_stop_from_another_thread_yields_the_running_episodes_as_truncated():
     stream = RolloutStream(make_env, echo, concurrency=2)
-    stream.submit({"id": 0, "sleep": 5})
+    stream.submit({"id": 0, "sleep": 1})
     threading.Timer(0.2, stream.stop).start()
     (t,) = list(stream)
     assert t.status is Status.TRUNCATED and "stopped" in t.error
