@@ -11,7 +11,11 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["SamplingParams", "ChatRequest", "ToolCall", "Completion", "as_completion"]
+__all__ = ["SamplingParams", "ChatRequest", "ToolCall", "Completion", "as_completion", "EPISODE_KEY"]
+
+#: The ``metadata`` key under which the rollout driver names a request's episode when it hands
+#: the request to a policy (a policy with several replicas keeps an episode on one of them).
+EPISODE_KEY = "agentgym_episode"
 
 
 @dataclass

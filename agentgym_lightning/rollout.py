@@ -19,6 +19,9 @@ How it drives (continuous batching):
   queue up for the next batch.
 - Episodes come in groups of ``group_size`` on the same task with isolated state (GRPO groups);
   a slot is refilled with the next episode as soon as its episode finishes.
+- Every request handed to the policy names its episode in ``metadata[EPISODE_KEY]`` (the
+  recorded request is left as the agent sent it), so a policy with several replicas keeps each
+  episode on one of them.
 
 When ``generate`` raises, the batch is split in halves and retried until the requests that fail
 alone are found: the others are answered as usual, and each culprit's call gets an OpenAI-style
@@ -35,10 +38,11 @@ import dataclasses
 import heapq
 import logging
 import queue
+import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -49,11 +53,17 @@ from tqdm.auto import tqdm
 
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.llm import EPISODE_KEY, ChatRequest
 from agentgym_lightning.spaces import Observation
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["rollout", "make_env_factory", "PolicyFn", "MAX_POLICY_FAILURES", "DEFAULT_MAX_BATCH_WAIT", "BATCH_WAIT_FRACTION"]
+__all__ = [
+    "rollout",
+    "iter_rollout",
+    "RolloutStream",
+    "plan_rollout",
+    "collect",
+    "make_env_factory", "PolicyFn", "MAX_POLICY_FAILURES", "DEFAULT_MAX_BATCH_WAIT", "BATCH_WAIT_FRACTION"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +102,9 @@ class _Work:
     task: Any
     group_id: str
     seed: int
+    #: Called with the env once the episode has started (its ``episode_id`` is set), from the
+    #: driver's thread; ``on_start(None)`` when the stream ends before the episode could start.
+    on_start: Callable[[AgentEnv | None], None] | None = None
 
 
 def _plan(first: AgentEnv, episodes: int, group_size: int, seed: int, tasks: Sequence[Any] | None) -> deque[_Work]:
@@ -112,6 +125,10 @@ def _plan(first: AgentEnv, episodes: int, group_size: int, seed: int, tasks: Seq
             if len(work) < episodes:
                 work.append(_Work(task, gid, seed + len(work)))
     return work
+
+
+#: What a submission puts on the ready queue to wake the driver (not a slot).
+_WAKE = -1
 
 
 class _Slot(Enum):
@@ -182,44 +199,126 @@ class _Batcher:
 
 
 class _Driver:
-    """The state of one :func:`rollout` call (see the module docstring for the rules)."""
+    """The state of one stream of episodes (see the module docstring for the rules).
+
+    :meth:`run` is a generator: it drives the episodes and yields each trajectory as it
+    finishes. Work comes from the initial plan and from :meth:`submit` (any thread) until
+    :meth:`end_submissions`; envs are made on demand, at most ``concurrency`` of them.
+    """
 
     def __init__(
         self,
+        factory: Callable[[], AgentEnv],
         envs: list[AgentEnv],
         work: deque[_Work],
         batcher: _Batcher,
-        record: Callable[[Trajectory], None],
         max_batch_wait: float | None,
         max_batch_size: int | None,
+        concurrency: int,
+        open_ended: bool = False,
     ) -> None:
+        self.factory = factory
         self.envs = envs
         self.work = work
         self.batcher = batcher
-        self.record = record
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
-        self.state = [_Slot.IDLE] * len(envs)
+        self.concurrency = concurrency
+        self.state: list[_Slot] = []
         self.ready: queue.SimpleQueue[int] = queue.SimpleQueue()
         #: Slots whose call waits for the policy, oldest first, with the call's arrival time.
         self.pending: dict[int, tuple[Observation, float]] = {}
         self.waiting_on_agents = 0  # slots STARTING or RUNNING
         self.deadlines: list[tuple[float, int, int]] = []  # (deadline, episode serial, slot)
-        self.serial = [0] * len(envs)
+        self.serial: list[int] = []
         self.batch_wait = 0.0 if max_batch_wait is None else max_batch_wait  # updated per generate
-        for slot, env in enumerate(envs):
-            env.set_ready_callback(lambda slot=slot: self.ready.put(slot))
+        self.finished: deque[Trajectory] = deque()
+        self.incoming: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self.accepting = open_ended  # more work may still be submitted
+        self.stopped = False
+        for env in envs:
+            self._add_slot(env)
+
+    def _add_slot(self, env: AgentEnv) -> int:
+        slot = len(self.state)
+        if slot >= len(self.envs):
+            self.envs.append(env)
+        self.state.append(_Slot.IDLE)
+        self.serial.append(0)
+        env.set_ready_callback(lambda: self.ready.put(slot))
+        return slot
+
+    # ------------------------------------------------------------------ submissions (any thread)
+
+    def submit(self, item: _Work) -> None:
+        self.incoming.put(item)
+        self.ready.put(_WAKE)
+
+    def end_submissions(self) -> None:
+        self.incoming.put(None)
+        self.ready.put(_WAKE)
+
+    def _take_submissions(self) -> None:
+        took = False
+        while True:
+            try:
+                item = self.incoming.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self.accepting = False
+            else:
+                self.work.append(item)
+                took = True
+        if not took:
+            return  # planned work is started by _finish as slots free up
+        for slot, state in enumerate(self.state):
+            if not self.work:
+                return
+            if state is _Slot.IDLE:
+                self._start(slot)
+        while self.work and len(self.envs) < self.concurrency:
+            self._start(self._add_slot(self.factory()))
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self) -> None:
+    def run(self) -> Iterator[Trajectory]:
         for slot in range(len(self.envs)):
             self._start(slot)
-        while self.waiting_on_agents or self.pending:
+        while True:
+            self._take_submissions()
+            if self.stopped:
+                self._abort_running("the rollout stream was stopped", Status.TRUNCATED)
+            while self.finished:
+                yield self.finished.popleft()
+            if self.stopped:
+                return
+            if not (self.waiting_on_agents or self.pending):
+                if not self.accepting and not self.work:
+                    return
+                self._wait_for_agents()  # a submission wakes it
+                continue
             if self.pending and self._batch_due():
-                self._generate()
+                try:
+                    self._generate()
+                except BaseException:
+                    while self.finished:  # what ended before the error is reported first
+                        yield self.finished.popleft()
+                    raise
                 continue
             self._wait_for_agents()
+
+    def _abort_running(self, reason: str, status: Status) -> None:
+        self.work.clear()
+        self.pending.clear()
+        for slot, state in enumerate(self.state):
+            if state is not _Slot.IDLE:
+                env = self.envs[slot]
+                if env.trajectory is not None and not env.trajectory.done:
+                    self.finished.append(env.abort(reason, status)[4]["trajectory"])
+                self.state[slot] = _Slot.IDLE
+                self.serial[slot] += 1
+        self.waiting_on_agents = 0
 
     def _batch_due(self) -> bool:
         if not self.waiting_on_agents:
@@ -241,7 +340,8 @@ class _Driver:
         except queue.Empty:
             slot = None
         while slot is not None:
-            self._poll(slot)
+            if slot != _WAKE:
+                self._poll(slot)
             try:
                 slot = self.ready.get_nowait()
             except queue.Empty:
@@ -263,6 +363,8 @@ class _Driver:
         item = self.work.popleft()
         env = self.envs[slot]
         env.reset_async(seed=item.seed, options={"task": item.task, "group_id": item.group_id})
+        if item.on_start is not None:
+            item.on_start(env)
         self.serial[slot] += 1
         if env.deadline is not None:
             heapq.heappush(self.deadlines, (env.deadline, self.serial[slot], slot))
@@ -294,14 +396,22 @@ class _Driver:
 
     def _finish(self, slot: int, trajectory: Trajectory) -> None:
         self.serial[slot] += 1  # its deadline entry is stale now
-        self.record(trajectory)
+        self.finished.append(trajectory)
         self._start(slot)
+
+    def _tagged(self, slot: int) -> ChatRequest:
+        """The slot's pending request, its episode named in ``metadata`` (replica stickiness)."""
+        request = self.pending[slot][0].request
+        episode_id = self.envs[slot].episode_id
+        if episode_id is None or request.metadata.get(EPISODE_KEY) == episode_id:
+            return request
+        return dataclasses.replace(request, metadata={**request.metadata, EPISODE_KEY: episode_id})
 
     def _generate(self) -> None:
         slots = list(self.pending)[: self.max_batch_size or None]
         started = time.monotonic()
         try:
-            answers = self.batcher.answer([self.pending[s][0].request for s in slots])
+            answers = self.batcher.answer([self._tagged(s) for s in slots])
         except _PolicyDown as exc:
             cause = exc.__cause__ or exc
             log.error("policy.generate failed (%d batches in a row): %s", self.batcher.failures, cause)
@@ -323,6 +433,202 @@ class _Driver:
             self.state[slot] = _Slot.RUNNING
             self.waiting_on_agents += 1
             self.ready.put(slot)  # its agent may have called again already (parallel calls)
+
+
+def _check_settings(concurrency: int, max_batch_wait: float | None, max_batch_size: int | None) -> None:
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if max_batch_wait is not None and max_batch_wait < 0:
+        raise ValueError(f"max_batch_wait must be >= 0 seconds or None, got {max_batch_wait}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+
+
+class RolloutStream:
+    """The non-blocking face of :func:`rollout`: episodes submitted from any thread, their
+    trajectories yielded as they finish.
+
+    For servers that get work as it comes (the standalone gateway of ``agentgym-lightning
+    serve``) and for callers that want each trajectory as soon as it exists::
+
+        stream = RolloutStream("lightning/Arithmetic-v0", policy, concurrency=16)
+        stream.submit(task)                  # any thread, any time
+        stream.end()                         # no more work: iteration stops once it is done
+        for trajectory in stream:            # drives the episodes (sync)...
+            ...
+        async for trajectory in stream:      # ...or from an event loop (driven on a worker thread)
+            ...
+
+    Iterating drives the episodes: nothing runs between two ``next()`` calls, so consume
+    promptly (hand trajectories to a queue if their processing is slow). Leaving the loop early
+    (``break``, an exception) or :meth:`close` ends the running episodes (truncated) and closes
+    the envs. Same batching, grouping and failure rules as :func:`rollout`; envs are made on
+    demand, at most ``concurrency``; a submission beyond that waits for a free env.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], AgentEnv],
+        policy: Any,
+        *,
+        concurrency: int = 8,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_batch_wait: float | None = DEFAULT_MAX_BATCH_WAIT,
+        max_batch_size: int | None = None,
+    ) -> None:
+        _check_settings(concurrency, max_batch_wait, max_batch_size)
+        self._factory = make_env_factory(env, env_kwargs)
+        self._driver = _Driver(
+            self._factory, [], deque(), _Batcher(policy), max_batch_wait, max_batch_size, concurrency, open_ended=True
+        )
+        self._iterator: Iterator[Trajectory] | None = None
+        self._submitted = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _planned(
+        cls,
+        factory: Callable[[], AgentEnv],
+        policy: Any,
+        envs: list[AgentEnv],
+        work: deque[_Work],
+        concurrency: int,
+        max_batch_wait: float | None,
+        max_batch_size: int | None,
+    ) -> RolloutStream:
+        """A stream over a fixed plan (what :func:`iter_rollout` runs)."""
+        stream = cls.__new__(cls)
+        stream._factory = factory
+        stream._driver = _Driver(factory, envs, work, _Batcher(policy), max_batch_wait, max_batch_size, concurrency)
+        stream._iterator = None
+        stream._submitted = len(work)
+        stream._lock = threading.Lock()
+        return stream
+
+    def submit(
+        self,
+        task: Any,
+        *,
+        group_id: str | None = None,
+        seed: int | None = None,
+        on_start: Callable[[AgentEnv | None], None] | None = None,
+    ) -> None:
+        """Queue one episode of ``task`` (thread-safe). ``on_start(env)`` is called from the
+        driving thread once it has started (``env.episode_id`` is its id), or ``on_start(None)``
+        if the stream ends first."""
+        if not self._driver.accepting and self._iterator is not None:
+            raise RuntimeError("this stream was ended (end() or close()): submit before ending it")
+        with self._lock:
+            default_seed = self._submitted
+            self._submitted += 1
+        self._driver.submit(
+            _Work(task, group_id or uuid.uuid4().hex[:12], default_seed if seed is None else seed, on_start)
+        )
+
+    def end(self) -> None:
+        """No more submissions: iteration stops once every submitted episode has finished."""
+        self._driver.end_submissions()
+
+    @property
+    def running(self) -> int:
+        """Episodes started and not finished yet."""
+        return sum(state is not _Slot.IDLE for state in self._driver.state)
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        if self._iterator is None:
+            self._iterator = self._drive()
+        return self._iterator
+
+    def __next__(self) -> Trajectory:
+        return next(iter(self))
+
+    def _drive(self) -> Iterator[Trajectory]:
+        driver = self._driver
+        try:
+            yield from driver.run()
+        finally:
+            driver.accepting = False
+            for env in driver.envs:
+                env.set_ready_callback(None)
+                env.close()
+            driver._take_submissions()  # noqa: SLF001 - collect late submissions to refuse them
+            for item in driver.work:
+                if item.on_start is not None:
+                    item.on_start(None)
+            driver.work.clear()
+
+    def stop(self) -> None:
+        """Ask the driving iteration (on whatever thread) to end the running episodes as
+        ``truncated``, yield them and stop; thread-safe, does not wait."""
+        self._driver.accepting = False
+        self._driver.stopped = True
+        self._driver.ready.put(_WAKE)
+
+    def close(self) -> None:
+        """End the running episodes (recorded as truncated) and close the envs."""
+        self._driver.accepting = False
+        iterator = self._iterator
+        if iterator is None:
+            self._iterator = iterator = self._drive()
+        iterator.close()  # type: ignore[attr-defined]
+
+    def __aiter__(self) -> AsyncIterator[Trajectory]:
+        return self._aiterate()
+
+    async def _aiterate(self) -> AsyncIterator[Trajectory]:
+        import asyncio
+
+        iterator = iter(self)
+        done = object()
+        while True:
+            # The driver runs on a worker thread while this loop stays free.
+            item = await asyncio.to_thread(next, iterator, done)
+            if item is done:
+                return
+            yield item  # type: ignore[misc]
+
+    def __enter__(self) -> RolloutStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_rollout(
+    env: str | Callable[[], AgentEnv],
+    policy: Any,
+    *,
+    episodes: int,
+    group_size: int = 1,
+    concurrency: int = 8,
+    seed: int = 0,
+    tasks: Sequence[Any] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_batch_wait: float | None = DEFAULT_MAX_BATCH_WAIT,
+    max_batch_size: int | None = None,
+) -> RolloutStream:
+    """:func:`rollout` as a stream: iterate it (``for`` or ``async for``) to get each
+    trajectory as it finishes. Same arguments and plan as :func:`rollout` (the same seeds give
+    the same episodes); see :class:`RolloutStream`."""
+    _check_settings(concurrency, max_batch_wait, max_batch_size)
+    factory = make_env_factory(env, env_kwargs)
+    envs: list[AgentEnv] = [factory()]
+    try:
+        work = _plan(envs[0], episodes, group_size, seed, tasks)
+        envs += [factory() for _ in range(min(concurrency, len(work)) - 1)]
+    except BaseException:
+        for e in envs:
+            e.close()
+        raise
+    return RolloutStream._planned(factory, policy, envs, work, concurrency, max_batch_wait, max_batch_size)
+
+
+def plan_rollout(
+    env: AgentEnv, *, episodes: int, group_size: int = 1, seed: int = 0, tasks: Sequence[Any] | None = None
+) -> list[tuple[Any, str, int]]:
+    """The ``(task, group_id, reset seed)`` of each episode :func:`rollout` would run with these
+    arguments, in order (for runners that split a step's episodes across workers)."""
+    return [(w.task, w.group_id, w.seed) for w in _plan(env, episodes, group_size, seed, tasks)]
 
 
 def rollout(
@@ -364,39 +670,50 @@ def rollout(
     A request the backend rejects fails only its own call (an OpenAI 400 to that agent); a
     backend that fails every request ends those episodes ``infra_failed`` and, after
     ``MAX_POLICY_FAILURES`` batches in a row, raises. On any exception (Ctrl-C included) running
-    episodes are closed (recorded as truncated) before it propagates.
+    episodes are closed (recorded as truncated) before it propagates. For a stream of
+    trajectories as they finish (sync or async), see :func:`iter_rollout`.
     """
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if max_batch_wait is not None and max_batch_wait < 0:
-        raise ValueError(f"max_batch_wait must be >= 0 seconds or None, got {max_batch_wait}")
-    if max_batch_size is not None and max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
-    factory = make_env_factory(env, env_kwargs)
-    envs: list[AgentEnv] = [factory()]
-    work = _plan(envs[0], episodes, group_size, seed, tasks)
-    envs += [factory() for _ in range(min(concurrency, len(work)) - 1)]
+    stream = iter_rollout(
+        env,
+        policy,
+        episodes=episodes,
+        group_size=group_size,
+        concurrency=concurrency,
+        seed=seed,
+        tasks=tasks,
+        env_kwargs=env_kwargs,
+        max_batch_wait=max_batch_wait,
+        max_batch_size=max_batch_size,
+    )
+    return collect(stream, total=episodes, progress=progress, on_trajectory=on_trajectory)
+
+
+def collect(
+    trajectories: Iterable[Trajectory],
+    *,
+    total: int | None = None,
+    progress: bool = True,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Drain a stream of trajectories into a list, with a progress bar (mean reward) and a
+    callback per trajectory; the stream is closed however this ends."""
     results: list[Trajectory] = []
     # No bar, no tqdm at all: even a disabled one starts tqdm's monitor thread.
-    bar = tqdm(total=len(work), desc="episodes", unit="ep", dynamic_ncols=True) if progress else None
+    bar = tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True) if progress else None
     reward_sum = 0.0
-
-    def record(trajectory: Trajectory) -> None:
-        nonlocal reward_sum
-        results.append(trajectory)
-        if on_trajectory is not None:
-            on_trajectory(trajectory)
-        reward_sum += trajectory.total_reward
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(reward=f"{reward_sum / len(results):.3f}", refresh=False)
-
     try:
-        _Driver(envs, work, _Batcher(policy), record, max_batch_wait, max_batch_size).run()
+        for trajectory in trajectories:
+            results.append(trajectory)
+            if on_trajectory is not None:
+                on_trajectory(trajectory)
+            reward_sum += trajectory.total_reward
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{reward_sum / len(results):.3f}", refresh=False)
     finally:
-        for e in envs:
-            e.set_ready_callback(None)
-            e.close()
+        close = getattr(trajectories, "close", None)
+        if close is not None:
+            close()
         if bar is not None:
             bar.close()
     return results

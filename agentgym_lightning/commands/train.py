@@ -7,6 +7,7 @@
         --lora --air spider.exec_error=-0.1 --eval-env-kwarg split=dev
     agentgym-lightning train --config run.yaml --set beta=0.04
     agentgym-lightning train --resume runs/train               # continue a run from its last checkpoint
+    agentgym-lightning train --rollout-workers 4 --retry-infra-failed   # episodes on 4 Ray actors
 
 Options come from, in order of precedence: the flags given, ``--config FILE.yaml`` (any
 :class:`~agentgym_lightning.training.LightningRLConfig` field), the resumed run's saved config
@@ -44,6 +45,8 @@ _DIRECT = {
     "seed": "seed",
     "loss_type": "loss_type",
     "save_steps": "save_steps",
+    "rollout_workers": "rollout_workers",
+    "ray_address": "ray_address",
 }
 
 
@@ -78,6 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--save-steps", type=int, help=h("save_steps"))
     p.add_argument("--eval-steps", type=int, help=h("eval_steps"))
     p.add_argument("--eval-episodes", type=int, help=h("eval_episodes"))
+    p.add_argument("--rollout-workers", type=int, metavar="N", help=h("rollout_workers"))
+    p.add_argument("--ray-address", help=h("ray_address"))
+    p.add_argument("--retry-infra-failed", action="store_const", const=True, default=None, help=h("retry_infra_failed"))
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="training env keyword argument (repeatable; JSON values)")
     p.add_argument("--eval-env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="held-out env keyword argument (repeatable); turns the eval on")
     p.add_argument("--policy-kwarg", action="append", default=[], metavar="KEY=VALUE", help="policy backend keyword argument (repeatable)")
@@ -126,6 +132,8 @@ def build_config(args: argparse.Namespace) -> Any:
             base[name] = value
     if args.lora:
         base["use_peft"] = True
+    if args.retry_infra_failed:
+        base["retry_infra_failed"] = True
     if args.air:
         base["air_weights"] = {**base.get("air_weights", {}), **_air(args.air)}
     if args.env_kwarg:

@@ -14,14 +14,14 @@ Routes (all JSON; errors in OpenAI's ``{"error": {...}}`` shape):
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from agentgym_lightning.gateway.openai_wire import (
     ERROR_HEADERS,
@@ -42,8 +42,9 @@ def _error(exc: GatewayError) -> JSONResponse:
     return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=ERROR_HEADERS)
 
 
-def build_app(gateway: Gateway) -> Starlette:
-    """The Starlette app serving ``gateway``."""
+def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The Starlette app serving ``gateway`` (plus ``extra_routes``, matched first: the
+    standalone gateway's episode API)."""
 
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -94,6 +95,7 @@ def build_app(gateway: Gateway) -> Starlette:
         return JSONResponse(error_body(exc.status_code, msg), status_code=exc.status_code, headers=ERROR_HEADERS)
 
     routes = [
+        *extra_routes,
         Route("/episodes/{episode_id}/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/episodes/{episode_id}/v1/models", guarded(models), methods=["GET"]),

@@ -15,7 +15,7 @@ import os
 import secrets
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -56,14 +56,20 @@ class Gateway:
         token: Bearer token clients must send. Required off loopback: if none is given there,
             one is generated (read it from :attr:`api_key`). On loopback, a token is checked only
             when given.
+        extra_routes: More Starlette routes for its HTTP server (the standalone gateway's
+            episode API, :mod:`.standalone`); they are matched first and should check the token
+            with :meth:`check_auth`.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, extra_routes: Sequence[Any] = ()
+    ) -> None:
         if not _is_loopback(host) and not token:
             token = secrets.token_urlsafe(24)
         self.host = host
         self.port = port
         self.token = token
+        self.extra_routes = list(extra_routes)
         self._episodes: dict[str, Episode] = {}
         self._lock = threading.Lock()
         self._server: GatewayServer | None = None

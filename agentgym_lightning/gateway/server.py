@@ -1,11 +1,12 @@
-"""The gateway's HTTP server: uvicorn on a daemon thread, bound before it is announced."""
+"""HTTP servers of this process (the gateway's, the policy server's): uvicorn on a daemon thread,
+bound before it is announced."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -15,10 +16,11 @@ if TYPE_CHECKING:
     from agentgym_lightning.gateway.gateway import Gateway
 
 
-class GatewayServer:
-    """Serves :func:`build_app` with uvicorn; :meth:`start` returns once it accepts connections."""
+class ThreadedServer:
+    """Serves an ASGI ``app`` with uvicorn on a daemon thread; :meth:`start` returns once it
+    accepts connections."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+    def __init__(self, app: Any, host: str, port: int, name: str = "agentgym-gateway") -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # We bind the socket ourselves so port 0 resolves before anyone is handed a URL.
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -31,7 +33,7 @@ class GatewayServer:
         self._sock.listen(4096)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
-            build_app(gateway),
+            app,
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -41,7 +43,12 @@ class GatewayServer:
             backlog=4096,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, name="agentgym-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, name=name, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = self._sock.getsockname()[0]
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
         self._thread.start()
@@ -57,3 +64,10 @@ class GatewayServer:
         self._server.should_exit = True
         self._thread.join(timeout)
         self._sock.close()
+
+
+class GatewayServer(ThreadedServer):
+    """Serves a gateway's app (:func:`build_app`)."""
+
+    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+        super().__init__(build_app(gateway, gateway.extra_routes), host, port)

@@ -8,10 +8,9 @@ hosted API::
 
 Each request's messages, tools and sampling options are forwarded as they came from the agent; a
 batch is sent concurrently (every request of it in flight at once, up to ``concurrency``) from one
-asyncio loop on a thread of the policy's own, each request on a keep-alive connection of its own —
-there is no hidden cap at 100 connections. Plain ``http://`` upstreams are spoken to by a lean
-HTTP/1.1 client (~0.1 ms of CPU a request; see :mod:`._http`), ``https://`` ones (and any
-proxied one) through httpx.
+asyncio loop on a thread of the policy's own (aiohttp), each request on a keep-alive connection of
+its own — there is no hidden cap at 100 connections; a batch of one goes out from the caller's
+thread through the standard library's http.client (see :mod:`._http` and ``bench/bench_openai_transport.py``).
 
 Token ids: vLLM returns them when asked (``return_token_ids: true``, an extension:
 ``prompt_token_ids`` at the top level of the response, ``token_ids`` in each choice); per-token
@@ -20,6 +19,14 @@ A server that does not give them leaves :class:`~agentgym_lightning.llm.Completi
 ``prompt_token_ids``/``completion_token_ids``/``logprobs`` as ``None``: unavailable, never
 guessed. With ``return_token_ids="auto"`` (the default) the extension is asked for until the
 server rejects it once (a 400 naming the field, as OpenAI's own API answers), then no more.
+
+Replicas: ``base_url`` may list several servers serving the same model (``vllm serve`` on each
+GPU); requests are spread over them, sticky per episode (an episode's calls all go to one replica,
+so its growing prompt hits that server's prefix cache). The episode is the request's
+``metadata["agentgym_episode"]`` (the rollout driver sets it), else its first two messages. A
+replica that fails at the connection level (refused, reset, timed out) is taken out of rotation
+for ``replica_cooldown`` seconds and the request goes to another one at once; its episodes move
+to the remaining replicas (rendezvous hashing: the others' episodes stay where they are).
 
 Failures: a request the upstream still fails after ``max_retries`` retries (connection errors,
 timeouts, 408/409/429/5xx; other 4xx are not retried) makes :meth:`OpenAIPolicy.generate` raise
@@ -38,16 +45,17 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import httpx
 
-from agentgym_lightning.llm import ChatRequest, Completion, ToolCall
-from agentgym_lightning.policies._http import FastHTTP, SyncHTTP, TransportFailure, pick_transport
+from agentgym_lightning.llm import EPISODE_KEY, ChatRequest, Completion, ToolCall
+from agentgym_lightning.policies._http import AiohttpTransport, SyncHTTP, TransportFailure, env_proxy, pick_transport
 from agentgym_lightning.policies.base import Policy
 
-__all__ = ["OpenAIPolicy", "PolicyBackendError", "DEFAULT_CONCURRENCY", "RETRY_STATUSES"]
+__all__ = ["OpenAIPolicy", "PolicyBackendError", "DEFAULT_CONCURRENCY", "RETRY_STATUSES", "EPISODE_KEY"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +181,8 @@ class OpenAIPolicy(Policy):
     Args:
         model: The upstream's model name (sent as ``model``). Empty (or ``"auto"``): the first
             model the server lists at ``GET {base_url}/models``, asked once.
-        base_url: The server's OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``. Defaults to
-            ``$OPENAI_BASE_URL``.
+        base_url: The server's OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``, or a list of
+            replicas' (see the module docstring). Defaults to ``$OPENAI_BASE_URL``.
         api_key: Bearer token; defaults to ``$OPENAI_API_KEY`` (none sent if neither is set).
         concurrency: Requests (and so HTTP connections) in flight at once across all
             ``generate`` calls; default :data:`DEFAULT_CONCURRENCY` = 1024. With ``concurrency >=
@@ -201,9 +209,12 @@ class OpenAIPolicy(Policy):
             for on-policy data collection).
         extra_body: Extra JSON fields added to every request (e.g. ``{"top_k": 20}`` for vLLM).
         headers: Extra HTTP headers for every request.
-        fast_http: Use the lean built-in HTTP/1.1 client for plain ``http://`` upstreams
-            (default); ``False`` always uses httpx.
+        sync_single: Send a batch of one from the calling thread (the standard library's http.client)
+            instead of through the policy's I/O loop (aiohttp): the lowest latency for a lone
+            agent. ``False``: every request goes through aiohttp.
         transport: An httpx transport to use instead of the network (tests).
+        replica_cooldown: Seconds a replica that failed at the connection level stays out of
+            rotation (only with several replicas).
     """
 
     backend = "openai"
@@ -212,7 +223,7 @@ class OpenAIPolicy(Policy):
         self,
         model: str = "",
         *,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         api_key: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         timeout: float = 600.0,
@@ -227,11 +238,13 @@ class OpenAIPolicy(Policy):
         sampling_overrides: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-        fast_http: bool = True,
+        sync_single: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        replica_cooldown: float = 30.0,
     ) -> None:
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-        if not base_url:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
+        if not urls or not all(isinstance(u, str) and u for u in urls):
             raise ValueError(
                 "the openai backend needs the server's base URL: OpenAIPolicy(model, base_url='http://host:port/v1') "
                 "(or set OPENAI_BASE_URL)"
@@ -243,7 +256,11 @@ class OpenAIPolicy(Policy):
         for name, value in (("return_token_ids", return_token_ids), ("logprobs", logprobs)):
             if value not in (True, False, "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self.base_url = self.base_urls[0]
+        self.replica_cooldown = float(replica_cooldown)
+        #: When each replica comes back into rotation (``time.monotonic()``; 0: in rotation).
+        self._down_until = [0.0] * len(self.base_urls)
         self.model = "" if model in (None, "auto") else str(model)
         self.concurrency = int(concurrency)
         self.max_retries = int(max_retries)
@@ -263,20 +280,25 @@ class OpenAIPolicy(Policy):
         self._headers = {"content-type": "application/json", **dict(headers or {})}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
-        self._http = pick_transport(
-            self.base_url,
-            self._headers,
-            concurrency=self.concurrency,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            transport=transport,
-            fast=fast_http,
-        )
+        self._replicas = [
+            pick_transport(
+                url,
+                self._headers,
+                concurrency=self.concurrency,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                transport=transport,
+            )
+            for url in self.base_urls
+        ]
         # A batch of one on plain http goes out from the caller's thread on a blocking socket:
         # handing it to the I/O thread and back is most of a small request's latency.
-        self._sync_http: SyncHTTP | None = None
-        if isinstance(self._http, FastHTTP):
-            self._sync_http = SyncHTTP(self.base_url, self._headers, timeout=timeout, connect_timeout=connect_timeout)
+        self._sync_replicas: list[SyncHTTP] | None = None
+        if sync_single and all(isinstance(r, AiohttpTransport) and env_proxy(r.base_url) is None for r in self._replicas):
+            self._sync_replicas = [
+                SyncHTTP(url, self._headers, timeout=timeout, connect_timeout=connect_timeout)
+                for url in self.base_urls
+            ]
         self._sync_budget = threading.BoundedSemaphore(self.concurrency)
         self._counter_lock = threading.Lock()
         self._io = _LoopThread(name="agentgym-openai-policy")
@@ -299,14 +321,14 @@ class OpenAIPolicy(Policy):
         Raises :class:`PolicyBackendError` if any request failed after retries (once all have
         finished; its ``completions`` holds the ones that succeeded).
 
-        A batch of one to a plain ``http://`` upstream is sent from the calling thread (the
-        fastest path for a lone agent); such calls have their own budget of ``concurrency``.
+        A batch of one is sent from the calling thread (the fastest path for a lone agent; see
+        ``sync_single``); such calls have their own budget of ``concurrency``.
         """
         if self._closed:
             raise RuntimeError("this OpenAIPolicy is closed")
         if not requests:
             return []
-        if len(requests) == 1 and self._sync_http is not None and self.model:
+        if len(requests) == 1 and self._sync_replicas is not None and self.model:
             try:
                 return [self._one_sync(requests[0])]
             except PolicyBackendError as exc:
@@ -335,15 +357,61 @@ class OpenAIPolicy(Policy):
             return
         self._closed = True
         try:
-            self._io.submit(self._http.aclose()).result(timeout=10)
+            self._io.submit(self._close_replicas()).result(timeout=10)
         except Exception:  # noqa: BLE001 - best effort on shutdown
             log.debug("closing the openai policy's connections failed", exc_info=True)
         self._io.stop()
-        if self._sync_http is not None:
-            self._sync_http.close()
+        for sync in self._sync_replicas or []:
+            sync.close()
 
     def __repr__(self) -> str:
-        return f"OpenAIPolicy(model={self.model!r}, base_url={self.base_url!r}, concurrency={self.concurrency})"
+        urls = self.base_url if len(self.base_urls) == 1 else self.base_urls
+        return f"OpenAIPolicy(model={self.model!r}, base_url={urls!r}, concurrency={self.concurrency})"
+
+    @property
+    def _http(self) -> Any:
+        """The first replica's transport."""
+        return self._replicas[0]
+
+    # ------------------------------------------------------------------ replicas
+
+    async def _close_replicas(self) -> None:
+        await asyncio.gather(*(r.aclose() for r in self._replicas), return_exceptions=True)
+
+    @property
+    def replicas_in_rotation(self) -> list[str]:
+        """The base URLs requests are sent to now (a failed replica is out for a while)."""
+        now = time.monotonic()
+        return [url for url, until in zip(self.base_urls, self._down_until) if until <= now]
+
+    def _replica_for(self, request: ChatRequest | None) -> int:
+        """The replica of ``request``'s episode: the highest rendezvous score among the replicas
+        in rotation (all of them when none is)."""
+        if len(self.base_urls) == 1:
+            return 0
+        if request is None:
+            key = ""
+        else:
+            key = request.metadata.get(EPISODE_KEY) or json.dumps(request.messages[:2], sort_keys=True, default=str)
+        now = time.monotonic()
+        alive = [i for i, until in enumerate(self._down_until) if until <= now] or list(range(len(self.base_urls)))
+        return max(alive, key=lambda i: zlib.crc32(f"{i}:{key}".encode()))
+
+    def _fail_over(self, replica: int, failure: TransportFailure, request: ChatRequest | None) -> int | None:
+        """Take ``replica`` out of rotation after a connection-level failure; the replica to
+        try next, or None when no other one is in rotation."""
+        if len(self.base_urls) == 1:
+            return None
+        if self._down_until[replica] <= time.monotonic():
+            log.warning(
+                "openai policy: replica %s failed (%s); out of rotation for %.0f s",
+                self.base_urls[replica],
+                failure,
+                self.replica_cooldown,
+            )
+        self._down_until[replica] = time.monotonic() + self.replica_cooldown
+        other = self._replica_for(request)
+        return None if other == replica else other
 
     # ------------------------------------------------------------------ internals (on the I/O loop)
 
@@ -396,7 +464,7 @@ class OpenAIPolicy(Policy):
             slots = self._ensure_slots()
             slot = await slots.get()
             try:
-                data = await self._send(slot, "GET", "/models", None)
+                data = await self._send(slot, "GET", "/models", None, None)
             finally:
                 slots.put_nowait(slot)
             models = data.get("data") if isinstance(data, Mapping) else None
@@ -444,7 +512,7 @@ class OpenAIPolicy(Policy):
             while True:
                 body = self.build_body(request)
                 try:
-                    data = await self._send(slot, "POST", "/chat/completions", body)
+                    data = await self._send(slot, "POST", "/chat/completions", body, request)
                 except PolicyBackendError as exc:
                     if exc.status == 400 and self._drop_rejected_field(exc, body):
                         continue  # resend without the field the server rejected
@@ -462,7 +530,7 @@ class OpenAIPolicy(Policy):
                 while True:
                     body = self.build_body(request)
                     try:
-                        data = self._send_sync("POST", "/chat/completions", body)
+                        data = self._send_sync("POST", "/chat/completions", body, request)
                     except PolicyBackendError as exc:
                         if exc.status == 400 and self._drop_rejected_field(exc, body):
                             continue
@@ -488,42 +556,54 @@ class OpenAIPolicy(Policy):
             dropped = True
         return dropped
 
-    async def _send(self, slot: int, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        """One request with retries; the decoded JSON response or :class:`PolicyBackendError`."""
+    async def _send(
+        self, slot: int, method: str, path: str, body: dict[str, Any] | None, request: ChatRequest | None
+    ) -> Any:
+        """One request with retries (and fail-over across replicas); the decoded JSON response
+        or :class:`PolicyBackendError`."""
         content = None if body is None else json.dumps(body).encode()
         attempt = 0
+        replica = self._replica_for(request)
         while True:
             attempt += 1
             try:
-                outcome: Any = await self._http.request(slot, method, path, content)
+                outcome: Any = await self._replicas[replica].request(slot, method, path, content)
             except TransportFailure as exc:
+                other = self._fail_over(replica, exc, request)
+                if other is not None:
+                    replica, attempt = other, attempt - 1  # another replica: not a retry
+                    continue
                 outcome = exc
-            done, value = self._judge(method, path, attempt, outcome)
+            done, value = self._judge(method, self.base_urls[replica] + path, attempt, outcome)
             if done:
                 return value
             await asyncio.sleep(value)
 
-    def _send_sync(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _send_sync(self, method: str, path: str, body: dict[str, Any] | None, request: ChatRequest | None) -> Any:
         """:meth:`_send` on the caller's thread."""
-        assert self._sync_http is not None
+        assert self._sync_replicas is not None
         content = None if body is None else json.dumps(body).encode()
         attempt = 0
+        replica = self._replica_for(request)
         while True:
             attempt += 1
             try:
-                outcome: Any = self._sync_http.request(method, path, content)
+                outcome: Any = self._sync_replicas[replica].request(method, path, content)
             except TransportFailure as exc:
+                other = self._fail_over(replica, exc, request)
+                if other is not None:
+                    replica, attempt = other, attempt - 1
+                    continue
                 outcome = exc
-            done, value = self._judge(method, path, attempt, outcome)
+            done, value = self._judge(method, self.base_urls[replica] + path, attempt, outcome)
             if done:
                 return value
             time.sleep(value)
 
-    def _judge(self, method: str, path: str, attempt: int, outcome: Any) -> tuple[bool, Any]:
+    def _judge(self, method: str, url: str, attempt: int, outcome: Any) -> tuple[bool, Any]:
         """What one attempt's outcome (a response or a :class:`TransportFailure`) means:
         ``(True, json)`` for success, ``(False, delay)`` to retry after ``delay`` seconds;
         raises :class:`PolicyBackendError` when the request has failed for good."""
-        url = self.base_url + path
         with self._counter_lock:
             self.requests_sent += 1
         status: int | None = None

@@ -91,6 +91,33 @@ class LightningRLConfig:
     )
     seed: int = field(default=0, metadata={"help": "Seeds task order, episode resets, call sampling and torch."})
 
+    # ------------------------------------------------------------------ rollouts past one machine (Ray)
+    rollout_workers: int = field(
+        default=0,
+        metadata={
+            "help": "Ray actors that run the step's episodes (0: in this process). Each gets whole GRPO groups and "
+            "its own envs and agents; their LLM calls come back to this trainer's generator, served over HTTP "
+            "and batched across workers (`agentgym_lightning.ray_rollout`). Needs the `ray` extra."
+        },
+    )
+    ray_address: str | None = field(
+        default=None, metadata={"help": "Ray cluster to place the workers on (`auto`, `ray://head:10001`); None: a local Ray."}
+    )
+    retry_infra_failed: bool = field(
+        default=False,
+        metadata={"help": "Run again, once, the episodes lost with a rollout worker that died (else they stay infra_failed)."},
+    )
+    rollout_worker_timeout: float = field(
+        default=600.0, metadata={"help": "Seconds a rollout worker may go without finishing an episode before it is deemed hung and killed."}
+    )
+    generation_host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "Address the generator is served on for the rollout workers (127.0.0.1 for a local Ray; a "
+            "reachable address, with a generated token, for workers on other machines)."
+        },
+    )
+
     # ------------------------------------------------------------------ from episodes to samples
     credit: str = field(
         default="identical",
@@ -244,6 +271,10 @@ class LightningRLConfig:
                 f"same task, so one episode per task learns nothing; got {self.num_generations!r}"
             )
         at_least("concurrency", 1, allow_none=True)
+        at_least("rollout_workers", 0)
+        if not isinstance(self.rollout_workers, int):
+            raise ValueError(f"rollout_workers must be an integer; got {self.rollout_workers!r}")
+        at_least("rollout_worker_timeout", 1.0)
         at_least("max_completion_length", 1, allow_none=True)
         at_least("eval_steps", 1, allow_none=True)
         at_least("num_threads", 1, allow_none=True)

@@ -5,7 +5,8 @@ Each training step:
 1. **Tasks.** Pick ``tasks_per_step`` (B) tasks — a function of the seed and the step
    (:mod:`.schedule`), so a resumed run sees the same data.
 2. **Rollouts.** Run ``num_generations`` (G) episodes of each through
-   :func:`~agentgym_lightning.rollout.rollout`: the agents run unmodified, and the current policy
+   :func:`~agentgym_lightning.rollout.rollout` (or on ``rollout_workers`` Ray actors:
+   :mod:`.remote_rollouts`): the agents run unmodified, and the current policy
    answers every pending LLM call in batches, sampling at the training temperature, each call
    seeded from its episode (reproducible however the calls were batched).
 3. **Samples.** Credit assignment gives every call a value, advantages are normalised within each
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import random
 import signal
 import sys
@@ -161,6 +163,7 @@ class LightningRLTrainer:
         self.step = 0
         self._last_saved = 0
         self.history: list[dict[str, float]] = []
+        self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
 
     # ================================================================== the loop
@@ -201,6 +204,9 @@ class LightningRLTrainer:
                 self._save()
         finally:
             bar.close()
+            if self._remote is not None:
+                self._remote.close()
+                self._remote = None
             result.steps = self.step
             result.history = list(self.history)
             if completed:
@@ -217,16 +223,19 @@ class LightningRLTrainer:
         # 1-2. tasks and rollouts (Ctrl-C here loses nothing: the step is simply not taken)
         tasks = self.schedule.tasks_for(self.step)
         t0 = time.perf_counter()
+        sampling = SamplingOverride(self.policy, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
+        if cfg.rollout_workers and self._remote is None:
+            from agentgym_lightning.training.remote_rollouts import RemoteRollouts
+
+            self._remote = RemoteRollouts(self.env_factory, sampling, cfg)
         with TrajectoryWriter(self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl") as writer:
-            trajectories = rollout(
-                self.env_factory,
-                SamplingOverride(self.policy, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length),
+            run = self._remote.rollout if self._remote is not None else functools.partial(rollout, self.env_factory, sampling, progress=False)
+            trajectories = run(
                 episodes=cfg.episodes_per_step,
                 group_size=cfg.num_generations,
                 concurrency=cfg.concurrency or cfg.episodes_per_step,
                 seed=_step_seed(cfg.seed, self.step),
                 tasks=tasks,
-                progress=False,
                 on_trajectory=writer.write,
             )
         rollout_s = time.perf_counter() - t0
@@ -255,6 +264,7 @@ class LightningRLTrainer:
                 **episode_metrics(trajectories, rollout_s, prefix="train/"),
                 **{f"samples/{k}": v for k, v in batch.stats.items()},
                 **update,
+                **(self._remote.metrics() if self._remote is not None else {}),
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,

@@ -392,7 +392,7 @@ def _json_bytes(body: Any, text: str = "ok") -> bytes:
 
 
 @BOTH_PATHS
-def test_fast_http_chunked_response(batch):
+def test_http_client_chunked_response(batch):
     def respond(body):
         data = _json_bytes(body, "chunked ok")
         chunks = [data[:10], data[10:]]
@@ -408,7 +408,7 @@ def test_fast_http_chunked_response(batch):
 
 
 @BOTH_PATHS
-def test_fast_http_connection_close_and_read_to_eof(batch):
+def test_http_client_connection_close_and_read_to_eof(batch):
     def respond(body):
         data = _json_bytes(body, body["messages"][-1]["content"])
         if body["messages"][-1]["content"] == "eof":  # no length at all: the body ends at close
@@ -422,7 +422,7 @@ def test_fast_http_connection_close_and_read_to_eof(batch):
 
 
 @BOTH_PATHS
-def test_fast_http_reconnects_when_idle_connection_was_dropped(batch):
+def test_http_client_reconnects_when_idle_connection_was_dropped(batch):
     """The server drops each connection after answering, without ``connection: close``: the
     next request on that (reused) connection fails unsent, and goes out on a fresh one."""
 
@@ -441,29 +441,41 @@ def test_fast_http_reconnects_when_idle_connection_was_dropped(batch):
 
 
 @BOTH_PATHS
-def test_fast_http_garbage_answer_is_a_transport_failure(batch):
+def test_http_client_garbage_answer_is_a_transport_failure(batch):
     with RawServer(lambda body: b"SSH-2.0-OpenSSH\r\n\r\n", close_after=True) as server:
         with OpenAIPolicy("m", base_url=server.base_url, max_retries=1, retry_backoff=0.001) as policy:
-            with pytest.raises(PolicyBackendError, match="not an HTTP response") as info:
+            with pytest.raises(PolicyBackendError, match="(?i)bad ?status ?line") as info:  # not HTTP: both clients say so
                 policy.generate([_request()] * batch)
     assert info.value.retryable and info.value.attempts == 2
     assert set(info.value.failures) == set(range(batch))
 
 
-def test_httpx_path_against_real_socket():
-    from agentgym_lightning.policies._http import FastHTTP, HttpxTransport
+def test_lone_and_batched_paths_agree_and_injected_transports_use_httpx():
+    from agentgym_lightning.policies._http import AiohttpTransport, HttpxTransport
 
     with MockOpenAIServer() as server:
         with (
-            OpenAIPolicy("m", base_url=server.base_url) as fast,
-            OpenAIPolicy("m", base_url=server.base_url, fast_http=False) as slow,
+            OpenAIPolicy("m", base_url=server.base_url) as sync_single,
+            OpenAIPolicy("m", base_url=server.base_url, sync_single=False) as looped,
         ):
-            assert isinstance(fast._http, FastHTTP) and isinstance(slow._http, HttpxTransport)
-            assert [c.completion_token_ids for c in fast.generate([_request("x")])] == [
-                c.completion_token_ids for c in slow.generate([_request("x")])
+            assert isinstance(sync_single._http, AiohttpTransport) and sync_single._sync_replicas is not None
+            assert looped._sync_replicas is None
+            assert [c.completion_token_ids for c in sync_single.generate([_request("x")])] == [
+                c.completion_token_ids for c in looped.generate([_request("x")])
             ]
-    with OpenAIPolicy("m", base_url="https://api.example.invalid/v1") as hosted:
-        assert isinstance(hosted._http, HttpxTransport)  # TLS goes through httpx
+    with _policy(Recorder(lambda body: (200, default_reply(body)))) as injected:
+        assert isinstance(injected._http, HttpxTransport)
+
+
+def test_a_proxy_from_the_environment_is_used(monkeypatch):
+    from agentgym_lightning.policies._http import env_proxy
+
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    assert env_proxy("http://upstream.test/v1") == "http://proxy.test:3128"
+    assert env_proxy("http://localhost:8000/v1") is None
+    with OpenAIPolicy("m", base_url="http://upstream.test/v1") as policy:
+        assert policy._http.proxy == "http://proxy.test:3128" and policy._sync_replicas is None
 
 
 # --------------------------------------------------------------------------- concurrency
@@ -530,3 +542,53 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+def _episode_request(episode: str, turn: int) -> ChatRequest:
+    from agentgym_lightning.llm import EPISODE_KEY
+
+    return ChatRequest(messages=[{"role": "user", "content": f"turn {turn}"}], metadata={EPISODE_KEY: episode})
+
+
+@BOTH_PATHS
+def test_replicas_share_the_load_sticky_per_episode_and_a_dead_one_leaves_rotation(batch):
+    with MockOpenAIServer() as a, MockOpenAIServer() as b:
+        urls = [a.base_url, b.base_url]
+        with OpenAIPolicy("m", base_url=urls, max_retries=0) as policy:
+            episodes = [f"episode-{i}" for i in range(16)]
+            replica_of = {}
+            for turn in range(3):  # each episode's calls all land on one replica
+                for i in range(0, 16, batch):
+                    before = (a.state.requests, b.state.requests)
+                    policy.generate([_episode_request(e, turn) for e in episodes[i : i + batch]])
+                    if batch == 1:
+                        landed = 0 if a.state.requests > before[0] else 1
+                        assert replica_of.setdefault(episodes[i], landed) == landed
+            assert a.state.requests + b.state.requests == 48 and min(a.state.requests, b.state.requests) >= 8
+            b.stop()  # replica b dies: its episodes move to a at once, with no error
+            out = policy.generate([_episode_request(e, 3) for e in episodes][: max(batch, 4)])
+            assert all(c.text == "ok" for c in out)
+            assert policy.replicas_in_rotation == [a.base_url]
+
+
+def test_metadata_names_the_episode_for_the_policy_but_not_in_the_trajectory():
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.llm import EPISODE_KEY
+    from agentgym_lightning.rollout import rollout
+
+    seen = []
+
+    def policy(requests):
+        seen.extend(r.metadata.get(EPISODE_KEY) for r in requests)
+        return [Completion(text="x") for _ in requests]
+
+    def agent(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "a"}])
+        return ctx.chat_completion([{"role": "user", "content": "b"}]).text
+
+    (t,) = rollout(lambda: AgentEnv(agent, [1], lambda *_: 1.0), policy, episodes=1, progress=False)
+    assert seen == [t.episode_id, t.episode_id]
+    assert all(EPISODE_KEY not in s.request.metadata for s in t.steps)

@@ -1,0 +1,97 @@
+"""``agentgym-lightning serve``: the standalone gateway, for agents that run elsewhere.
+
+::
+
+    agentgym-lightning serve --backend openai --base-url http://gpu-1:8000/v1 --port 8100
+    agentgym-lightning serve --host 0.0.0.0 --port 8100 --output runs/remote.jsonl   # token printed
+
+Remote agents open episodes over HTTP, make their LLM calls against the base URL they are given
+(answered by this server's policy, batched), post rewards and variables, and say ``done``; every
+finished trajectory (token ids included) is appended to ``--output`` and readable at
+``GET /episodes/{id}/trajectory``. The API: ``docs/remote-agents.md`` and
+:mod:`agentgym_lightning.gateway.standalone`. Runs until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from agentgym_lightning.gateway.gateway import TOKEN_ENV
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``serve`` subcommand."""
+    from agentgym_lightning.policies import BACKENDS
+
+    p = subparsers.add_parser(
+        "serve",
+        help="serve episodes to agents running elsewhere (HTTP API: open, call, reward, done, read)",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s; off loopback a token is required)")
+    p.add_argument("--port", type=int, default=8100, help="port to bind, 0 for a free one (default: %(default)s)")
+    p.add_argument("--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV}; generated off loopback)")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default="openai", help="policy backend (default: %(default)s)")
+    p.add_argument("--model", default=None, help="model (default: the server's first model for openai, the embedded one otherwise)")
+    p.add_argument(
+        "--base-url", action="append", default=[], help="OpenAI-compatible upstream (openai backend; repeat for replicas)"
+    )
+    p.add_argument("--concurrency", type=int, default=256, help="episodes open at once (default: %(default)s)")
+    p.add_argument(
+        "--agent-time-limit",
+        type=float,
+        default=300.0,
+        help="seconds of its own time a remote agent may take per episode before it is truncated (default: %(default)s)",
+    )
+    p.add_argument("--max-turns", type=int, default=None, help="truncate episodes after this many LLM calls")
+    p.add_argument("--output", "-o", default=None, help="append every finished trajectory here (JSONL)")
+    p.add_argument("--policy-kwarg", action="append", default=[], metavar="KEY=VALUE", help="policy backend option (repeatable)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; exit 0 on Ctrl-C, 2 on a bad argument."""
+    from agentgym_lightning.eval import parse_kwargs
+    from agentgym_lightning.gateway.standalone import StandaloneGateway
+    from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
+
+    try:
+        kwargs = parse_kwargs(args.policy_kwarg, "--policy-kwarg")
+        if args.base_url:
+            if args.backend != "openai":
+                raise ValueError("--base-url is for the openai backend")
+            kwargs["base_url"] = args.base_url if len(args.base_url) > 1 else args.base_url[0]
+        model = args.model if args.model is not None else ("" if args.backend == "openai" else DEFAULT_MODEL)
+        policy = make_policy(args.backend, model, **kwargs)
+        server = StandaloneGateway(
+            policy,
+            host=args.host,
+            port=args.port,
+            token=args.token or os.environ.get(TOKEN_ENV) or None,
+            concurrency=args.concurrency,
+            agent_time_limit=args.agent_time_limit,
+            max_turns=args.max_turns,
+            output=args.output,
+        )
+        server.start()
+    except (ValueError, ImportError, FileNotFoundError, OSError) as exc:
+        print(f"agentgym-lightning serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"listening on {server.url}", flush=True)
+    if server.token:
+        print(f"token: {server.token}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        policy.close()
+        print(f"served {server.opened} episodes ({server.finished} finished)", file=sys.stderr)
+    return 0

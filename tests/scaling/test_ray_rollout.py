@@ -1,0 +1,167 @@
+"""Rollouts on Ray workers (local Ray, 2 workers): the same trajectories as in one process, and
+the documented counts when a worker dies or hangs. One Ray for the module; it is shut down and
+leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="needs the ray extra (pip install 'agentgym-lightning[ray]')")
+import cloudpickle  # noqa: E402 - installed with ray
+import psutil  # noqa: E402
+
+from agentgym_lightning.env import AgentEnv  # noqa: E402
+from agentgym_lightning.llm import Completion  # noqa: E402
+from agentgym_lightning.ray_rollout import RayRolloutRunner  # noqa: E402
+from agentgym_lightning.rollout import rollout  # noqa: E402
+from agentgym_lightning.trajectory import Status  # noqa: E402
+
+# The workers unpickle this module's agent, env and policy by value (a test module is not
+# importable by name in the actors).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def agent(task, ctx):
+    answer = None
+    for i in range(task["calls"]):
+        answer = ctx.chat_completion([{"role": "user", "content": f"{task['id']}:{i}"}])
+    while task.get("hold") and os.path.exists(task["hold"]) and not ctx.cancelled.is_set():
+        time.sleep(0.02)  # held until the test removes the marker
+    return answer.text
+
+
+def make_env(tasks=None):
+    tasks = tasks or [{"id": i, "calls": 2} for i in range(6)]
+    return AgentEnv(agent, tasks, reward_fn=lambda task, result: float(len(result) % 3), seed_calls=True)
+
+
+class Scripted:
+    """Deterministic, and depends on each call's seed (so seeds must match across paths)."""
+
+    def generate(self, requests):
+        return [
+            Completion(
+                text=f"{r.messages[-1]['content']}/{r.sampling.seed}",
+                prompt_token_ids=[len(r.messages), r.sampling.seed % 1000],
+                completion_token_ids=[r.sampling.seed % 997],
+                logprobs=[-0.5],
+            )
+            for r in requests
+        ]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = time.perf_counter()
+    from agentgym_lightning.ray_rollout import init_ray
+
+    init_ray(num_cpus=2)
+    print(f"local Ray started in {time.perf_counter() - started:.1f} s")
+    yield
+    ray.shutdown()
+    # Ray's processes are our children (raylet, GCS, workers): none may outlive the module.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"Ray left processes running: {[p.name() for p in left]}"
+
+
+def _content(trajectories):
+    """Trajectories in plan order, compared on content (group ids are drawn per plan)."""
+    out = sorted(trajectories, key=lambda t: t.seed)
+    groups = {}
+    for t in out:
+        t.group_id = groups.setdefault(t.group_id, len(groups))
+    return out
+
+
+def test_two_workers_give_the_same_trajectories_as_one_process(local_ray):
+    with RayRolloutRunner(make_env, Scripted, num_workers=2) as runner:
+        remote = runner.rollout(episodes=12, group_size=2, concurrency=4, seed=5)
+        assert sorted(runner.stats.per_worker.values()) == [6, 6]  # 3 groups each
+    local = rollout(make_env, Scripted(), episodes=12, group_size=2, concurrency=4, seed=5, progress=False)
+    assert len(remote) == 12 and all(t.status is Status.SUCCEEDED for t in remote)
+    assert _content(remote) == _content(local)
+    assert remote[0].steps[0].completion.completion_token_ids is not None
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_killed_worker_loses_only_its_episodes(local_ray, tmp_path, retry):
+    marker = tmp_path / "hold"
+    marker.touch()
+    held = {"id": 0, "calls": 1, "hold": str(marker)}
+    # Groups are dealt round-robin: worker 0 gets the held groups, worker 1 the free ones.
+    tasks = [held, {"id": 1, "calls": 1}, held, {"id": 3, "calls": 1}]
+    with RayRolloutRunner(make_env, Scripted, num_workers=2) as runner:
+        pids = runner.worker_pids()
+        got = []
+        for trajectory in runner.iter_rollout(episodes=8, group_size=2, concurrency=8, seed=1, tasks=tasks, retry_infra_failed=retry):
+            got.append(trajectory)
+            if len(got) == 4:  # worker 1 is done; worker 0's four episodes are in flight
+                os.kill(pids[0], signal.SIGKILL)
+                time.sleep(0.5)
+                marker.unlink()
+        stats = runner.stats
+    statuses = [t.status for t in got]
+    assert len(got) == 8  # one trajectory per planned episode, always
+    assert statuses[:4] == [Status.SUCCEEDED] * 4 and {t.task["id"] for t in got[:4]} == {1, 3}
+    assert stats.workers_lost == 1 and stats.infra_failed == 4
+    if retry:
+        assert stats.retried == 4 and stats.recovered == 4 and statuses[4:] == [Status.SUCCEEDED] * 4
+        assert {t.task["id"] for t in got[4:]} == {0}
+    else:
+        assert stats.retried == 0 and statuses[4:] == [Status.INFRA_FAILED] * 4
+        assert all("rollout worker 0 was lost" in t.error and t.final_reward is None for t in got[4:])
+
+
+def test_a_hung_worker_is_killed_after_worker_timeout(local_ray, tmp_path):
+    marker = tmp_path / "hold"
+    marker.touch()
+    tasks = [{"id": 0, "calls": 1, "hold": str(marker)}]
+    with RayRolloutRunner(make_env, Scripted, num_workers=1, worker_timeout=2.0) as runner:
+        runner.worker_pids()  # started (actor start-up is not a hang)
+        started = time.monotonic()
+        out = runner.rollout(episodes=2, group_size=2, concurrency=2, seed=0, tasks=tasks)
+        waited = time.monotonic() - started
+    assert [t.status for t in out] == [Status.INFRA_FAILED] * 2 and "hung" in out[0].error
+    assert runner.stats.workers_lost == 1
+    assert waited < 15  # the timeout, not forever
+
+
+def llm_agent(task, ctx):
+    return ctx.chat_completion([{"role": "user", "content": task["q"]}], max_tokens=4).text
+
+
+def make_llm_env():
+    return AgentEnv(llm_agent, [{"q": f"question {i}"} for i in range(4)], lambda task, result: float(len(result) % 2))
+
+
+def test_a_training_step_on_two_workers_rolls_out_what_one_process_does(local_ray, tiny_model_dir, tmp_path):
+    pytest.importorskip("trl", reason="needs the train extra")
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.trajectory import load_trajectories
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    def step(workers):
+        out = tmp_path / f"workers-{workers}"
+        config = LightningRLConfig(
+            env="scripted", model=str(tiny_model_dir), max_steps=1, tasks_per_step=2, num_generations=2, output_dir=str(out),
+            report_to=[], progress=False, save_steps=1, rollout_workers=workers,
+        )
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+        result = LightningRLTrainer(config, env=make_llm_env, policy=policy).train()
+        return list(load_trajectories(out / "trajectories" / "step-000001.jsonl")), result.history[0]
+
+    remote, remote_metrics = step(2)
+    local, _ = step(0)
+    assert len(remote) == 4 and remote_metrics["rollout/workers_lost"] == 0.0
+    assert _content(remote) == _content(local)  # token ids, logprobs and rewards included
+    assert all(s.completion.logprobs for t in remote for s in t.steps)
