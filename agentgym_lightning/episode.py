@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import inspect
 import logging
+import math
 import queue
 import threading
 import time
@@ -332,6 +333,8 @@ class Episode:
             value = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"a reward must be a number, got {value!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"a reward must be a finite number, got {value}")
         reward = Reward(value=value, source=str(source))
         with self._lock:
             if self._last_answered is not None:

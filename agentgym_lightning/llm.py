@@ -45,6 +45,12 @@ _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
 _REQUEST_KEYS = {"messages", "tools", "tool_choice", "model", "stream", "metadata", "max_completion_tokens"}
 
 
+#: Seeds torch and vLLM accept (OpenAI documents a 64-bit integer).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+#: The most ``max_tokens`` a request may ask for (backends cap it to the context anyway).
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
 def _check_sampling(sampling: dict[str, Any]) -> None:
     """Reject values no backend can honour, so the agent that sent them gets the error (a 400),
     not the whole batch it would have been generated with."""
@@ -55,20 +61,29 @@ def _check_sampling(sampling: dict[str, Any]) -> None:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"'{name}' must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"'{name}' must be a finite number, got {value}")
         if value < low or value > high or (low_open and value == low):
             bracket = "(" if low_open else "["
             raise ValueError(f"'{name}' must be in {bracket}{low}, {high}], got {value}")
+
+    def integer(name: str, low: int, high: int) -> None:
+        value = sampling.get(name)
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"'{name}' must be an integer, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"'{name}' must be >= {low} and <= {high}, got {value}")
 
     number("temperature", 0.0, 2.0)
     number("top_p", 0.0, 1.0, low_open=True)
     number("presence_penalty", -2.0, 2.0)
     number("frequency_penalty", -2.0, 2.0)
-    for name in ("max_tokens", "n", "top_logprobs", "seed"):
-        value = sampling.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"'{name}' must be an integer, got {value!r}")
-    if sampling.get("max_tokens") is not None and sampling["max_tokens"] < 1:
-        raise ValueError(f"'max_tokens' must be >= 1, got {sampling['max_tokens']}")
+    integer("max_tokens", 1, MAX_TOKENS_LIMIT)
+    integer("n", 1, MAX_TOKENS_LIMIT)
+    integer("top_logprobs", 0, 20)
+    integer("seed", *SEED_RANGE)
     stop = sampling.get("stop")
     if stop is not None and not (isinstance(stop, list) and all(isinstance(x, str) for x in stop)):
         raise ValueError("'stop' must be a string or a list of strings")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from agentgym_lightning.gateway.app import build_app
+from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
+from agentgym_lightning.gateway.limits import GatewayLimits
 
 if TYPE_CHECKING:
     from agentgym_lightning.gateway.gateway import Gateway
@@ -18,7 +21,8 @@ if TYPE_CHECKING:
 class GatewayServer:
     """Serves :func:`build_app` with uvicorn; :meth:`start` returns once it accepts connections."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+    def __init__(self, gateway: Gateway, host: str, port: int, limits: GatewayLimits | None = None) -> None:
+        limits = limits or gateway.limits
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # We bind the socket ourselves so port 0 resolves before anyone is handed a URL.
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -35,9 +39,12 @@ class GatewayServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            # Many agents keep connections open between calls; a call may wait minutes for a
-            # long generation, so idle keep-alive must outlast that.
-            timeout_keep_alive=600,
+            ws="none",
+            # uvicorn's httptools protocol plus head size/time limits and the connection cap.
+            http=functools.partial(LimitedHttpToolsProtocol, limits=limits),  # type: ignore[arg-type]
+            # Idle time between a response and the next request. uvicorn arms it only once a
+            # response is complete, so a call waiting minutes for its generation is never cut.
+            timeout_keep_alive=limits.keep_alive_timeout,
             backlog=4096,
         )
         self._server = uvicorn.Server(config)
