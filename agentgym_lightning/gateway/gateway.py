@@ -158,6 +158,7 @@ class Gateway:
         refused request (a :class:`GatewayError`) leaves no trace in the trajectory.
         """
         episode = self.episode(episode_id)
+        episode.raise_if_stopped()
         data = self._parse(body)
         check_chat_request(data, self.limits.content_part_types)
         try:
