@@ -194,6 +194,9 @@ class Episode:
         group_id: str | None = None,
         events: queue.SimpleQueue[EpisodeEvent] | None = None,
     ) -> None:
+        # Past GatewayLimits.max_lingering_agents workers blocked in C calls, refuse a new
+        # episode (raising here leaves the env's previous episode as it was).
+        gateway.check_lingering()
         self.agent = agent
         self.gateway = gateway
         self.transport = transport
@@ -227,7 +230,6 @@ class Episode:
 
     def start(self) -> None:
         """Register with the gateway and start the agent in its worker."""
-        self.gateway.check_lingering()
         self.gateway.register(self)
         ctx = AgentContext(self)
         if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(
