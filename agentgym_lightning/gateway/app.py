@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentgym_lightning.gateway.http_limits import BodyLimitMiddleware
 from agentgym_lightning.gateway.openai_wire import (
     ERROR_HEADERS,
     GatewayError,
@@ -121,5 +119,4 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/health", health, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {HTTPException: http_error, Exception: server_error}
-    middleware = [Middleware(BodyLimitMiddleware, limits=gateway.limits)]
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
+    return Starlette(routes=routes, exception_handlers=handlers)

@@ -1,21 +1,22 @@
 """Where the HTTP server enforces :class:`~agentgym_lightning.gateway.limits.GatewayLimits`.
 
-uvicorn has a knob for keep-alive idleness (``timeout_keep_alive``, which we set) but none for a
-request head's size or time, nor a cap that keeps sockets from using up file descriptors
-(``limit_concurrency`` answers 503 *after* accepting and reading a request, so idle sockets
-still hold descriptors). So:
+uvicorn has a knob for keep-alive idleness (``timeout_keep_alive``, which we set) but none for the
+size or the time of a request's head and body, nor a cap that keeps sockets from using up file
+descriptors (``limit_concurrency`` answers 503 only *after* accepting and parsing a request, so
+idle sockets still hold descriptors). :class:`LimitedHttpToolsProtocol` is uvicorn's own
+httptools protocol plus exactly those, counted as bytes arrive:
 
-- :class:`LimitedHttpToolsProtocol` — uvicorn's own httptools protocol plus what is per
-  connection: the head must arrive within ``header_timeout`` and ``max_header_bytes`` (counted as
-  bytes arrive: httptools would otherwise buffer a 10 MB header whole), and at
-  ``max_connections`` the connection waiting longest for a request is closed. Malformed HTTP gets
-  an OpenAI-shaped 400 rather than uvicorn's plain text.
-- :class:`BodyLimitMiddleware` — ASGI middleware for what is per request: a declared
-  ``Content-Length`` over ``max_body_bytes`` is refused before any body is read, a chunked body
-  as soon as it passes the limit (uvicorn reads a body only as fast as the app receives it, so
-  nothing more is buffered), and the whole body must arrive within ``body_timeout``.
+- the head must arrive within ``header_timeout`` and ``max_header_bytes`` (httptools would
+  otherwise buffer a 10 MB header whole);
+- the body must stay within ``max_body_bytes`` (a larger ``Content-Length`` is refused before any
+  of it is read; uvicorn reads a body only as fast as the app consumes it, so at most one read
+  more is buffered) and arrive within ``body_timeout``;
+- at ``max_connections`` the connection waiting longest for a request is closed;
+- malformed HTTP gets an OpenAI-shaped 400, not uvicorn's plain text.
 
-Time a call spends waiting for its completion is never counted against a connection.
+A refusal answers in OpenAI's error shape and closes the connection; the request never reaches
+(or, mid-body, is taken from) the app. Time a call spends waiting for its completion is never
+counted against a connection.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from agentgym_lightning.gateway.limits import GatewayLimits
-from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, GatewayError, error_body
+from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, error_body
 from agentgym_lightning.gateway.validation import body_too_large
 
-__all__ = ["LimitedHttpToolsProtocol", "BodyLimitMiddleware"]
+__all__ = ["LimitedHttpToolsProtocol"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,8 @@ class _Refused(Exception):
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with head-size, head-time and connection-count limits."""
+    """uvicorn's httptools protocol with size and time limits on heads and bodies, and a cap on
+    connections (see the module docstring)."""
 
     _last_cap_warning = 0.0
 
@@ -71,21 +73,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.cap = limits.connection_cap()
         self._awaiting_head = True  # between requests, or reading a head
         self._head_bytes = 0  # bytes received since this head began (may include a little body)
-        self._head_exact = 0  # the parsed head's size, when it completes
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_exact = 0  # the head's size as parsed
+        self._in_body = False
+        self._body_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None  # the head's or the body's deadline
         self._completed_requests = 0
         self._waiting_since = time.monotonic()
 
-    # ------------------------------------------------------------------ connection lifecycle
+    # ------------------------------------------------------------------ connections
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_head_timer()
+        self._arm(self.limits.header_timeout)  # a socket that sends nothing is closed too
         if len(self.connections) > self.cap:
             self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
+        self._disarm()
         super().connection_lost(exc)
 
     def _make_room(self) -> None:
@@ -113,32 +117,35 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._waiting_since = time.monotonic()
         super().on_response_complete()
 
-    # ------------------------------------------------------------------ the request head
+    # ------------------------------------------------------------------ deadlines
 
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
+    def _arm(self, seconds: float) -> None:
+        if self._timer is None:
+            self._timer = self.loop.call_later(seconds, self._timed_out)
 
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if self.transport.is_closing():
-            return
-        if self._head_bytes:
-            message = f"the request head did not arrive within {self.limits.header_timeout} s"
-            self.transport.write(_error_bytes(408, message, "request_timeout"))
-        self.transport.close()
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self._in_body:
+            self._refuse(_Refused(408, f"the request body did not arrive within {self.limits.body_timeout} s "
+                                  "(AGENTGYM_LIGHTNING_GATEWAY_BODY_TIMEOUT)", "request_timeout"))
+        elif self._head_bytes:
+            self._refuse(_Refused(408, f"the request head did not arrive within {self.limits.header_timeout} s "
+                                  "(AGENTGYM_LIGHTNING_GATEWAY_HEADER_TIMEOUT)", "request_timeout"))
+        elif not self.transport.is_closing():
+            self.transport.close()  # it never sent a byte: nobody to answer
+
+    # ------------------------------------------------------------------ bytes in
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's data_received, with parse errors answered in OpenAI's shape (and a refused
-        # head not logged as "Invalid HTTP request"); no websockets on this server.
+        # request not logged as "Invalid HTTP request"); no websockets on this server.
         if self._awaiting_head:
             self._head_bytes += len(data)
-            self._arm_head_timer()  # a kept-alive connection's next request: its clock starts now
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -149,8 +156,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             refusal = exc.__context__ if isinstance(exc.__context__, _Refused) else None
             self._refuse(refusal or _Refused(400, f"invalid HTTP request: {exc}", "invalid_request_error"))
             return
-        if self._awaiting_head and self._head_bytes > self.limits.max_header_bytes:
-            self._refuse(_head_too_large(self.limits.max_header_bytes))
+        if self._awaiting_head and self._head_bytes:
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._refuse(_head_too_large(self.limits.max_header_bytes))
+            else:
+                # A head still arriving; on a kept-alive connection its clock starts now. Armed
+                # only here, so a request whose head and body come in one read costs no timer.
+                self._arm(self.limits.header_timeout)
+        elif self._in_body:
+            self._arm(self.limits.body_timeout)
 
     def on_message_begin(self) -> None:
         self._head_exact = 0
@@ -169,18 +183,43 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_head = False
         self._head_bytes = 0
-        self._disarm_head_timer()
+        self._disarm()
+        declared = next((v for k, v in self.headers if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+            raise _refusal(body_too_large(self.limits.max_body_bytes))  # before the app sees it
+        self._in_body = True
+        self._body_bytes = 0
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.limits.max_body_bytes:
+            raise _refusal(body_too_large(self.limits.max_body_bytes))
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        self._in_body = False
+        self._disarm()
         super().on_message_complete()
         self._awaiting_head = True  # what follows on this connection is the next request's head
 
     def _refuse(self, refusal: _Refused) -> None:
-        self._disarm_head_timer()
-        if not self.transport.is_closing():
+        """Answer ``refusal`` and close the connection. Mid-body, the app reading that request
+        sees the client gone, and if it has begun its own answer, ours is not sent."""
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle if self._in_body else None  # the refused request's, if it reached the app
+        if cycle is None or not cycle.response_started:
             self.transport.write(_error_bytes(refusal.status, refusal.message, refusal.code))
-            self.transport.close()
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # its receive() returns http.disconnect, its send() nothing
+            cycle.message_event.set()
+        self.transport.close()
+
+
+def _refusal(exc: Any) -> _Refused:
+    return _Refused(exc.status, exc.message, exc.code)
 
 
 def _head_too_large(limit: int) -> _Refused:
@@ -190,69 +229,3 @@ def _head_too_large(limit: int) -> _Refused:
         "gateway's max_header_bytes (AGENTGYM_LIGHTNING_GATEWAY_MAX_HEADER_BYTES)",
         "request_header_fields_too_large",
     )
-
-
-class BodyLimitMiddleware:
-    """Refuses bodies over ``max_body_bytes`` (413) or slower than ``body_timeout`` (408) as they
-    stream in; a response to a request whose body was not read closes the connection."""
-
-    def __init__(self, app: Any, limits: GatewayLimits) -> None:
-        self.app = app
-        self.limits = limits
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.limits.max_body_bytes
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _send_error(send, body_too_large(limit))
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.body_timeout
-        received = 0
-        body_done = False
-
-        async def limited_receive() -> dict[str, Any]:
-            nonlocal received, body_done
-            if body_done:
-                return await receive()  # a streaming response listening for the disconnect
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise GatewayError(
-                    408,
-                    f"the request body did not arrive within {self.limits.body_timeout} s "
-                    "(AGENTGYM_LIGHTNING_GATEWAY_BODY_TIMEOUT)",
-                    code="request_timeout",
-                ) from None
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise body_too_large(limit)
-                body_done = not message.get("more_body", False)
-            else:
-                body_done = True
-            return message
-
-        async def closing_send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and not body_done:
-                # The rest of the body is unread: this connection cannot carry another request.
-                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, limited_receive, closing_send)
-
-
-async def _send_error(send: Any, exc: GatewayError) -> None:
-    body = json.dumps(error_body(exc.status, exc.message, exc.code)).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-        *((k.encode(), v.encode()) for k, v in ERROR_HEADERS.items()),
-    ]
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

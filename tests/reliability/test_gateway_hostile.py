@@ -29,7 +29,7 @@ SMALL = GatewayLimits(
     max_body_bytes=256 * 2**10,
     max_header_bytes=8 * 2**10,
     header_timeout=0.5,
-    body_timeout=2.0,
+    body_timeout=0.8,
     keep_alive_timeout=0.5,
 )
 USER = {"role": "user", "content": "hi"}
@@ -245,6 +245,9 @@ def test_silent_slow_and_idle_connections_are_reaped(gateway):
     slow = [socket.create_connection((gateway.host, gateway.port)) for _ in range(10)]
     for s in slow:
         s.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")  # and never the rest
+    slow_body = [socket.create_connection((gateway.host, gateway.port)) for _ in range(5)]
+    for s in slow_body:
+        s.sendall(b"POST /episodes/x/rewards HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
     kept = []
     for _ in range(5):
         s = socket.create_connection((gateway.host, gateway.port))
@@ -254,15 +257,19 @@ def test_silent_slow_and_idle_connections_are_reaped(gateway):
     deadline = time.monotonic() + 10
     while server_connections(gateway) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert server_connections(gateway) == 0  # before: all 45 stayed open (keep-alive was 600 s)
+    assert server_connections(gateway) == 0  # before: all 50 stayed open (keep-alive was 600 s)
     for s in silent + kept:
         s.settimeout(5)
         assert s.recv(1) == b""
     for s in slow:
         s.settimeout(5)
         status, headers, body = read_response(s)
-        assert_openai_error(status, headers, body, 408, "did not arrive within 0.5 s")
-    for s in silent + slow + kept:
+        assert_openai_error(status, headers, body, 408, "head did not arrive within 0.5 s")
+    for s in slow_body:
+        s.settimeout(5)
+        status, headers, body = read_response(s)
+        assert_openai_error(status, headers, body, 408, "body did not arrive within 0.8 s")
+    for s in silent + slow + slow_body + kept:
         s.close()
 
 
