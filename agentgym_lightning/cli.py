@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "agentgym_lightning.commands.plugins",
     "agentgym_lightning.commands.envs",
     "agentgym_lightning.eval",
+    "agentgym_lightning.commands.train",
     "agentgym_lightning.commands.data",
 )
 

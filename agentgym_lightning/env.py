@@ -16,14 +16,30 @@ The contract:
   ``time_limit`` seconds, or the infrastructure failed (``info["status"] == "infra_failed"``:
   never train on it as a zero reward).
 - ``info["trajectory"]`` on the last step holds the whole episode (also ``env.trajectory``).
+- An action may also be a :class:`~agentgym_lightning.gateway.GatewayError`: the call is answered
+  with that OpenAI error (a 400 when a backend rejected the request, say), as a server would, and
+  the agent decides what to do; the step is kept, untrainable, with ``step.error`` set.
+- ``gym.make(id, max_episode_steps=N)`` ends the episode itself at step ``N`` (``max_turns`` is
+  lowered to ``N``; see :class:`TimeLimitAsMaxTurns`), so the last step's ``info`` has the
+  trajectory and status as always.
+
+For drivers of many envs (:func:`~agentgym_lightning.rollout.rollout`): ``step_wait(timeout)`` and
+``reset_wait(timeout)`` raise :class:`TimeoutError` when the agent has not called or ended in time
+(call again later), :meth:`AgentEnv.set_ready_callback` tells when there is something to wait
+for, and :attr:`AgentEnv.deadline` says when the episode's time limit falls.
+
+Every step costs the same however long the episode already is: nothing here scans earlier steps.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
 import queue
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, SupportsFloat
 
@@ -32,12 +48,13 @@ import numpy as np
 
 from agentgym_lightning.episode import CallEvent, DoneEvent, Episode, EpisodeEvent
 from agentgym_lightning.gateway.gateway import Gateway, get_gateway
+from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.llm import ChatRequest, as_completion
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
 
-__all__ = ["AgentEnv", "adapt_agent", "TaskSource", "RewardFn"]
+__all__ = ["AgentEnv", "adapt_agent", "call_seed", "TaskSource", "RewardFn", "TimeLimitAsMaxTurns", "NoRewardWarning"]
 
 #: Tasks: a sequence to pick from, or a function of the env's RNG.
 TaskSource = Sequence[Any] | Callable[[np.random.Generator], Any]
@@ -45,6 +62,31 @@ TaskSource = Sequence[Any] | Callable[[np.random.Generator], Any]
 RewardFn = Callable[[Any, Any], SupportsFloat]
 
 StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
+
+
+class NoRewardWarning(UserWarning):
+    """An env has no reward function and no plugin answered ``agentgym_episode_reward``: its
+    episodes end with ``final_reward=None`` (only emitted rewards count)."""
+
+
+class _Inbox:
+    """The env's event queue (what :class:`~agentgym_lightning.episode.Episode` puts calls and
+    its end on), which also wakes a driver waiting on many envs."""
+
+    __slots__ = ("_queue", "callback")
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[EpisodeEvent] = queue.SimpleQueue()
+        self.callback: Callable[[], None] | None = None
+
+    def put(self, event: EpisodeEvent) -> None:
+        self._queue.put(event)
+        callback = self.callback
+        if callback is not None:
+            callback()
+
+    def get(self, timeout: float | None = None) -> EpisodeEvent:
+        return self._queue.get(timeout=timeout)
 
 
 def adapt_agent(agent: object) -> Callable[..., Any]:
@@ -71,7 +113,10 @@ class AgentEnv(gym.Env[Observation, Any]):
             final reward is ``None`` (only emitted rewards count).
         env_id: Recorded on trajectories (``gym.make`` passes its id).
         max_turns: Most LLM calls an episode may make; one more truncates it.
-        time_limit: Wall-clock seconds an episode may run; ``None`` for no limit.
+        time_limit: Seconds the agent may run in an episode, ``None`` for no limit. Time its calls
+            spend waiting for the policy's answer does not count: a slow generator (a CPU, a
+            busy server) never truncates an agent, only the agent's own work (tools, SQL, a hang)
+            does. :attr:`deadline` moves on by the wait when a call is answered.
         air_weights: Weight of each Automatic Intermediate Reward source (``{"tool_error":
             -0.1}``). Sources without a weight are not applied: AIR is off by default.
         transport: How ``ctx.openai_client()`` reaches the gateway: ``"inproc"`` (no socket) or
@@ -79,6 +124,14 @@ class AgentEnv(gym.Env[Observation, Any]):
         model_name: The model name agents are told to use (``ctx.model``).
         gateway: The gateway to register episodes with (default: the process-wide one).
         stop_grace: Seconds to wait for an agent to unwind when its episode is cut short.
+        seed_calls: Give every call the agent did not seed a ``seed`` derived from the episode's
+            seed and the call's index, in the observation's request (the recorded request stays
+            as the agent sent it). With a backend that samples seeded requests independently of
+            their batch (``hf``, ``vllm``), a rollout is then reproducible however its calls
+            were batched; the trainer turns this on.
+
+    With neither ``reward_fn`` nor an ``agentgym_episode_reward`` hook that answers, episodes end
+    with ``final_reward=None``; the env warns once (:class:`NoRewardWarning`).
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -98,6 +151,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         gateway: Gateway | None = None,
         stop_grace: float = 1.0,
         render_mode: str | None = None,
+        seed_calls: bool = False,
     ) -> None:
         if transport not in ("inproc", "http"):
             raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
@@ -121,16 +175,19 @@ class AgentEnv(gym.Env[Observation, Any]):
         self.gateway = gateway or get_gateway()
         self.stop_grace = stop_grace
         self.render_mode = render_mode
+        self.seed_calls = seed_calls
         self.observation_space = ObservationSpace()
         self.action_space = CompletionSpace()
 
         self._hook = get_plugin_manager().hook
-        self._events: queue.SimpleQueue[EpisodeEvent] = queue.SimpleQueue()
+        self._events = _Inbox()
+        self._warned_no_reward = False
         self._episode: Episode | None = None
         self._call: Any = None  # the PendingCall the last observation showed
         self._unfinalized: list[Step] = []
         self._last_obs: Observation | None = None
         self._deadline: float | None = None
+        self._waiting_since: float | None = None  # when the pending call was shown to the driver
         self._early_end: StepResult | None = None  # the agent ended before its first call
 
     # ------------------------------------------------------------------ public state
@@ -150,6 +207,21 @@ class AgentEnv(gym.Env[Observation, Any]):
         if self._episode is None:
             raise gym.error.ResetNeeded("no episode is running: call reset() first")
         return self.gateway.base_url(self._episode.episode_id)
+
+    @property
+    def deadline(self) -> float | None:
+        """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None.
+        While a call waits for its answer the clock is stopped; answering moves this later."""
+        return self._deadline
+
+    def set_ready_callback(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback()`` whenever the running agent makes an LLM call or ends, i.e. when
+        :meth:`step_wait` / :meth:`reset_wait` may have something to return.
+
+        For drivers that wait on many envs at once. It runs on the agent's thread (or the
+        gateway's): keep it short and never block in it. ``None`` removes it.
+        """
+        self._events.callback = callback
 
     def sample_task(self, rng: np.random.Generator) -> Any:
         """Draw a task from this env's task source with ``rng``."""
@@ -186,17 +258,22 @@ class AgentEnv(gym.Env[Observation, Any]):
             env_id=self.env_id,
             seed=int(self.np_random.integers(2**31 - 1)),
             group_id=options.get("group_id"),
-            events=self._events,
+            events=self._events,  # type: ignore[arg-type]  # put() is all an Episode uses
         )
         self._hook.agentgym_episode_start(trajectory=self._episode.trajectory)
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
+        self._waiting_since = None
         self._episode.start()
 
-    def reset_wait(self) -> tuple[Observation, dict[str, Any]]:
-        """Run the started agent to its first LLM call (see :meth:`reset_async`)."""
+    def reset_wait(self, timeout: float | None = None) -> tuple[Observation, dict[str, Any]]:
+        """Run the started agent to its first LLM call (see :meth:`reset_async`).
+
+        With ``timeout``, raises :class:`TimeoutError` if the agent has neither called nor ended
+        within ``timeout`` seconds (``0``: only look); nothing changes, call it again later.
+        """
         if self._episode is None or self._episode.trajectory.done or self._call is not None or self._last_obs is not None:
             raise gym.error.ResetNeeded("reset_wait() must follow reset_async()")
-        obs, reward, terminated, truncated, info = self._advance()
+        obs, reward, terminated, truncated, info = self._advance(timeout)
         reset_info: dict[str, Any] = {"task": copy.deepcopy(self._episode.trajectory.task), "turn": 0}
         if terminated or truncated:
             # Gymnasium's reset cannot end an episode: report it now, end it on the next step().
@@ -219,19 +296,28 @@ class AgentEnv(gym.Env[Observation, Any]):
             raise gym.error.ResetNeeded(
                 "no LLM call is waiting for an answer: call reset() first (or again, after the episode ended)"
             )
+        if isinstance(action, GatewayError):
+            self._refuse(action)
+            return
         completion = as_completion(action)
+        self._resume_clock()
         call, self._call = self._call, None
         self._mark_template_continuity(call.step, completion)
         assert self._episode is not None
         self._episode.answer(call, completion)
         self._unfinalized.append(call.step)
 
-    def step_wait(self) -> StepResult:
-        """Run the agent to its next LLM call or its end, and report the step."""
+    def step_wait(self, timeout: float | None = None) -> StepResult:
+        """Run the agent to its next LLM call or its end, and report the step.
+
+        With ``timeout``, raises :class:`TimeoutError` if the agent has neither called nor ended
+        within ``timeout`` seconds (``0``: only look); nothing changes, call it again later. The
+        episode's ``time_limit`` still ends it (truncated) whatever ``timeout`` says.
+        """
         if self._early_end is not None:
             result, self._early_end = self._early_end, None
             return result
-        return self._advance()
+        return self._advance(timeout)
 
     def abort(self, error: str, status: Status = Status.INFRA_FAILED) -> StepResult:
         """End the running episode from outside (a policy backend failed, say)."""
@@ -266,22 +352,41 @@ class AgentEnv(gym.Env[Observation, Any]):
             return self.tasks[index]
         return self.sample_task(self.np_random)
 
-    def _next_event(self) -> EpisodeEvent | None:
+    def _refuse(self, error: GatewayError) -> None:
+        """Answer the pending call with an OpenAI error instead of a completion."""
+        self._resume_clock()
+        call, self._call = self._call, None
+        step = call.step
+        step.error = f"{error.status} {error.code}: {error.message}"
+        step.trainable = False  # no completion: nothing to learn from
+        step.timings.answered_at = time.time()
+        call.resolve(error=error)
+        self._unfinalized.append(step)
+
+    def _resume_clock(self) -> None:
+        """The answer came: the time the call waited for it is not the agent's."""
+        if self._waiting_since is not None and self._deadline is not None:
+            self._deadline += time.monotonic() - self._waiting_since
+        self._waiting_since = None
+
+    def _next_event(self, timeout: float | None = None) -> EpisodeEvent | None:
+        """The episode's next event; None once the time limit passed; TimeoutError after ``timeout``."""
+        give_up = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._deadline is None:
-                event = self._events.get()
-            else:
-                try:
-                    event = self._events.get(timeout=max(0.0, self._deadline - time.monotonic()))
-                except queue.Empty:
+            ends = [t for t in (self._deadline, give_up) if t is not None]
+            try:
+                event = self._events.get(timeout=max(0.0, min(ends) - time.monotonic()) if ends else None)
+            except queue.Empty:
+                if self._deadline is not None and time.monotonic() >= self._deadline:
                     return None
+                raise TimeoutError(f"the agent has not called or ended within {timeout} s") from None
             if event.episode is self._episode:  # skip leftovers of an episode already ended
                 return event
 
-    def _advance(self) -> StepResult:
+    def _advance(self, timeout: float | None = None) -> StepResult:
         episode = self._episode
         assert episode is not None
-        event = self._next_event()
+        event = self._next_event(timeout)
         reward = self._finalize(time.time())
         if event is None:
             return self._end(Status.TRUNCATED, f"time limit of {self.time_limit} s reached", reward)
@@ -293,8 +398,13 @@ class AgentEnv(gym.Env[Observation, Any]):
                 return self._end(Status.TRUNCATED, reason, reward)
             self._call = event.pending
             step = event.pending.step
-            obs = Observation(request=step.request, variables=dict(step.variables))
+            request = step.request
+            if self.seed_calls and request.sampling.seed is None:
+                seed = call_seed(episode.trajectory.seed, step.index)
+                request = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
+            obs = Observation(request=request, variables=dict(step.variables))
             self._last_obs = obs
+            self._waiting_since = time.monotonic()  # the agent's clock stops until the answer
             return obs, reward, False, False, {"turn": step.index}
         return self._end_by_agent(event, reward)
 
@@ -315,6 +425,15 @@ class AgentEnv(gym.Env[Observation, Any]):
         if self.reward_fn is not None:
             return float(self.reward_fn(task, result))
         value = self._hook.agentgym_episode_reward(task=task, result=result, trajectory=trajectory)
+        if value is None and not self._warned_no_reward:
+            self._warned_no_reward = True
+            warnings.warn(
+                f"{self.env_id or type(self).__name__}: no reward_fn was given and no agentgym_episode_reward "
+                "hook answered, so episodes end with final_reward=None (only rewards the agent emits count); "
+                "pass reward_fn=fn(task, result) -> float or install a reward plugin",
+                NoRewardWarning,
+                stacklevel=2,
+            )
         return None if value is None else float(value)
 
     def _finalize(self, now: float) -> float:
@@ -363,20 +482,101 @@ class AgentEnv(gym.Env[Observation, Any]):
 
     def _mark_template_continuity(self, step: Step, completion: Any) -> None:
         """Record whether this call's prompt ids extend the previous call's prompt+completion ids
-        (merged-trajectory training needs it); mismatches are counted, never dropped."""
+        (merged-trajectory training needs it); mismatches are counted, never dropped. When they
+        do not, also whether the agent rebuilt its prompt (its messages do not continue the
+        previous call's), which is expected, unlike template drift.
+
+        Constant cost in the episode's length: the previous answered step is found from this
+        step's index (normally the one just before), never by scanning the episode.
+        """
         if completion.prompt_token_ids is None or self._episode is None:
             return
-        steps = self._episode.trajectory.steps
-        previous = next((s for s in reversed(steps[: steps.index(step)]) if s.completion is not None), None)
+        previous = _previous_answered(self._episode.trajectory.steps, step)
         if previous is None:
             return
         prev = previous.completion
+        assert prev is not None
         if prev.prompt_token_ids is None or prev.completion_token_ids is None:
             return
-        prefix = prev.prompt_token_ids + prev.completion_token_ids
-        step.prompt_extends_previous = completion.prompt_token_ids[: len(prefix)] == prefix
+        ids, head, tail = completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids
+        step.prompt_extends_previous = (
+            len(ids) >= len(head) + len(tail)
+            and ids[: len(head)] == head
+            and ids[len(head) : len(head) + len(tail)] == tail
+        )
+        if not step.prompt_extends_previous:
+            step.prompt_rebuilt = not _messages_continue(previous, step)
+
+
+def _previous_answered(steps: Sequence[Step], step: Step) -> Step | None:
+    """The last step before ``step`` that has a completion (normally ``steps[step.index - 1]``)."""
+    i = step.index
+    if not (0 <= i < len(steps) and steps[i] is step):  # indices shifted (a dropped step)
+        i = next((k for k in range(len(steps) - 1, -1, -1) if steps[k] is step), -1)
+        if i < 0:
+            return None
+    for k in range(i - 1, -1, -1):
+        if steps[k].completion is not None:
+            return steps[k]
+    return None
+
+
+def _message_key(message: Any) -> tuple[Any, Any]:
+    if not isinstance(message, Mapping):
+        return (None, repr(message))
+    return (message.get("role"), message.get("content") or None)
+
+
+def _messages_continue(previous: Step, step: Step) -> bool:
+    """Whether ``step``'s messages are ``previous``'s messages, then its answer, then more:
+    the agent extended its conversation rather than starting a new one."""
+    before, now = previous.request.messages, step.request.messages
+    if len(now) <= len(before):
+        return False
+    if any(_message_key(a) != _message_key(b) for a, b in zip(before, now)):
+        return False
+    reply = now[len(before)]
+    if not isinstance(reply, Mapping) or reply.get("role") != "assistant":
+        return False
+    completion = previous.completion
+    assert completion is not None
+    # Text answers must come back as given; a tool-call answer may carry empty content.
+    return (reply.get("content") or "") == completion.text or bool(completion.tool_calls and reply.get("tool_calls"))
+
+
+def call_seed(episode_seed: int | None, call_index: int) -> int:
+    """The sampling seed of call ``call_index`` of an episode seeded ``episode_seed`` (a stable
+    hash, so the same episode always samples the same way)."""
+    digest = hashlib.blake2b(f"{episode_seed}:{call_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def _format_error(exc: BaseException) -> str:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return text[-4000:]
+
+
+class TimeLimitAsMaxTurns(gym.Wrapper[Observation, Any, Observation, Any], gym.utils.RecordConstructorArgs):
+    """Makes ``gym.make(id, max_episode_steps=N)`` end agent episodes properly.
+
+    Gymnasium's :class:`~gymnasium.wrappers.TimeLimit` only flips ``truncated`` after ``N`` steps:
+    the agent would keep running and the last ``info`` would lack the trajectory and status. This
+    wrapper (applied by ``gym.make`` after ``TimeLimit``, through the ``additional_wrappers`` of
+    every ``lightning/...`` id) finds that limit and lowers the env's ``max_turns`` to ``N``, so
+    the env ends the episode itself on step ``N`` (``truncated``, ``status`` ``truncated``, the
+    trajectory in ``info``); ``TimeLimit`` agrees on the same step. Without a ``TimeLimit`` below
+    it, it does nothing.
+    """
+
+    def __init__(self, env: gym.Env[Observation, Any]) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        limit = None
+        inner: Any = env
+        while isinstance(inner, gym.Wrapper):
+            if isinstance(inner, gym.wrappers.TimeLimit):
+                limit = inner._max_episode_steps
+            inner = inner.env
+        agent_env = env.unwrapped
+        if limit is not None and isinstance(agent_env, AgentEnv):
+            agent_env.max_turns = limit if agent_env.max_turns is None else min(agent_env.max_turns, limit)

@@ -10,18 +10,29 @@ Episodes run through the batched driver (:func:`agentgym_lightning.rollout.rollo
 finished trajectory is appended to ``--output`` (JSONL) at once, so Ctrl-C keeps everything that
 finished and still prints the summary of it.
 
+Arguments are checked before the model is built (``--max-turns``, every ``--env-kwarg`` by building
+one env, every ``--policy-kwarg`` against the backend's options, that ``--output`` can be
+written): a mistake is one line on stderr and exit status 2. A run in which every episode is an
+infrastructure failure exits with status 1 and says so; Ctrl-C exits 130.
+
 The summary (also sent to the ``agentgym_log_metrics`` plugin hook, see :func:`summarize`):
 
-* ``reward/mean`` — mean final reward of the episodes that were *not* infrastructure failures
-  (an ``infra_failed`` episode has no reward; it says nothing about the model);
-* ``success_rate`` — among those same episodes, the fraction with status ``succeeded`` *and* a
+* ``reward/mean`` — mean final reward of the *scored* episodes: not infrastructure failures (an
+  ``infra_failed`` episode has no reward; it says nothing about the model), and not ``unscored``
+  ones; ``nan`` (``null`` in ``--json``, ``n/a`` printed) when none is scored;
+* ``reward/unscored`` — episodes that succeeded with no final reward at all (``None``: the env has
+  no reward function and no plugin gave one); they are left out of ``reward/mean`` and
+  ``success_rate`` instead of counting as 0;
+* ``success_rate`` — among the scored episodes, the fraction with status ``succeeded`` *and* a
   final reward > 0 (the agent finished on its own and the task was solved);
 * ``turns/mean`` — LLM calls per episode;
 * ``tokens_per_s`` — completion tokens of every call / wall time of the run (policy load excluded);
 * ``metrics/<name>`` — the mean of each number the env put in ``trajectory.variables["metrics"]``
   (Spider reports ``official`` and ``strict`` execution accuracy there);
-* ``status/<status>`` — episode counts per status; ``chat_template/mismatches`` — calls whose prompt
-  ids did not extend the previous call's prompt+completion ids.
+* ``status/<status>`` — episode counts per status; ``chat_template/mismatches`` — calls that
+  continued the previous call's conversation but whose prompt ids did not extend its
+  prompt+completion ids (chat-template drift); ``chat_template/rebuilt_prompts`` — calls for which
+  the agent started a new conversation (their ids cannot extend; expected, e.g. Spider's checker).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
@@ -110,10 +122,14 @@ class EvalResult:
     interrupted: bool = False
 
 
+def _unscored(t: Trajectory) -> bool:
+    return t.status is Status.SUCCEEDED and t.final_reward is None
+
+
 def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str, float]:
     """The eval metrics of finished trajectories (definitions in the module docstring)."""
     n = len(trajectories)
-    scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED]
+    scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED and not _unscored(t)]
     rewards = [float(t.final_reward or 0.0) for t in scored]
     successes = [t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0 for t in scored]
     turns = [len(t.steps) for t in trajectories]
@@ -123,15 +139,17 @@ def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str,
 
     metrics: dict[str, float] = {
         "episodes": float(n),
-        "reward/mean": _mean(rewards),
-        "return/mean": _mean([t.total_reward for t in scored]),
-        "success_rate": _mean([float(s) for s in successes]),
+        "reward/mean": _mean(rewards) if scored else math.nan,
+        "reward/unscored": float(sum(1 for t in trajectories if _unscored(t))),
+        "return/mean": _mean([t.total_reward for t in scored]) if scored else math.nan,
+        "success_rate": _mean([float(s) for s in successes]) if scored else math.nan,
         "turns/mean": _mean([float(x) for x in turns]),
         "completion_tokens": float(tokens),
         "tokens_per_s": tokens / wall_time if wall_time > 0 else 0.0,
         "wall_time_s": float(wall_time),
         "chat_template/checks": float(len(checks)),
-        "chat_template/mismatches": float(sum(1 for c in checks if not c)),
+        "chat_template/mismatches": float(sum(t.template_mismatches for t in trajectories)),
+        "chat_template/rebuilt_prompts": float(sum(t.prompt_rebuilds for t in trajectories)),
     }
     for status, count in sorted(Counter(t.status.value for t in trajectories).items()):
         metrics[f"status/{status}"] = float(count)
@@ -208,13 +226,19 @@ def evaluate(
     return result
 
 
+def _number(value: float) -> str:
+    return f"{value:.4f}" if math.isfinite(value) else "n/a"
+
+
 def _format_summary(args: argparse.Namespace, model: str, result: EvalResult) -> str:
     m = result.metrics
+    unscored = int(m["reward/unscored"])
     lines = [
         f"{args.env} · {model or 'server default'} ({args.backend}) · "
         f"{int(m['episodes'])} episodes in {result.wall_time:.1f} s" + (" (interrupted)" if result.interrupted else ""),
-        f"  mean reward       {m['reward/mean']:.4f}",
-        f"  success rate      {m['success_rate']:.4f}   (status succeeded and final reward > 0)",
+        f"  mean reward       {_number(m['reward/mean'])}"
+        + (f"   ({unscored} episodes unscored: no reward function and no reward plugin)" if unscored else ""),
+        f"  success rate      {_number(m['success_rate'])}   (status succeeded and final reward > 0)",
         f"  mean turns        {m['turns/mean']:.2f}",
         f"  tokens/s          {m['tokens_per_s']:.1f}   ({int(m['completion_tokens'])} completion tokens)",
     ]
@@ -225,28 +249,32 @@ def _format_summary(args: argparse.Namespace, model: str, result: EvalResult) ->
     if m["chat_template/checks"]:
         lines.append(
             f"  chat template     {int(m['chat_template/mismatches'])} of {int(m['chat_template/checks'])} "
-            "prompts did not extend the previous call's prompt+completion tokens "
-            "(expected when the agent rebuilds its prompt each turn)"
+            "prompts continued the conversation but not its tokens (template drift); "
+            f"{int(m['chat_template/rebuilt_prompts'])} were rebuilt by the agent (expected)"
         )
     if args.output:
         lines.append(f"  wrote {args.output} ({len(result.trajectories)} trajectories)")
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    """The ``eval`` command: build the policy, run, print the summary. Exit 130 if interrupted."""
-    from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
+class _UsageError(Exception):
+    """A bad argument: one line on stderr, exit status 2."""
+
+
+def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Everything that can be checked before the model is built: ``(env_id, env_kwargs,
+    policy_kwargs)``; raises :class:`_UsageError`."""
+    from agentgym_lightning.policies import check_policy_kwargs
 
     try:
         env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
         policy_kwargs = parse_kwargs(args.policy_kwarg, "--policy-kwarg")
     except ValueError as exc:
-        print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
-        return 2
-    for name in ("episodes", "group_size", "concurrency"):
-        if getattr(args, name) < 1:
-            print(f"agentgym-lightning eval: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+        raise _UsageError(str(exc)) from None
+    for name in ("episodes", "group_size", "concurrency", "max_turns"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise _UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.max_turns is not None:
         env_kwargs["max_turns"] = args.max_turns
     if args.backend == "openai":
@@ -255,12 +283,62 @@ def run(args: argparse.Namespace) -> int:
         if args.api_key:
             policy_kwargs["api_key"] = args.api_key
     elif args.base_url or args.api_key:
-        print("agentgym-lightning eval: --base-url/--api-key only apply to --backend openai", file=sys.stderr)
-        return 2
-    model = args.model if args.model is not None else ("" if args.backend == "openai" else DEFAULT_MODEL)
-
+        raise _UsageError("--base-url/--api-key only apply to --backend openai")
     try:
         env_id = _resolve_env_id(args.env)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    _check_env_kwargs(env_id, env_kwargs)
+    try:
+        check_policy_kwargs(args.backend, policy_kwargs)  # may import the backend (torch): after the cheap checks
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    if args.output:
+        _check_writable(args.output)  # last: it creates the file
+    return env_id, env_kwargs, policy_kwargs
+
+
+def _check_writable(output: str) -> None:
+    """``output`` can be written: its folder is created and the file opened for appending
+    (nothing in it is changed; the run truncates it when it starts)."""
+    path = Path(output)
+    if path.is_dir():
+        raise _UsageError(f"--output {output} is a directory; give a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise _UsageError(f"--output {output} cannot be written: {exc.strerror or exc}") from None
+
+
+def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """Build (and close) one env with ``env_kwargs``: an unknown or bad one fails here, cheaply."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(env_id, **env_kwargs)  # its warnings (data skipped...) show here, once
+    except (TypeError, ValueError, gym.error.Error) as exc:
+        message = str(exc).split(" was raised from the environment creator")[0]
+        raise _UsageError(f"--env-kwarg: {env_id} does not accept {env_kwargs}: {message}") from None
+    env.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``eval`` command: check the arguments, build the policy, run, print the summary.
+
+    Exit status: 0, 2 for a bad argument, 1 when every episode was an infrastructure failure,
+    130 if interrupted.
+    """
+    from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
+
+    try:
+        env_id, env_kwargs, policy_kwargs = _check_args(args)
+    except _UsageError as exc:
+        print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
+        return 2
+    model = args.model if args.model is not None else ("" if args.backend == "openai" else DEFAULT_MODEL)
+    try:
         policy = make_policy(args.backend, model, **policy_kwargs)
     except (ImportError, ValueError, FileNotFoundError) as exc:
         print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
@@ -283,7 +361,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({k: (v if math.isfinite(v) else None) for k, v in result.metrics.items()}))
     else:
         print(_format_summary(args, model, result))
-    return 130 if result.interrupted else 0
+    if result.interrupted:
+        return 130
+    failed = [t for t in result.trajectories if t.status is Status.INFRA_FAILED]
+    if result.trajectories and len(failed) == len(result.trajectories):
+        first = (failed[0].error or "").strip().splitlines()
+        print(
+            f"agentgym-lightning eval: all {len(failed)} episodes failed in the infrastructure (infra_failed), "
+            f"so there is no result; first error: {first[-1] if first else 'unknown'}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def _resolve_env_id(env: str) -> str:

@@ -128,4 +128,32 @@ def agentgym_episode_end(trajectory: Trajectory) -> None:
 
 @hookspec
 def agentgym_log_metrics(metrics: Mapping[str, float], step: int | None) -> None:
-    """Scalar metrics of a run (eval summaries, training statistics) for loggers such as W&B."""
+    """Scalar metrics of a run (eval summaries, training statistics) for loggers such as W&B.
+
+    ``step`` is the training step (``None`` outside training). Values may be NaN when a
+    quantity is undefined (no episodes of a kind); loggers decide how to show it.
+    """
+
+
+# --------------------------------------------------------------------------- training runs
+
+
+@hookspec
+def agentgym_train_start(config: Mapping[str, Any], output_dir: str, step: int) -> Sequence[str] | None:
+    """A training run starts (``step`` > 0 when it resumes a checkpoint).
+
+    ``config`` is the run's :class:`~agentgym_lightning.training.LightningRLConfig` as a dict
+    (``config["report_to"]`` lists the loggers the user asked for); ``output_dir`` is the run
+    folder. Return lines to show the user (where a logger writes, say).
+    """
+
+
+@hookspec
+def agentgym_log_episodes(trajectories: Sequence[Trajectory], step: int) -> None:
+    """Sample episodes of a training step, for loggers that show them (a W&B table)."""
+
+
+@hookspec
+def agentgym_train_end(output_dir: str, metrics: Mapping[str, float], interrupted: bool) -> Sequence[str] | None:
+    """A training run ended (``interrupted`` on Ctrl-C); ``metrics`` holds the final held-out
+    evaluation when there was one. Flush and close here; return lines to show the user."""

@@ -20,6 +20,10 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "outcome_air",
     "tool_call_air",
     "spider_air",
+    "rag_air",
+    "metrics_jsonl",
+    "wandb_logger",
+    "math_air",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

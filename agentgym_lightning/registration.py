@@ -7,12 +7,24 @@ Gymnasium 1.x has no entry-point env plugins, so third-party plugins add theirs 
 from __future__ import annotations
 
 import gymnasium as gym
+from gymnasium.envs.registration import WrapperSpec
 
 #: The bundled environments: id -> entry point.
 BUNDLED_ENVS: dict[str, str] = {
     "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
     "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
+    "lightning/MuSiQue-v0": "agentgym_lightning.envs.rag.env:make_musique_env",
+    "lightning/HotpotQA-v0": "agentgym_lightning.envs.rag.env:make_hotpotqa_env",
+    "lightning/GSM8K-v0": "agentgym_lightning.envs.math.env:make_gsm8k_env",
+    "lightning/CalcX-v0": "agentgym_lightning.envs.math.env:make_calcx_env",
+    "lightning/Arithmetic-v0": "agentgym_lightning.envs.math.env:make_arithmetic_env",
 }
+
+#: Applied by ``gym.make`` after its ``TimeLimit``: ``max_episode_steps=N`` ends agent episodes
+#: at step N with the trajectory in ``info`` (see :class:`agentgym_lightning.env.TimeLimitAsMaxTurns`).
+TIME_LIMIT_AS_MAX_TURNS = WrapperSpec(
+    name="TimeLimitAsMaxTurns", entry_point="agentgym_lightning.env:TimeLimitAsMaxTurns", kwargs={}
+)
 
 _done = False
 #: Ids that plugins registered through ``agentgym_register_envs``.
@@ -27,14 +39,18 @@ def register_envs() -> None:
     _done = True
     for env_id, entry_point in BUNDLED_ENVS.items():
         if env_id not in gym.registry:
-            # Agents end themselves; the env enforces max_turns and time limits, so no TimeLimit wrapper.
-            gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
+            # Agents end themselves; the env enforces max_turns and time limits, so no TimeLimit
+            # by default. One asked for (max_episode_steps=N) becomes max_turns=N.
+            gym.register(
+                id=env_id, entry_point=entry_point, disable_env_checker=False, additional_wrappers=(TIME_LIMIT_AS_MAX_TURNS,)
+            )
     from agentgym_lightning.plugin_manager import get_plugin_manager
 
     for specs in get_plugin_manager().hook.agentgym_register_envs():
         for spec in specs or []:
             spec = dict(spec)
             _plugin_env_ids.add(spec["id"])
+            spec.setdefault("additional_wrappers", (TIME_LIMIT_AS_MAX_TURNS,))
             if spec["id"] not in gym.registry:
                 gym.register(**spec)
 

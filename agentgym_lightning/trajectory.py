@@ -3,13 +3,23 @@
 Everything an environment records, a plugin reads and a trainer consumes is one of these
 dataclasses; they round-trip through JSONL with :func:`save_trajectories` /
 :func:`load_trajectories` (one trajectory a line, so an interrupted run keeps every line written).
+
+The JSONL is strict JSON (RFC 8259), readable by any parser. Values JSON cannot hold are mapped,
+never allowed to fail a write: non-finite floats become the strings ``"NaN"``, ``"Infinity"``
+and ``"-Infinity"`` (protobuf's JSON mapping); objects with ``to_dict()`` or ``tolist()`` are
+written as what those return; non-string dict keys as ``str(key)``; anything else, a reference
+cycle, or nesting deeper than 100, as a string: ``repr(obj)`` (``"<unrepresentable T>"`` when
+``repr`` raises), at most 10,000 characters. A trajectory always writes; what was mapped reads
+back as those strings.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -26,6 +36,7 @@ __all__ = [
     "TrajectoryWriter",
     "save_trajectories",
     "load_trajectories",
+    "TruncatedLineWarning",
 ]
 
 
@@ -96,7 +107,13 @@ class Step:
     #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
     #: (``None`` when unknown). Filled in by policies that tokenize.
     prompt_extends_previous: bool | None = None
-    timings: StepTimings = field(default_factory=StepTimings)
+    #: True when the ids do not extend because the agent rebuilt its prompt (its messages do not
+    #: continue the previous call's messages and answer): expected, not chat-template drift.
+    prompt_rebuilt: bool = False
+    #: The error the call was answered with instead of a completion (a backend rejected it).
+    error: str | None = None
+    #: Not compared: two steps are equal when they recorded the same call, whenever it ran.
+    timings: StepTimings = field(default_factory=StepTimings, compare=False)
 
     @property
     def reward(self) -> float:
@@ -114,6 +131,8 @@ class Step:
             "trainable": self.trainable,
             "role": self.role,
             "prompt_extends_previous": self.prompt_extends_previous,
+            "prompt_rebuilt": self.prompt_rebuilt,
+            "error": self.error,
             "timings": self.timings.to_dict(),
         }
 
@@ -130,9 +149,14 @@ class Step:
 
 @dataclass
 class Trajectory:
-    """One episode: the task, every LLM call, and how it ended."""
+    """One episode: the task, every LLM call, and how it ended.
 
-    episode_id: str
+    Equality compares what was recorded, not which run recorded it: ``episode_id`` and the
+    wall-clock times are left out, so a replay with the same seed and actions compares equal
+    (Gymnasium's ``check_env`` relies on that when an episode can end on its first step).
+    """
+
+    episode_id: str = field(compare=False)
     task: Any = None
     env_id: str | None = None
     steps: list[Step] = field(default_factory=list)
@@ -150,8 +174,8 @@ class Trajectory:
     #: Episodes reset together on the same task share a ``group_id`` (GRPO groups).
     group_id: str | None = None
     seed: int | None = None
-    started_at: float = 0.0
-    ended_at: float | None = None
+    started_at: float = field(default=0.0, compare=False)
+    ended_at: float | None = field(default=None, compare=False)
 
     @property
     def done(self) -> bool:
@@ -165,8 +189,16 @@ class Trajectory:
 
     @property
     def template_mismatches(self) -> int:
-        """Calls whose prompt ids do not extend the previous call's prompt+completion ids."""
-        return sum(1 for s in self.steps if s.prompt_extends_previous is False)
+        """Calls that continued the previous call's conversation but whose prompt ids do not
+        extend its prompt+completion ids: chat-template drift (what merged-trajectory training
+        must know about)."""
+        return sum(1 for s in self.steps if s.prompt_extends_previous is False and not s.prompt_rebuilt)
+
+    @property
+    def prompt_rebuilds(self) -> int:
+        """Calls for which the agent rebuilt its prompt (a new conversation, as Spider's checker
+        and rewriter do): their ids cannot extend the previous call's, and that is expected."""
+        return sum(1 for s in self.steps if s.prompt_rebuilt)
 
     @property
     def trainable(self) -> bool:
@@ -200,7 +232,28 @@ class Trajectory:
         return cls(**data)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=_json_default, ensure_ascii=False)
+        """One line of strict JSON; never fails (see the module docstring for the mapping)."""
+        data = self.to_dict()
+        try:
+            return json.dumps(data, default=_json_default, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            # NaN/Infinity, a non-string key, a cycle, a to_dict() that raises...: map the parts
+            # JSON cannot hold (slower, so only when needed).
+            return json.dumps(_jsonable(data, 0, set()), ensure_ascii=False, allow_nan=False)
+
+
+#: Nesting deeper than this is written as a repr; a repr is cut to this many characters.
+_MAX_DEPTH = 100
+_MAX_REPR = 10_000
+_NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _safe_repr(obj: Any) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001 - a user object's __repr__ may raise anything
+        return f"<unrepresentable {type(obj).__name__}>"
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
 
 
 def _json_default(obj: Any) -> Any:
@@ -209,7 +262,38 @@ def _json_default(obj: Any) -> Any:
         return obj.to_dict()
     if hasattr(obj, "tolist"):
         return obj.tolist()
-    return repr(obj)
+    return _safe_repr(obj)
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)  # what json itself does with these keys: 1 -> "1", None -> "null"
+    return _safe_repr(key)
+
+
+def _jsonable(obj: Any, depth: int, seen: set[int]) -> Any:
+    """``obj`` as plain JSON values (the mapping in the module docstring)."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else _NON_FINITE.get(obj, "NaN")
+    if depth >= _MAX_DEPTH or id(obj) in seen:
+        return _safe_repr(obj)
+    if isinstance(obj, (Mapping, list, tuple)):
+        seen.add(id(obj))
+        try:
+            if isinstance(obj, Mapping):
+                return {_json_key(k): _jsonable(v, depth + 1, seen) for k, v in obj.items()}
+            return [_jsonable(v, depth + 1, seen) for v in obj]
+        finally:
+            seen.discard(id(obj))
+    try:
+        converted = _json_default(obj)
+    except Exception:  # noqa: BLE001 - a user's to_dict()/tolist() that raises
+        return _safe_repr(obj)
+    return converted if isinstance(converted, str) else _jsonable(converted, depth + 1, seen | {id(obj)})
 
 
 class TrajectoryWriter:
@@ -246,11 +330,16 @@ def save_trajectories(path: str | os.PathLike[str], trajectories: Iterable[Traje
         return writer.count
 
 
+class TruncatedLineWarning(UserWarning):
+    """The last line of a trajectory file was cut off mid-write (an interrupted run)."""
+
+
 def load_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
     """Read trajectories back from a JSONL file written by :func:`save_trajectories`.
 
-    A truncated last line (a run killed mid-write) is skipped; any other bad line raises
-    :class:`ValueError` naming the line.
+    A truncated last line (a run killed mid-write) is skipped with a
+    :class:`TruncatedLineWarning` naming the file and line; any other bad line raises
+    :class:`ValueError` naming the file and line.
     """
     with open(path, encoding="utf-8") as fh:
         lines = fh.readlines()
@@ -261,6 +350,17 @@ def load_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             if lineno == len(lines) and not line.endswith("\n"):
-                return  # half-written final line of an interrupted run
+                # Half-written final line of an interrupted run: the lines before it are whole.
+                warnings.warn(
+                    f"{path}:{lineno}: skipped a truncated last line ({len(line)} characters, no newline): "
+                    "the run that wrote it was interrupted mid-write",
+                    TruncatedLineWarning,
+                    stacklevel=2,
+                )
+                return
             raise ValueError(f"{path}:{lineno}: not a JSON trajectory ({exc})") from exc
-        yield Trajectory.from_dict(data)
+        try:
+            trajectory = Trajectory.from_dict(data)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{path}:{lineno}: not a trajectory ({type(exc).__name__}: {exc})") from exc
+        yield trajectory

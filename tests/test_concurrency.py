@@ -22,7 +22,8 @@ def counting_agent(task, ctx):
     return seen
 
 
-def test_100_concurrent_episodes_with_one_generate_per_round():
+def test_100_concurrent_episodes_in_lock_step_rounds():
+    """max_batch_wait=None: every batch waits for every running agent (one generate a round)."""
     tasks = [{"id": i, "calls": 3} for i in range(25)]
     batch_sizes = []
 
@@ -38,6 +39,7 @@ def test_100_concurrent_episodes_with_one_generate_per_round():
         group_size=4,
         concurrency=100,
         progress=False,
+        max_batch_wait=None,
     )
     assert len(trajectories) == 100
     assert all(t.status is Status.SUCCEEDED and t.final_reward == 1.0 for t in trajectories)
@@ -54,6 +56,7 @@ def test_100_concurrent_episodes_with_one_generate_per_round():
 
 def test_a_failing_policy_marks_episodes_infra_failed_then_raises():
     calls = []
+    ended = []
 
     def broken(requests):
         calls.append(len(requests))
@@ -68,8 +71,13 @@ def test_a_failing_policy_marks_episodes_infra_failed_then_raises():
             episodes=10,
             concurrency=2,
             progress=False,
+            on_trajectory=ended.append,
+            max_batch_wait=None,
         )
-    assert len(calls) == 3
+    # Three failed batches of 2, each retried request by request first (a backend that fails
+    # every request is the infrastructure, not a bad request), then the error is raised.
+    assert calls == [2, 1, 1] * 3
+    assert len(ended) == 6 and all(t.status is Status.INFRA_FAILED for t in ended)
 
 
 def test_rollout_reports_every_finished_trajectory_as_it_goes():

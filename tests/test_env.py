@@ -346,3 +346,66 @@ def test_malformed_tool_calls_are_an_air_signal_and_bad_sampling_a_400_for_that_
     assert term and info["trajectory"].result == 400
     assert reward == -1.0
     assert [(r.source, r.raw) for r in info["trajectory"].steps[0].rewards] == [("tool_call.malformed", 1.0)]
+
+
+def _call_seeds(env, reset_seed):
+    obs, _ = env.reset(seed=reset_seed)
+    seeds = []
+    while True:
+        seeds.append(obs.request.sampling.seed)
+        obs, _, terminated, truncated, info = env.step("x")
+        if terminated or truncated:
+            return seeds, info["trajectory"]
+
+
+def test_seed_calls_gives_each_call_a_reproducible_seed_and_keeps_the_record_as_sent():
+    env = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 3}], exact, seed_calls=True)
+    first, trajectory = _call_seeds(env, 5)
+    again, _ = _call_seeds(env, 5)
+    other, _ = _call_seeds(env, 6)
+    env.close()
+    assert all(isinstance(s, int) for s in first) and len(set(first)) == 3  # one per call, distinct
+    assert first == again  # same episode seed: same call seeds
+    assert set(first).isdisjoint(other)
+    assert all(step.request.sampling.seed is None for step in trajectory.steps)  # the agent's request, untouched
+
+
+def test_seed_calls_keeps_a_seed_the_agent_chose():
+    def seeded(task, ctx):
+        return ctx.openai_client().chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": "q"}], seed=42)
+
+    env = AgentEnv(seeded, [{}], seed_calls=True)
+    obs, _ = env.reset(seed=0)
+    assert obs.request.sampling.seed == 42
+    env.step("a")
+    env.close()
+    plain = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 1}], exact)
+    obs, _ = plain.reset(seed=0)
+    assert obs.request.sampling.seed is None  # off by default
+    plain.step("a")
+    plain.close()
+
+
+def test_time_waiting_for_the_policy_does_not_count_against_the_time_limit():
+    env = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 2, "expect": "b"}], exact, time_limit=0.5)
+    env.reset(seed=0)
+    time.sleep(0.8)  # a slow policy: longer than the whole limit
+    obs, _, terminated, truncated, _ = env.step("a")
+    assert not terminated and not truncated
+    time.sleep(0.8)
+    _, _, terminated, truncated, info = env.step("b")
+    assert terminated and not truncated and info["status"] == "succeeded"
+
+
+def test_the_agents_own_time_still_counts():
+    def slow(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "q"}])
+        time.sleep(2.0)  # the agent's own work, after its answer
+        return "done"
+
+    env = AgentEnv(slow, [{}], time_limit=0.5)
+    env.reset(seed=0)
+    time.sleep(0.6)  # the policy's time: not counted
+    _, _, terminated, truncated, info = env.step("a")  # the agent's 2 s of its own work: counted
+    assert truncated and info["status"] == "truncated" and "time limit of 0.5 s" in info["error"]
+    env.close()

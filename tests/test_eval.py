@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 
 import pytest
@@ -106,7 +107,8 @@ def test_summarize_definitions():
     assert "metrics/note" not in m
     assert m["status/succeeded"] == 2 and m["status/infra_failed"] == 1 and m["status/truncated"] == 1
     assert (m["chat_template/checks"], m["chat_template/mismatches"]) == (2, 1)
-    assert summarize([], 0.0)["success_rate"] == 0.0
+    # Nothing scored: undefined (nan, printed n/a, null in --json), not a success rate of 0.
+    assert math.isnan(summarize([], 0.0)["success_rate"]) and math.isnan(summarize([], 0.0)["reward/mean"])
 
 
 def test_parse_kwargs():

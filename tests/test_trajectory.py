@@ -19,7 +19,7 @@ from agentgym_lightning import (
     save_trajectories,
 )
 from agentgym_lightning.llm import as_completion
-from agentgym_lightning.trajectory import StepTimings
+from agentgym_lightning.trajectory import StepTimings, TruncatedLineWarning
 
 
 def sample_trajectory(i: int = 0) -> Trajectory:
@@ -74,7 +74,8 @@ def test_an_interrupted_file_keeps_every_complete_line(tmp_path):
         w.write(sample_trajectory(1))
     with open(path, "a") as fh:
         fh.write(sample_trajectory(2).to_json()[:50])  # killed mid-write
-    assert [t.episode_id for t in load_trajectories(path)] == ["e0", "e1"]
+    with pytest.warns(TruncatedLineWarning, match=f"{path}:3: skipped a truncated last line"):
+        assert [t.episode_id for t in load_trajectories(path)] == ["e0", "e1"]
     path.write_text("garbage\n" + sample_trajectory(0).to_json() + "\n")
     with pytest.raises(ValueError, match=":1: not a JSON trajectory"):
         list(load_trajectories(path))

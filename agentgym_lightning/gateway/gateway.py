@@ -318,3 +318,15 @@ def get_gateway() -> Gateway:
                     limits=GatewayLimits.from_env(),
                 )
     return _default
+
+
+def _forget_default_after_fork() -> None:
+    # A forked child (an async vector env's worker) has none of the parent's threads: not its
+    # server, not its event loop. It builds a gateway of its own on first use.
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_default_after_fork)

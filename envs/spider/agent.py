@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from agentgym_lightning.agent import AgentContext
 
-__all__ = ["SpiderAgentConfig", "SpiderAgent", "classify_sql", "format_result", "parse_verdict"]
+__all__ = ["SpiderAgentConfig", "SpiderAgent", "SpiderAnswer", "classify_sql", "format_result", "parse_verdict"]
 
 SQL_STATUSES = ("no_sql", "parse_error", "exec_error", "executes")
 
@@ -108,6 +108,14 @@ class SpiderAgentConfig:
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+
+
+@dataclass(frozen=True)
+class SpiderAnswer:
+    """The agent's final query and the result it got when it ran it (``None``: no SQL)."""
+
+    sql: str
+    result: ExecResult | None
 
 
 def classify_sql(sql: str | None, result: ExecResult | None) -> str:
@@ -235,7 +243,11 @@ class SpiderAgent:
         self.sandbox = sandbox or SQLSandbox()
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> str:
-        return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable, cancel=ctx.cancelled)
+        return self.solve(task, ctx).sql
+
+    def solve(self, task: Mapping[str, Any], ctx: AgentContext) -> SpiderAnswer:
+        """Run inside an env; returns the final SQL with the result the agent saw for it."""
+        return self._loop(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable, cancel=ctx.cancelled)
 
     # ------------------------------------------------------------------ the loop
 
@@ -249,6 +261,11 @@ class SpiderAgent:
         cancel: Any = None,
     ) -> str:
         """Answer ``task["question"]`` over ``task["db_path"]``; returns the final SQL ("" if none)."""
+        return self._loop(task, client, model, emit=emit, cancel=cancel).sql
+
+    def _loop(
+        self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None, cancel: Any
+    ) -> SpiderAnswer:
         cfg = self.config
         emit = emit or (lambda name, value: None)
         question = str(task["question"])
@@ -261,7 +278,7 @@ class SpiderAgent:
             {"role": "user", "content": WRITER_USER.format(question=question)},
         ], role="writer", trainable=True)
         sql, result = self._execute(reply, db_path, emit, cancel)
-        final_sql = sql or ""
+        final_sql, final_result = sql or "", result
         for _turn in range(1, cfg.max_turns):
             if sql and result is not None and result.ok:
                 check = self._chat(client, model, [
@@ -289,8 +306,8 @@ class SpiderAgent:
             ], role="rewriter", trainable=True)
             new_sql, new_result = self._execute(reply, db_path, emit, cancel)
             if new_sql:  # a rewrite without SQL keeps the previous query
-                sql, result, final_sql = new_sql, new_result, new_sql
-        return final_sql
+                sql, result, final_sql, final_result = new_sql, new_result, new_sql, new_result
+        return SpiderAnswer(final_sql, final_result)
 
     # ------------------------------------------------------------------ pieces
 

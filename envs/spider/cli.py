@@ -17,6 +17,8 @@ import warnings
 import zipfile
 from pathlib import Path
 
+from agentgym_lightning.paths import link_into_cache
+
 from .data import (
     ENV_VAR,
     SpiderDataError,
@@ -85,26 +87,10 @@ def _unzip(zip_path: Path, dest_parent: Path) -> Path:
 
 def import_spider(path: str | os.PathLike[str], *, copy: bool = False, force: bool = False) -> Path:
     """Make ``<cache>/spider`` the given (validated) Spider folder; returns it."""
-    src = Path(path).expanduser().resolve()
-    target = imported_spider_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_symlink():
-        target.unlink()
-    elif target.exists():
-        if not force:
-            raise SpiderDataError(f"{target} already holds an imported Spider copy; pass --force to replace it")
-        shutil.rmtree(target)
-    if copy:
-        tmp = Path(tempfile.mkdtemp(prefix=".spider-copy-", dir=target.parent))
-        shutil.copytree(src, tmp / "spider")
-        os.replace(tmp / "spider", target)
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        try:
-            target.symlink_to(src, target_is_directory=True)
-        except OSError:  # no symlinks here (some Windows setups): copy instead
-            shutil.copytree(src, target)
-    return target
+    try:
+        return link_into_cache(path, imported_spider_dir(), copy=copy, force=force)
+    except FileExistsError as exc:
+        raise SpiderDataError(str(exc).replace("an imported copy", "an imported Spider copy")) from None
 
 
 def run_spider_command(args: argparse.Namespace) -> int:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.paths import CACHE_ENV_VAR, cache_root
+
 from .sample import ensure_sample
 
 __all__ = [
@@ -52,7 +54,6 @@ __all__ = [
 ]
 
 ENV_VAR = "AGENTGYM_LIGHTNING_SPIDER_DIR"
-CACHE_ENV_VAR = "AGENTGYM_LIGHTNING_CACHE"
 #: Split name -> the question files that make it up (the first must exist).
 SPLIT_FILES: dict[str, tuple[str, ...]] = {
     "dev": ("dev.json",),
@@ -122,15 +123,6 @@ class SpiderDataset:
 
     def __len__(self) -> int:
         return len(self.examples)
-
-
-def cache_root() -> Path:
-    """Where agentgym-lightning keeps data it builds or imports."""
-    if os.environ.get(CACHE_ENV_VAR):
-        return Path(os.environ[CACHE_ENV_VAR]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "agentgym-lightning"
 
 
 def imported_spider_dir() -> Path:

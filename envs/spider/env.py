@@ -10,13 +10,16 @@
 The episode reward is execution accuracy in the chosen variant (``strict``, the default training
 reward, or ``official``, comparable with published numbers; see :mod:`.evaluation`). Both are
 recorded per episode in ``trajectory.variables["metrics"]`` (``{"official": 0/1, "strict": 0/1}``)
-and in ``trajectory.result``. Without Spider data the env runs on the bundled sample (see
+and in ``trajectory.result``, with each variant's verdict (reason, detail, the shapes of the
+prediction's and the gold result), the final prediction's result (shape, columns, first rows) and
+the gold result's shape, so a ``mismatch`` can be debugged from the JSONL alone. Without Spider data the env runs on the bundled sample (see
 :mod:`.data`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -27,9 +30,9 @@ from agentgym_lightning.env import AgentEnv
 from .agent import SpiderAgent, SpiderAgentConfig
 from .data import load_spider
 from .evaluation import VARIANTS, GoldQueryError, SpiderEvaluator
-from .sandbox import SandboxLimits, SQLSandbox
+from .sandbox import ExecResult, SandboxLimits, SQLSandbox
 
-__all__ = ["ENV_ID", "make_env", "SpiderEpisodeAgent", "SpiderReward", "gold_policy"]
+__all__ = ["ENV_ID", "make_env", "SpiderEpisodeAgent", "SpiderReward", "gold_policy", "describe_result"]
 
 ENV_ID = "lightning/Spider-v0"
 
@@ -50,14 +53,63 @@ class SpiderEpisodeAgent:
         self.evaluator = evaluator
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
-        sql = self.agent(task, ctx)
+        answer = self.agent.solve(task, ctx)
+        # The agent's own run of its final query is the judged one when it ran in the judge's
+        # sandbox with the judge's time limit: a query runs once per step, not once more per variant.
+        same_run = (
+            self.agent.sandbox is self.evaluator.sandbox
+            and self.agent.config.sql_timeout_s == self.evaluator.sandbox.limits.timeout_s
+        )
         try:
-            verdicts = self.evaluator.evaluate_all(task["db_path"], sql, task["query"])
+            verdicts = self.evaluator.evaluate_all(
+                task["db_path"], answer.sql, task["query"], pred_result=answer.result if same_run else None
+            )
         except GoldQueryError as exc:
-            return {"sql": sql, "error": str(exc)}
+            return {"sql": answer.sql, "error": str(exc), "prediction": describe_result(answer.result)}
         metrics = {name: v.score for name, v in verdicts.items()}
         ctx.emit_variable("metrics", metrics)
-        return {"sql": sql, **metrics, "reasons": {name: v.reason for name, v in verdicts.items()}}
+        return {
+            "sql": answer.sql,
+            **metrics,
+            "reasons": {name: v.reason for name, v in verdicts.items()},
+            "verdicts": {name: v.to_dict() for name, v in verdicts.items()},
+            "prediction": describe_result(answer.result),
+            "gold": {"shape": _list_or_none(verdicts[VARIANTS[0]].gold_shape)},
+        }
+
+
+#: Rows of the final prediction's result kept on the trajectory, and characters of each value.
+RESULT_ROWS_RECORDED = 5
+RESULT_VALUE_CHARS = 200
+
+
+def describe_result(result: ExecResult | None) -> dict[str, Any] | None:
+    """The final prediction's result as recorded on the trajectory: shape, columns, the first
+    :data:`RESULT_ROWS_RECORDED` rows (JSON-safe, long values clipped) or the error."""
+    if result is None:
+        return None
+    if not result.ok:
+        return {"shape": None, "error": result.error, "message": result.message[:RESULT_VALUE_CHARS]}
+    rows = result.rows or []
+    return {
+        "shape": _list_or_none(result.shape),
+        "columns": list(result.column_names),
+        "rows": [[_json_value(v) for v in row] for row in rows[:RESULT_ROWS_RECORDED]],
+    }
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # JSONL is strict JSON
+    if isinstance(value, bytes):
+        value = "0x" + value[: RESULT_VALUE_CHARS // 2].hex()
+    if isinstance(value, str) and len(value) > RESULT_VALUE_CHARS:
+        return value[: RESULT_VALUE_CHARS - 3] + "..."
+    return value
+
+
+def _list_or_none(shape: tuple[int, int] | None) -> list[int] | None:
+    return list(shape) if shape is not None else None
 
 
 class SpiderReward:
@@ -84,18 +136,17 @@ class SpiderReward:
         return self.evaluator.evaluate(task["db_path"], sql, task["query"], self.variant).score  # type: ignore[arg-type]
 
 
-_evaluators: dict[tuple[float, int], SpiderEvaluator] = {}
+_evaluators: dict[SandboxLimits, SpiderEvaluator] = {}
 _evaluators_lock = threading.Lock()
 
 
-def _shared_evaluator(sql_timeout_s: float, max_rows: int) -> SpiderEvaluator:
-    """One evaluator (gold cache, connection pool) per limits, shared by every env of the process:
-    a rollout with 8 envs runs each gold query once, not 8 times."""
-    key = (float(sql_timeout_s), int(max_rows))
+def _shared_evaluator(limits: SandboxLimits) -> SpiderEvaluator:
+    """One evaluator (gold cache, worker processes) per limits, shared by every env of the
+    process: a rollout with 8 envs runs each gold query once, not 8 times."""
     with _evaluators_lock:
-        if key not in _evaluators:
-            _evaluators[key] = SpiderEvaluator(SQLSandbox(SandboxLimits(timeout_s=sql_timeout_s, max_rows=max_rows)))
-        return _evaluators[key]
+        if limits not in _evaluators:
+            _evaluators[limits] = SpiderEvaluator(SQLSandbox(limits))
+        return _evaluators[limits]
 
 
 def make_env(
@@ -108,6 +159,7 @@ def make_env(
     limit: int | None = None,
     sql_timeout_s: float = 5.0,
     max_rows: int = 100_000,
+    sql_limits: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/Spider-v0``.
@@ -124,6 +176,8 @@ def make_env(
         limit: Keep only the first ``limit`` questions of the split.
         sql_timeout_s: Time limit of each predicted query.
         max_rows: Rows a query may return before it fails.
+        sql_limits: Any other :class:`~.sandbox.SandboxLimits` field, e.g.
+            ``{"max_result_bytes": 64_000_000}`` (see ``docs/limits.md``).
         **kwargs: Agent options (any :class:`SpiderAgentConfig` field: ``max_schema_chars``,
             ``max_tokens``, ``temperature``, ``train_checker``...), then
             :class:`~agentgym_lightning.env.AgentEnv` options (``time_limit``, ``transport``,
@@ -139,7 +193,12 @@ def make_env(
         tasks = tasks[:limit]
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = SpiderAgentConfig(max_turns=max_turns, sql_timeout_s=sql_timeout_s, **agent_options)
-    evaluator = _shared_evaluator(sql_timeout_s, max_rows)
+    try:
+        limits = SandboxLimits(**{**dict(sql_limits or {}), "timeout_s": sql_timeout_s, "max_rows": max_rows})
+    except TypeError:
+        known = ", ".join(f.name for f in dataclasses.fields(SandboxLimits) if f.name not in ("timeout_s", "max_rows"))
+        raise ValueError(f"sql_limits {dict(sql_limits or {})} has an unknown field; known: {known}") from None
+    evaluator = _shared_evaluator(limits)
     agent = SpiderEpisodeAgent(SpiderAgent(config, evaluator.sandbox), evaluator)
     kwargs.setdefault("env_id", ENV_ID)
     # A guard only: the agent itself never makes more than this many calls.

@@ -28,8 +28,10 @@ permutations deterministically with a complete, faster search and returns the sa
 Where this module cannot match the official code, it says so and errs on the side of safety:
 predictions run in the read-only :mod:`.sandbox` (a write the official code would execute, such as
 ``CREATE TABLE``, fails here), with a time limit (the official 60 s ``asyncio.wait_for`` never
-fires on a synchronous query) and a row cap far above any gold result (so verdicts are
-unchanged: a prediction past the cap cannot have the gold's row count).
+fires on a synchronous query), a row cap and a result-size cap far above any gold result (so
+verdicts are unchanged: a prediction past them cannot equal the gold result). A prediction that
+exhausts a limit (time, size, rows) in one variant is scored by that failure in the other without
+running again: a hostile query costs its limit once, not once per variant.
 
 ``strict`` (the default training reward) is the same comparison without the loopholes an RL
 policy would learn: DISTINCT is kept on both sides; the SQL must be exactly one statement (no
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .sandbox import ExecResult, SandboxLimits, SQLSandbox, database_tables
+from .sandbox import RESOURCE_ERRORS, ExecResult, SandboxLimits, SQLSandbox, database_tables
 from .sqltext import StatementTooLong, has_order_by, join_split_comparisons, official_normalize, replace_cur_year
 
 __all__ = [
@@ -80,10 +82,23 @@ class Verdict:
     #: ``pred_multiple_statements``, ...).
     reason: str
     detail: str = ""
+    #: ``(rows, columns)`` of the prediction's result as this variant ran it (``None`` when it
+    #: did not run or failed) and of the gold result, so a ``mismatch`` can be read off a log.
+    pred_shape: tuple[int, int] | None = None
+    gold_shape: tuple[int, int] | None = None
 
     @property
     def correct(self) -> bool:
         return self.score > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "score": self.score,
+            "reason": self.reason,
+            "detail": self.detail,
+            "pred_shape": list(self.pred_shape) if self.pred_shape is not None else None,
+            "gold_shape": list(self.gold_shape) if self.gold_shape is not None else None,
+        }
 
 
 class GoldQueryError(RuntimeError):
@@ -277,14 +292,29 @@ class SpiderEvaluator:
             return self._strict(db_path, pred, gold, _runs if _runs is not None else {})
         raise ValueError(f"unknown reward variant {variant!r}; choose one of {', '.join(VARIANTS)}")
 
-    def evaluate_all(self, db_path: str | Path, pred: str | None, gold: str) -> dict[str, Verdict]:
-        """Both variants (a prediction that reads the same after normalization runs once)."""
+    def evaluate_all(
+        self, db_path: str | Path, pred: str | None, gold: str, *, pred_result: ExecResult | None = None
+    ) -> dict[str, Verdict]:
+        """Both variants. A prediction that reads the same after normalization runs once, and one
+        that exhausted a limit (time, size, rows: :data:`~.sandbox.RESOURCE_ERRORS`) is not run in
+        another form: every variant scores it by that failure.
+
+        ``pred_result`` is ``pred`` already run through this evaluator's sandbox (the agent ran
+        it): it is reused, so a query runs once per step, not once per variant plus once for the
+        agent.
+        """
         runs: dict[str, ExecResult] = {}
+        if pred_result is not None and pred is not None:
+            runs[pred] = pred_result
         return {v: self.evaluate(db_path, pred, gold, v, _runs=runs) for v in VARIANTS}
 
     def _run_pred(self, db_path: str | Path, sql: str, runs: dict[str, ExecResult]) -> ExecResult:
-        if sql not in runs:
-            runs[sql] = self.sandbox.run(db_path, sql)
+        if sql in runs:
+            return runs[sql]
+        exhausted = next((r for r in runs.values() if r.error in RESOURCE_ERRORS), None)
+        if exhausted is not None:
+            return exhausted  # another form of the same prediction would exhaust it again
+        runs[sql] = self.sandbox.run(db_path, sql)
         return runs[sql]
 
     def _official(self, db_path: str | Path, pred: str | None, gold: str, runs: dict[str, ExecResult]) -> Verdict:
@@ -303,12 +333,13 @@ class SpiderEvaluator:
             return Verdict(0.0, "empty_prediction")
         gold_res = self.gold_result(db_path, replace_cur_year(g_norm))
         pred_res = self._run_pred(db_path, replace_cur_year(p_norm), runs)
+        shapes = {"pred_shape": pred_res.shape, "gold_shape": gold_res.shape}
         if not pred_res.ok:
-            return Verdict(0.0, f"pred_{pred_res.error}", pred_res.message)
+            return Verdict(0.0, f"pred_{pred_res.error}", pred_res.message, **shapes)
         assert gold_res.rows is not None and pred_res.rows is not None
         if official_result_eq(gold_res.rows, pred_res.rows, has_order_by(g_norm)):
-            return Verdict(1.0, "match")
-        return Verdict(0.0, "mismatch")
+            return Verdict(1.0, "match", **shapes)
+        return Verdict(0.0, "mismatch", **shapes)
 
     def _strict(self, db_path: str | Path, pred: str | None, gold: str, runs: dict[str, ExecResult]) -> Verdict:
         if not gold.strip():
@@ -319,18 +350,20 @@ class SpiderEvaluator:
         p_sql = replace_cur_year(join_split_comparisons(pred))
         gold_res = self.gold_result(db_path, g_sql)
         pred_res = self._run_pred(db_path, p_sql, runs)
+        shapes = {"pred_shape": pred_res.shape, "gold_shape": gold_res.shape}
         if not pred_res.ok:
-            return Verdict(0.0, f"pred_{pred_res.error}", pred_res.message)
+            return Verdict(0.0, f"pred_{pred_res.error}", pred_res.message, **shapes)
         assert gold_res.rows is not None and pred_res.rows is not None
         if not self.reads_database_table(db_path, p_sql, pred_res) and self.reads_database_table(
             db_path, g_sql, gold_res
         ):
-            return Verdict(0.0, "reads_no_table", "the query reads no table of the database")
+            return Verdict(0.0, "reads_no_table", "the query reads no table of the database", **shapes)
         if not gold_res.rows and not pred_res.rows and gold_res.num_columns != pred_res.num_columns:
             return Verdict(
                 0.0,
                 "empty_gold_columns_differ",
                 f"both results are empty but have {gold_res.num_columns} vs {pred_res.num_columns} columns",
+                **shapes,
             )
         ok = strict_result_eq(
             gold_res.rows,
@@ -339,7 +372,7 @@ class SpiderEvaluator:
             gold_columns=gold_res.num_columns,
             pred_columns=pred_res.num_columns,
         )
-        return Verdict(1.0, "match") if ok else Verdict(0.0, "mismatch")
+        return Verdict(1.0, "match", **shapes) if ok else Verdict(0.0, "mismatch", **shapes)
 
     def close(self) -> None:
         self.sandbox.close()

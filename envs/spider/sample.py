@@ -17,12 +17,12 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sqlite3
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from agentgym_lightning.paths import build_once
 
 __all__ = ["SAMPLE_DATABASES", "SAMPLE_QUESTIONS", "sample_version", "build_sample", "ensure_sample"]
 
@@ -379,22 +379,10 @@ def build_sample(dest: str | os.PathLike[str]) -> Path:
 
 def ensure_sample(cache_root: str | os.PathLike[str]) -> Path:
     """The sample's folder under ``cache_root``, built (atomically) if it is not there yet."""
-    final = Path(cache_root) / f"spider-sample-{sample_version()}"
-    if (final / "dev.json").is_file() and (final / "tables.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".spider-sample-", dir=final.parent))
-    try:
-        build_sample(tmp)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not (final / "dev.json").is_file():  # not a concurrent builder that won the race
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    def complete(p: Path) -> bool:
+        return (p / "dev.json").is_file() and (p / "tables.json").is_file()
+
+    return build_once(Path(cache_root) / f"spider-sample-{sample_version()}", build_sample, complete)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,19 +1,28 @@
-"""Run untrusted SQL against a Spider database without any way to change it.
+"""Run untrusted SQL against a Spider database without any way to change it, or to cost the
+caller more than a bounded result.
 
 Every query a policy writes runs here. The defences are layered, so that no single mistake opens
-the database:
+the database or the process:
 
+* queries run in separate worker processes (:mod:`.sql_worker`, standard library only), so a
+  query that hangs inside one SQLite C call is killed at its time limit plus
+  ``kill_margin_s``, and one that allocates without bound hits the worker's address-space limit
+  (``max_worker_memory_bytes``), never the caller's memory;
 * the file is opened through a URI with ``mode=ro`` (SQLite refuses every write at the pager
   level) and ``immutable=1`` (no locks, no journal, nothing created next to the file);
 * an authorizer allows only reading: ``SELECT``, column reads, functions (except
   ``load_extension`` and ``fts3_tokenizer``), recursive CTEs and a short list of read-only
   introspection pragmas. Everything else (INSERT/UPDATE/DELETE, DDL, ATTACH, transactions,
   ``PRAGMA writable_schema`` or any other pragma that can change state) is denied at compile time;
-* attaching databases is also limited to zero and extension loading disabled;
-* a progress handler interrupts a query past its time limit (or when the episode is cancelled);
-* at most ``max_rows`` rows are fetched, and strings/blobs are capped at ``max_value_bytes``;
-* SQL longer than ``max_sql_bytes`` is rejected before SQLite parses it (parsing is not
-  interruptible).
+* SQLite's own limits on the connection: attached databases 0, ``SQLITE_LIMIT_LENGTH``
+  (``max_value_bytes``: the largest string or blob a query may build), ``SQLITE_LIMIT_COLUMN``
+  (``max_columns``), ``SQLITE_LIMIT_LIKE_PATTERN_LENGTH``; extension loading disabled;
+* a progress handler interrupts a query past its time limit;
+* rows are fetched one at a time and counted: past ``max_rows`` rows or ``max_result_bytes``
+  bytes the query fails (``too_many_rows``, ``too_large``) before more is held;
+* SQL longer than ``max_sql_bytes`` is rejected before SQLite parses it.
+
+Every limit is in :class:`SandboxLimits` and documented in ``docs/limits.md``.
 
 Results are fetched the way Spider's official evaluator fetches them (``fetchall`` of tuples,
 text decoded as UTF-8 with undecodable bytes dropped), so rows compare exactly as there.
@@ -21,55 +30,72 @@ text decoded as UTF-8 with undecodable bytes dropped), so rows compare exactly a
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import pickle
+import select
 import sqlite3
+import struct
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SandboxLimits", "ExecResult", "SQLSandbox", "database_tables"]
+from .sql_worker import ro_uri
 
-# Pragmas that only report; allowed with or without an argument (the argument is a table/index
-# name for these, never a new setting).
-_READONLY_PRAGMAS = frozenset(
-    {
-        "table_info",
-        "table_xinfo",
-        "table_list",
-        "index_list",
-        "index_info",
-        "index_xinfo",
-        "foreign_key_list",
-        "collation_list",
-        "database_list",
-        "function_list",
-    }
-)
-_DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
-_ALLOWED_ACTIONS = frozenset(
-    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
-)
+__all__ = ["SandboxLimits", "ExecResult", "SQLSandbox", "database_tables", "RESOURCE_ERRORS"]
+
+_WORKER_SCRIPT = Path(__file__).with_name("sql_worker.py")
+#: How often a caller waiting for a worker checks its cancel event.
+_POLL_S = 0.05
+
+#: Errors that mean the query exhausted a limit rather than being wrong SQL: running the same
+#: prediction again (another normalization of it) would only exhaust it again.
+RESOURCE_ERRORS = frozenset({"timeout", "too_large", "too_many_rows", "too_long", "cancelled", "crashed"})
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of one query."""
+    """Resource limits of one query (each documented in ``docs/limits.md``)."""
 
     #: Wall-clock seconds a query may run, fetching included.
     timeout_s: float = 5.0
     #: Rows fetched at most; a query returning more fails with ``too_many_rows``. Spider's largest
     #: gold result has ~10k rows (train) and 1,860 (dev), far below the default.
     max_rows: int = 100_000
-    #: SQLite ``SQLITE_LIMIT_LENGTH``: the largest string or blob a query may build.
-    max_value_bytes: int = 10_000_000
+    #: SQLite ``SQLITE_LIMIT_LENGTH``: the largest string or blob a query may build (and a
+    #: record it may sort). Spider's largest stored value is 213 bytes.
+    max_value_bytes: int = 1_000_000
+    #: SQLite ``SQLITE_LIMIT_COLUMN``: columns of a result (also of GROUP BY / ORDER BY lists).
+    #: Spider's widest gold result has 19 columns and its widest table 26.
+    max_columns: int = 100
+    #: Bytes a result may hold, counted while rows are fetched (text and blobs by length, other
+    #: values 8 bytes, 64 per row). Spider's largest gold result counts ~0.9 MB.
+    max_result_bytes: int = 32_000_000
     #: SQL text longer than this (UTF-8 bytes) is refused without being parsed.
     max_sql_bytes: int = 100_000
+    #: SQLite ``SQLITE_LIMIT_LIKE_PATTERN_LENGTH``: LIKE/GLOB patterns longer than this fail
+    #: (matching costs up to pattern x text).
+    max_like_pattern_bytes: int = 1_000
     #: The progress handler runs every this many SQLite VM instructions.
     progress_every: int = 1_000
+    #: Address space of a worker process (``RLIMIT_AS``); ``0`` for no limit.
+    max_worker_memory_bytes: int = 1 << 30
+    #: A worker that has not answered ``timeout_s + kill_margin_s`` seconds after it got the query
+    #: (one SQLite C call that never checks the clock) is killed; the query fails with ``timeout``.
+    kill_margin_s: float = 0.25
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.max_rows <= 0 or self.max_value_bytes <= 0 or self.max_sql_bytes <= 0:
-            raise ValueError(f"sandbox limits must be positive: {self}")
+        positive = ("timeout_s", "max_rows", "max_value_bytes", "max_columns", "max_result_bytes", "max_sql_bytes",
+                    "max_like_pattern_bytes", "progress_every", "kill_margin_s")
+        bad = [name for name in positive if not getattr(self, name) > 0]
+        if bad or self.max_worker_memory_bytes < 0:
+            raise ValueError(f"sandbox limits must be positive ({', '.join(bad) or 'max_worker_memory_bytes'}): {self}")
 
 
 @dataclass
@@ -81,7 +107,9 @@ class ExecResult:
     num_columns: int = 0
     column_names: tuple[str, ...] = ()
     #: ``None`` when it ran; else one of ``denied``, ``timeout``, ``too_many_rows``,
-    #: ``multiple_statements``, ``too_long``, ``cancelled``, ``error``.
+    #: ``too_large`` (a value, the columns or the result past its limit, or out of memory),
+    #: ``multiple_statements``, ``too_long``, ``cancelled``, ``crashed`` (the worker process
+    #: died), ``error``.
     error: str | None = None
     message: str = ""
     #: Tables (lower-cased) whose columns the query reads from the database file, as the
@@ -90,161 +118,112 @@ class ExecResult:
     #: Names (lower-cased) scanned without reading a column (``SELECT count(*) FROM t``): SQLite
     #: reports database tables and CTEs alike here, so a caller must tell them apart.
     tables_scanned: frozenset[str] = field(default_factory=frozenset)
+    #: Bytes the result counted against ``max_result_bytes``.
+    result_bytes: int = 0
     elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
-
-def _ro_uri(path: Path) -> str:
-    # as_uri() percent-encodes; immutable=1 keeps SQLite from touching anything beside the file
-    # (which also makes read-only directories work).
-    return path.resolve().as_uri() + "?mode=ro&immutable=1"
-
-
-def _decode_text(raw: bytes) -> str:
-    # Exactly the official evaluator's text_factory: some Spider databases hold invalid UTF-8.
-    return raw.decode(errors="ignore")
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        """``(rows, columns)``, or ``None`` when the query failed."""
+        return None if self.rows is None else (len(self.rows), self.num_columns)
 
 
-class _Connection:
-    """One read-only connection with its per-query state (deadline, tables read)."""
+class _Worker:
+    """One worker process, used by one thread at a time."""
 
-    def __init__(self, path: Path, limits: SandboxLimits) -> None:
-        self.limits = limits
-        self.deadline = 0.0
-        self.cancel: threading.Event | None = None
-        self.cancelled = False
-        self.timed_out = False
-        self.tables_read: set[str] = set()
-        self.tables_scanned: set[str] = set()
-        self.denied: list[str] = []
-        # check_same_thread=False: a connection moves between threads through the pool, but is
-        # used by one thread at a time. cached_statements=0: a statement reused from the cache is
-        # not compiled again, so the authorizer would not see (nor record) what it reads.
-        self.conn = sqlite3.connect(
-            _ro_uri(path), uri=True, isolation_level=None, check_same_thread=False, cached_statements=0
+    def __init__(self, limits: SandboxLimits) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_WORKER_SCRIPT), json.dumps(dataclasses.asdict(limits))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # no terminal signals: the sandbox decides when it ends
+            close_fds=True,
         )
-        self.conn.text_factory = _decode_text
-        if hasattr(self.conn, "enable_load_extension"):
-            self.conn.enable_load_extension(False)
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.max_value_bytes)
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, limits.max_sql_bytes)
-        self.conn.set_authorizer(self._authorize)
-        self.conn.set_progress_handler(self._progress, limits.progress_every)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in = self.proc.stdin
+        self._out = self.proc.stdout.fileno()
 
-    def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
-        if action == sqlite3.SQLITE_READ:
-            if arg1:
-                # A column read names its database ("main"); a bare scan does not, and a CTE
-                # scanned that way is reported under its own name.
-                (self.tables_read if arg2 and db else self.tables_scanned).add(arg1.lower())
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_FUNCTION:
-            if (arg2 or "").lower() in _DENIED_FUNCTIONS:
-                self.denied.append(f"function {arg2}")
-                return sqlite3.SQLITE_DENY
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_PRAGMA:
-            if (arg1 or "").lower() in _READONLY_PRAGMAS:
-                return sqlite3.SQLITE_OK
-            self.denied.append(f"PRAGMA {arg1}")
-            return sqlite3.SQLITE_DENY
-        if action in _ALLOWED_ACTIONS:
-            return sqlite3.SQLITE_OK
-        self.denied.append(f"action {action} ({arg1}, {arg2})")
-        return sqlite3.SQLITE_DENY
+    def send(self, request: tuple[str, str, float]) -> None:
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        self._in.write(struct.pack("!I", len(data)) + data)
+        self._in.flush()
 
-    def _progress(self) -> int:
-        if self.cancel is not None and self.cancel.is_set():
-            self.cancelled = True
-            return 1
-        if time.monotonic() > self.deadline:
-            self.timed_out = True
-            return 1
-        return 0
+    def receive(self, deadline: float, cancel: threading.Event | None) -> dict[str, Any] | str:
+        """The worker's answer, or ``"timeout"``/``"cancelled"``/``"crashed"``."""
+        header = self._read(4, deadline, cancel)
+        if isinstance(header, str):
+            return header
+        body = self._read(struct.unpack("!I", header)[0], None, cancel)
+        if isinstance(body, str):
+            return body
+        result: dict[str, Any] = pickle.loads(body)
+        return result
 
-    def run(self, sql: str, timeout_s: float, cancel: threading.Event | None) -> ExecResult:
-        self.tables_read = set()
-        self.tables_scanned = set()
-        self.denied = []
-        self.timed_out = self.cancelled = False
-        self.cancel = cancel
-        start = time.monotonic()
-        self.deadline = start + timeout_s
-        cursor = self.conn.cursor()
-        try:
-            cursor.execute(sql)
-            description = cursor.description or ()
-            rows: list[tuple] = []
-            batch = max(1, min(1024, self.limits.max_rows + 1))
-            while True:
-                chunk = cursor.fetchmany(batch)
-                if not chunk:
-                    break
-                rows.extend(chunk)
-                if len(rows) > self.limits.max_rows:
-                    return self._fail(
-                        "too_many_rows", f"the query returned more than {self.limits.max_rows} rows", start
-                    )
-                if time.monotonic() > self.deadline:  # decoding rows is not covered by the handler
-                    self.timed_out = True
-                    raise sqlite3.OperationalError("interrupted")
-            return ExecResult(
-                rows=rows,
-                num_columns=len(description),
-                column_names=tuple(str(d[0]) for d in description),
-                tables_read=frozenset(self.tables_read),
-                tables_scanned=frozenset(self.tables_scanned),
-                elapsed_s=time.monotonic() - start,
-            )
-        except sqlite3.ProgrammingError as exc:
-            kind = "multiple_statements" if "one statement at a time" in str(exc) else "error"
-            return self._fail(kind, str(exc), start)
-        except sqlite3.Warning as exc:  # older Pythons report several statements this way
-            return self._fail("multiple_statements", str(exc), start)
-        except sqlite3.DatabaseError as exc:
-            if self.cancelled:
-                return self._fail("cancelled", "the episode was cancelled", start)
-            if self.timed_out:
-                return self._fail("timeout", f"the query ran past its {timeout_s:g} s limit", start)
-            if self.denied or "not authorized" in str(exc):
-                return self._fail("denied", f"not allowed in the sandbox: {', '.join(self.denied) or exc}", start)
-            return self._fail("error", str(exc), start)
-        except (ValueError, OverflowError, MemoryError, UnicodeError) as exc:
-            # NUL characters in the SQL, integers too large for SQLite, ...
-            return self._fail("error", f"{type(exc).__name__}: {exc}", start)
-        finally:
-            cursor.close()
-            self.cancel = None
+    def _read(self, n: int, deadline: float | None, cancel: threading.Event | None) -> bytes | str:
+        chunks, got = [], 0
+        while got < n:
+            wait = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if wait <= 0:
+                return "timeout"
+            if cancel is not None and cancel.is_set():
+                return "cancelled"
+            ready, _, _ = select.select([self._out], [], [], wait)
+            if not ready:
+                continue
+            chunk = os.read(self._out, min(n - got, 1 << 20))
+            if not chunk:
+                return "crashed"
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
 
-    def _fail(self, kind: str, message: str, start: float) -> ExecResult:
-        return ExecResult(
-            rows=None,
-            error=kind,
-            message=message,
-            tables_read=frozenset(self.tables_read),
-            elapsed_s=time.monotonic() - start,
-        )
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.close()
 
     def close(self) -> None:
-        self.conn.close()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:  # a broken pipe on flush: the worker is gone already
+                pass
+        try:
+            self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _close_workers(workers: list[_Worker]) -> None:
+    for worker in workers:
+        worker.close()
 
 
 class SQLSandbox:
     """Runs queries read-only under :class:`SandboxLimits`; thread-safe.
 
-    Connections are pooled per database file (opening one costs a schema parse) and handed to one
-    thread at a time.
+    Each query runs in a worker process (started on first use, kept for the next query, and
+    replaced when one is killed). At most ``max_workers`` queries run at once; more wait for a
+    free worker (the wait does not count against their time limit). ``close()`` ends every
+    worker; a worker also ends when this process does (its stdin closes).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, *, max_idle_per_db: int = 4) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, *, max_workers: int | None = None, max_idle: int = 4) -> None:
         self.limits = limits or SandboxLimits()
-        self._idle: dict[Path, list[_Connection]] = {}
+        self.max_workers = max_workers or max(4, os.cpu_count() or 1)
+        self._slots = threading.BoundedSemaphore(self.max_workers)
+        self._idle: list[_Worker] = []
         self._lock = threading.Lock()
-        self._max_idle = max_idle_per_db
+        self._max_idle = max_idle
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_workers, self._idle)
 
     def run(
         self,
@@ -262,36 +241,67 @@ class SQLSandbox:
                 rows=None, error="too_long", message=f"the SQL is longer than {self.limits.max_sql_bytes} bytes"
             )
         path = Path(db_path)
-        conn = self._acquire(path)
-        try:
-            return conn.run(sql, self.limits.timeout_s if timeout_s is None else timeout_s, cancel)
-        finally:
-            self._release(path, conn)
-
-    def _acquire(self, path: Path) -> _Connection:
-        with self._lock:
-            idle = self._idle.get(path)
-            if idle:
-                return idle.pop()
         if not path.is_file():
             raise FileNotFoundError(f"no SQLite database at {path}")
-        return _Connection(path, self.limits)
+        timeout = self.limits.timeout_s if timeout_s is None else timeout_s
+        while not self._slots.acquire(timeout=_POLL_S):
+            if cancel is not None and cancel.is_set():
+                return ExecResult(rows=None, error="cancelled", message="the episode was cancelled")
+        try:
+            return self._run_in_worker(str(path.resolve()), sql, timeout, cancel)
+        finally:
+            self._slots.release()
 
-    def _release(self, path: Path, conn: _Connection) -> None:
+    def _run_in_worker(self, path: str, sql: str, timeout: float, cancel: threading.Event | None) -> ExecResult:
+        worker = self._acquire()
+        start = time.monotonic()
+        try:
+            worker.send((path, sql, timeout))
+            answer = worker.receive(start + timeout + self.limits.kill_margin_s, cancel)
+        except (BrokenPipeError, OSError):
+            answer = "crashed"
+        except BaseException:
+            worker.kill()  # interrupted mid-conversation: its state is unknown
+            raise
+        elapsed = time.monotonic() - start
+        if isinstance(answer, str):
+            worker.kill()
+            message = {
+                "timeout": f"the query ran past its {timeout:g} s limit (its worker was killed)",
+                "cancelled": "the episode was cancelled",
+                "crashed": "the query's worker process died (out of memory?)",
+            }[answer]
+            return ExecResult(rows=None, error=answer, message=message, elapsed_s=elapsed)
+        self._release(worker)
+        answer.setdefault("error", None)
+        if answer["error"] is None and cancel is not None and cancel.is_set():
+            answer.update(rows=None, error="cancelled", message="the episode was cancelled")
+        return ExecResult(**answer)
+
+    def _acquire(self) -> _Worker:
         with self._lock:
-            idle = self._idle.setdefault(path, [])
-            if len(idle) < self._max_idle:
-                idle.append(conn)
+            if self._closed:
+                raise RuntimeError("the SQL sandbox is closed")
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.proc.poll() is None:
+                    return worker
+                worker.close()
+        return _Worker(self.limits)
+
+    def _release(self, worker: _Worker) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(worker)
                 return
-        conn.close()
+        worker.close()
 
     def close(self) -> None:
-        """Close every pooled connection (connections in use close when returned... or GC'd)."""
+        """End every idle worker (one still running a query ends when it returns)."""
         with self._lock:
-            pools, self._idle = self._idle, {}
-        for idle in pools.values():
-            for conn in idle:
-                conn.close()
+            self._closed = True
+            idle, self._idle[:] = list(self._idle), []
+        _close_workers(idle)
 
     def __enter__(self) -> SQLSandbox:
         return self
@@ -302,7 +312,7 @@ class SQLSandbox:
 
 def database_tables(db_path: str | Path) -> list[str]:
     """Names of the user tables and views of a database (``sqlite_*`` internals excluded)."""
-    conn = sqlite3.connect(_ro_uri(Path(db_path)), uri=True)
+    conn = sqlite3.connect(ro_uri(Path(db_path)), uri=True)
     try:
         rows = conn.execute(
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "

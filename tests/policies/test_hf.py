@@ -96,6 +96,30 @@ def test_seeded_sampling_is_reproducible(hf_policy):
     assert len(others | {tuple(a.completion_token_ids)}) > 1  # different seeds sample different answers
 
 
+def test_a_seeded_request_samples_the_same_whatever_its_batch(hf_policy):
+    """Per-row generators: a seeded request's tokens do not depend on its neighbours (the
+    trainer's reproducible rollouts rest on this); unseeded neighbours still sample freely."""
+    req = _req(QUESTIONS[1], temperature=1.0, seed=7)
+    alone = hf_policy.generate([req])[0]
+    batch = [_req(QUESTIONS[2], temperature=1.0), req, _req(QUESTIONS[0] * 3, temperature=1.0, seed=8)]
+    together = hf_policy.generate(batch)[1]
+    assert together.completion_token_ids == alone.completion_token_ids
+    assert together.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    _check_shape(hf_policy, req, together)
+
+
+def test_requests_with_different_seeds_share_one_batch(hf_policy, monkeypatch):
+    """Seeds no longer split a batch: a trainer seeds every call, and one generate per seed
+    would make rollouts as slow as unbatched ones."""
+    calls = []
+    original = hf_policy.hf_model.generate
+    monkeypatch.setattr(hf_policy.hf_model, "generate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    reqs = [_req(QUESTIONS[i % 3], temperature=1.0, seed=100 + i, max_tokens=4) for i in range(4)]
+    outs = hf_policy.generate(reqs)
+    assert len(calls) == 1
+    assert outs[0].completion_token_ids == hf_policy.generate([reqs[0]])[0].completion_token_ids
+
+
 def test_per_request_max_tokens_in_one_batch(hf_policy):
     # The gateway refuses max_tokens < 1 (as OpenAI does); a policy called directly must still
     # answer such a request with an empty completion rather than break the batch.

@@ -178,3 +178,74 @@ def test_reward_fn_judges_plain_sql(sample_dir: Path):
     assert reward(task, "SELECT 9") == 0.0
     assert reward(task, None) == 0.0
     assert SpiderReward(SpiderEvaluator(), "official")(task, "SELECT 9") == 1.0
+
+
+def test_a_bombed_query_runs_once_per_step(sample_env, monkeypatch):
+    """The agent's run of its final query is the judged one: a query that exhausts its time
+    limit costs it once, not once for the agent plus once per reward variant."""
+    env = sample_env(max_turns=1, sql_timeout_s=0.3)
+    sandbox = env.spider_evaluator.sandbox
+    real_run = sandbox.run
+    runs: list[str] = []
+    monkeypatch.setattr(sandbox, "run", lambda db, sql, **kw: runs.append(sql) or real_run(db, sql, **kw))
+    # Never ends; DISTINCT makes the official normalization a different text (it drops DISTINCT).
+    bomb = "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT DISTINCT count(*) FROM r"
+    trajectory, total = run_episode(env, lambda obs, task: f"```sql\n{bomb}\n```", task_index=0)
+    assert total == 0.0 and trajectory.status is Status.SUCCEEDED
+    assert len([sql for sql in runs if "RECURSIVE" in sql.upper()]) == 1
+    assert trajectory.result["reasons"] == {"strict": "pred_timeout", "official": "pred_timeout"}
+    assert trajectory.result["prediction"]["error"] == "timeout"
+
+
+def test_the_result_records_what_a_mismatch_needs(sample_env):
+    """Shape and first rows of the final prediction, the gold shape and each verdict: enough to
+    see why an answer was wrong from the JSONL alone."""
+    import json
+
+    env = sample_env(max_turns=1)
+    trajectory, total = run_episode(env, lambda obs, task: "```sql\nSELECT title FROM book\n```", task_index=0)
+    result = trajectory.result
+    assert total == 0.0 and result["reasons"] == {"strict": "mismatch", "official": "mismatch"}
+    prediction = result["prediction"]
+    assert prediction["shape"] == [9, 1] and prediction["columns"] == ["title"]
+    assert len(prediction["rows"]) == 5 and all(isinstance(row[0], str) for row in prediction["rows"])
+    assert result["gold"] == {"shape": [1, 1]}
+    assert result["verdicts"]["strict"] == {
+        "score": 0.0, "reason": "mismatch", "detail": "", "pred_shape": [9, 1], "gold_shape": [1, 1]
+    }
+    assert json.loads(trajectory.to_json())["result"] == result  # all of it is plain JSON
+
+
+def test_sql_limits_reach_the_sandbox(sample_env):
+    env = sample_env(max_turns=1, sql_limits={"max_result_bytes": 300})
+    trajectory, total = run_episode(env, lambda obs, task: "```sql\nSELECT * FROM book\n```", task_index=0)
+    assert total == 0.0 and trajectory.result["reasons"]["strict"] == "pred_too_large"
+    with pytest.raises(ValueError, match="unknown field"):
+        make_env(sql_limits={"max_result_megabytes": 1})
+
+
+@pytest.mark.spider
+def test_eval_announces_the_skipped_dev_questions_once(spider_dir: Path, monkeypatch, capsys):
+    """62 dev questions need the missing wta_1 database: said once, with count and reason, even
+    though eval builds an env to check its arguments and then one per concurrent episode."""
+    from agentgym_lightning import cli, policies
+
+    class SelectOne:
+        def generate(self, requests):
+            return ["```sql\nSELECT 1\n```"] * len(requests)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: SelectOne())
+    monkeypatch.setenv("AGENTGYM_LIGHTNING_SPIDER_DIR", str(spider_dir))
+    from agentgym_lightning.envs.spider import data
+
+    monkeypatch.setattr(data, "_cache", {})  # a fresh process: nothing loaded yet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = cli.main(["eval", "--env", "lightning/Spider-v0", "--episodes", "3", "--concurrency", "3", "--no-progress",
+                         "--env-kwarg", "max_turns=1"])
+    assert code == 0
+    skipped = [w for w in caught if issubclass(w.category, SpiderDataWarning)]
+    assert len(skipped) == 1 and "skipped 62 of 1034" in str(skipped[0].message) and "missing" in str(skipped[0].message)

@@ -92,8 +92,9 @@ def test_hostile_sql_through_the_env(spider_copy: Path, tmp_path: Path, tree_has
             assert terminated and not truncated, info["error"]
             assert reward == 0.0, sql[:80]
             assert info["trajectory"].variables["metrics"] == {"strict": 0.0, "official": 0.0}, sql[:80]
-            # The agent's run plus the two judged runs, each under the limit.
-            assert elapsed < 3 * TIMEOUT + 2.0, (sql[:80], elapsed)
+            # One run: the agent's run of its query is the judged one, and a query that exhausts
+            # a limit is not run again in another normalization.
+            assert elapsed < TIMEOUT + 2.0, (sql[:80], elapsed)
         # The official quirk runs only the first statement: it scores, and still changes nothing.
         env.reset(options={"task_index": 0})
         _, _, _, _, info = env.step("```sql\nSELECT count(*) FROM singer; DROP TABLE singer\n```")

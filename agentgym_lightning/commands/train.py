@@ -1,0 +1,211 @@
+"""``agentgym-lightning train``: reinforcement learning of an agent's policy on an environment.
+
+::
+
+    agentgym-lightning train                                   # the embedded defaults (see README)
+    agentgym-lightning train --env lightning/Spider-v0 --steps 50 --tasks-per-step 8 --group-size 4 \\
+        --lora --air spider.exec_error=-0.1 --eval-env-kwarg split=dev
+    agentgym-lightning train --config run.yaml --set beta=0.04
+    agentgym-lightning train --resume runs/train               # continue a run from its last checkpoint
+
+Options come from, in order of precedence: the flags given, ``--config FILE.yaml`` (any
+:class:`~agentgym_lightning.training.LightningRLConfig` field), the resumed run's saved config
+(``--resume`` without ``--config``), the defaults. Everything is checked before the model is
+loaded; a bad option is one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits
+130; ``--resume`` continues from it with the same data order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "run", "build_config"]
+
+# flag dest -> config field, for flags that map one to one
+_DIRECT = {
+    "env": "env",
+    "model": "model",
+    "backend": "backend",
+    "steps": "max_steps",
+    "tasks_per_step": "tasks_per_step",
+    "group_size": "num_generations",
+    "credit": "credit",
+    "aggregation": "aggregation",
+    "output_dir": "output_dir",
+    "eval_steps": "eval_steps",
+    "eval_episodes": "eval_episodes",
+    "learning_rate": "learning_rate",
+    "seed": "seed",
+    "loss_type": "loss_type",
+    "save_steps": "save_steps",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``train`` subcommand."""
+    from agentgym_lightning.training.config import AGGREGATIONS, LOSS_TYPES, LightningRLConfig
+
+    h = LightningRLConfig.help_of
+    p = subparsers.add_parser(
+        "train",
+        help="train the policy of an environment's agent with RL (LightningRL); prints reward before and after",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every option of the config: python -c 'from agentgym_lightning.training import LightningRLConfig; help(LightningRLConfig)'",
+    )
+    p.add_argument("--config", metavar="FILE.yaml", help="YAML file of config options")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its last checkpoint) or from one checkpoint folder")
+    p.add_argument("--env", help=h("env"))
+    p.add_argument("--model", help=h("model"))
+    p.add_argument("--backend", choices=["hf", "vllm"], help=h("backend"))
+    p.add_argument("--steps", type=int, help=h("max_steps"))
+    p.add_argument("--tasks-per-step", type=int, help=h("tasks_per_step"))
+    p.add_argument("--group-size", type=int, help=h("num_generations"))
+    p.add_argument("--lora", action="store_const", const=True, default=None, help=h("use_peft"))
+    p.add_argument("--credit", help=h("credit"))
+    p.add_argument("--aggregation", choices=AGGREGATIONS, help=h("aggregation"))
+    p.add_argument("--loss-type", choices=LOSS_TYPES, help=h("loss_type"))
+    p.add_argument("--air", action="append", default=[], metavar="SOURCE=WEIGHT[,...]", help="AIR weights, e.g. math.tool_ok=0.2,math.no_answer=-0.2 (repeatable)")
+    p.add_argument("--learning-rate", type=float, help=h("learning_rate"))
+    p.add_argument("--seed", type=int, help=h("seed"))
+    p.add_argument("--output-dir", help=h("output_dir"))
+    p.add_argument("--save-steps", type=int, help=h("save_steps"))
+    p.add_argument("--eval-steps", type=int, help=h("eval_steps"))
+    p.add_argument("--eval-episodes", type=int, help=h("eval_episodes"))
+    p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="training env keyword argument (repeatable; JSON values)")
+    p.add_argument("--eval-env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="held-out env keyword argument (repeatable); turns the eval on")
+    p.add_argument("--policy-kwarg", action="append", default=[], metavar="KEY=VALUE", help="policy backend keyword argument (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any config field (repeatable; JSON values), e.g. --set beta=0.04")
+    p.add_argument("--no-wandb", action="store_true", help="do not log to Weights & Biases (metrics.jsonl is always written)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
+    p.set_defaults(func=run)
+
+
+def _air(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        for pair in item.split(","):
+            if not pair.strip():
+                continue
+            source, sep, weight = pair.partition("=")
+            try:
+                if not sep or not source.strip():
+                    raise ValueError
+                out[source.strip()] = float(weight)
+            except ValueError:
+                raise ValueError(f"--air expects SOURCE=WEIGHT pairs, got {pair!r}") from None
+    return out
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The run's :class:`LightningRLConfig` from the command line (see the module docstring)."""
+    from agentgym_lightning.eval import parse_kwargs
+    from agentgym_lightning.training.checkpoint import find_checkpoint
+    from agentgym_lightning.training.config import LightningRLConfig
+
+    base: dict[str, Any] = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise ValueError(f"--config {path}: no such file")
+        base = LightningRLConfig.from_yaml(path).to_dict()
+    elif args.resume:
+        checkpoint = find_checkpoint(args.resume)
+        saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["config"]
+        base = {k: v for k, v in saved.items() if k in LightningRLConfig.field_names()}
+    for dest, name in _DIRECT.items():
+        value = getattr(args, dest)
+        if value is not None:
+            base[name] = value
+    if args.lora:
+        base["use_peft"] = True
+    if args.air:
+        base["air_weights"] = {**base.get("air_weights", {}), **_air(args.air)}
+    if args.env_kwarg:
+        base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_kwargs(args.env_kwarg, "--env-kwarg")}
+    if args.eval_env_kwarg:
+        base["eval_env_kwargs"] = {**(base.get("eval_env_kwargs") or {}), **parse_kwargs(args.eval_env_kwarg, "--eval-env-kwarg")}
+    if args.policy_kwarg:
+        base["policy_kwargs"] = {**base.get("policy_kwargs", {}), **parse_kwargs(args.policy_kwarg, "--policy-kwarg")}
+    base.update(parse_kwargs(args.set, "--set"))
+    if args.no_wandb:
+        base["report_to"] = []
+    if args.no_progress:
+        base["progress"] = False
+    if args.resume and not args.output_dir:
+        found = find_checkpoint(args.resume)
+        base["output_dir"] = str(found.parent.parent)
+    return LightningRLConfig.from_dict(base)
+
+
+def _check_output_dir(path: Path) -> None:
+    probe = path / ".write-test"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--output-dir {path} is not writable ({exc.strerror or exc})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``train`` command. Exit 0 when done, 130 when interrupted, 2 on a bad option."""
+    from agentgym_lightning.eval import _resolve_env_id
+
+    try:
+        config = build_config(args)
+        config = config.replace(env=_resolve_env_id(config.env))
+        _check_output_dir(Path(config.output_dir))
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
+        return 2
+    from agentgym_lightning.training import LightningRLTrainer
+
+    started = time.perf_counter()
+    try:
+        trainer = LightningRLTrainer(config)
+        result = trainer.train(resume_from=args.resume)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - started
+    before, after = result.eval_before or {}, result.eval_after or {}
+    if args.json:
+        summary = {"steps": result.steps, "wall_time_s": elapsed, "interrupted": result.interrupted, "output_dir": str(result.output_dir)}
+        summary.update({f"before/{k}": v for k, v in before.items()})
+        summary.update({f"after/{k}": v for k, v in after.items()})
+        print(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in summary.items()}))
+    else:
+        print(_summary(config, result, elapsed))
+    return 130 if result.interrupted else 0
+
+
+def _summary(config: Any, result: Any, elapsed: float) -> str:
+    lines = [
+        f"{config.env} · {config.model} ({config.backend}{', LoRA' if config.use_peft else ''}) · "
+        f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (" (interrupted)" if result.interrupted else "")
+    ]
+    before, after = result.eval_before, result.eval_after
+    if before:
+        how = f"{'greedy' if config.eval_temperature == 0 else f'T={config.eval_temperature}'}, {int(before['eval/episodes'])} held-out tasks"
+        after_text = f"{after['eval/reward/mean']:.3f}" if after else "-"
+        lines.append(f"  held-out reward   {before['eval/reward/mean']:.3f} -> {after_text}   ({how})")
+        if after:
+            lines.append(f"  success rate      {before['eval/success_rate']:.3f} -> {after['eval/success_rate']:.3f}")
+    if result.history:
+        first, last = result.history[0], result.history[-1]
+        lines.append(f"  train reward      {first.get('train/reward/mean', float('nan')):.3f} (step 1) -> {last.get('train/reward/mean', float('nan')):.3f} (step {int(last['step'])})")
+    out = Path(config.output_dir)
+    if not result.interrupted:
+        lines.append(f"  final model       {out / 'final'}")
+    lines.append(f"  checkpoints       {out / 'checkpoints'}   (continue with --resume {out})")
+    lines.append(f"  trajectories      {out / 'trajectories'}")
+    lines.extend(f"  {m}" for m in result.messages)
+    return "\n".join(lines)

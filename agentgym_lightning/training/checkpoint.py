@@ -1,0 +1,167 @@
+"""Checkpoints: everything a run needs to continue as if it had never stopped.
+
+A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
+
+* ``model.safetensors`` — every weight (full fine-tuning) or ``adapter.safetensors`` — the LoRA
+  adapter's weights only;
+* ``optimizer.pt``, ``scheduler.pt`` — their ``state_dict``s;
+* ``rng.pt`` — the Python, NumPy and torch (CPU and CUDA) RNG states;
+* ``trainer_state.json`` — the step it was taken after, the config, and the metrics history.
+
+It is written to a temporary sibling and renamed into place, so a run killed while saving leaves
+the previous checkpoint intact and never a half-written one; the task order needs no saving (it is
+a function of the seed and the step, see :mod:`.schedule`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "CHECKPOINT_DIR"]
+
+CHECKPOINT_DIR = "checkpoints"
+_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """What a checkpoint records besides tensors."""
+
+    step: int
+    config: dict[str, Any]
+    history: list[dict[str, Any]]
+    extra: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"step": self.step, "config": self.config, "history": self.history, "extra": self.extra},
+            indent=1,
+            default=repr,
+            allow_nan=False,
+        )
+
+
+def _trainable_state(model: Any, peft: bool) -> dict[str, torch.Tensor]:
+    if peft:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    # Tied weights (embeddings = LM head) appear once.
+    seen: dict[int, str] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen:
+            continue
+        seen[key] = name
+        out[name] = tensor.detach().cpu().contiguous()
+    return out
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    *,
+    model: Any,
+    peft: bool,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainerState,
+    keep: int | None = None,
+) -> Path:
+    """Write a checkpoint of ``state.step`` atomically; prune to the newest ``keep``."""
+    from safetensors.torch import save_file
+
+    root = Path(output_dir) / CHECKPOINT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"checkpoint-{state.step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+    try:
+        save_file(_trainable_state(model, peft), str(tmp / ("adapter.safetensors" if peft else "model.safetensors")))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(state.to_json(), encoding="utf-8")
+        if target.exists():  # the same step saved before (a resumed run re-saving): replace it
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None:
+        for old in _checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    found = [p for p in root.iterdir() if p.is_dir() and _PATTERN.match(p.name)] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(_PATTERN.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run folder, or ``None``."""
+    found = _checkpoints(Path(output_dir) / CHECKPOINT_DIR)
+    return found[-1] if found else None
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` is a checkpoint folder, or a run folder whose newest checkpoint is taken."""
+    path = Path(path)
+    if (path / "trainer_state.json").is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise FileNotFoundError(
+            f"no checkpoint in {path}: pass a run's output folder (with {CHECKPOINT_DIR}/checkpoint-N inside) "
+            "or one checkpoint folder"
+        )
+    return latest
+
+
+def load_checkpoint(
+    checkpoint: str | Path, *, model: Any, peft: bool, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> TrainerState:
+    """Restore weights, optimizer, scheduler and RNG states in place; returns the saved state."""
+    from safetensors.torch import load_file
+
+    checkpoint = Path(checkpoint)
+    data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    if peft:
+        from peft import set_peft_model_state_dict
+
+        weights = checkpoint / "adapter.safetensors"
+        if not weights.is_file():
+            raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter: resume without use_peft, or from a LoRA run")
+        set_peft_model_state_dict(model, load_file(str(weights)))
+    else:
+        weights = checkpoint / "model.safetensors"
+        if not weights.is_file():
+            raise ValueError(f"{checkpoint} holds a LoRA adapter, not full weights: resume with use_peft")
+        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        # Tied weights were saved once; anything else missing means a different model.
+        tied = {n for n in missing if n.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"{checkpoint} does not fit this model: missing {sorted(set(missing) - tied)[:5]}, unexpected {unexpected[:5]}")
+    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
+    rng = torch.load(checkpoint / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return TrainerState(step=int(data["step"]), config=data["config"], history=data.get("history", []), extra=data.get("extra", {}))

@@ -1,0 +1,344 @@
+"""``LightningRLConfig``: every option of a training run, typed, defaulted and documented.
+
+Names follow TRL's ``GRPOConfig`` (and ``transformers.TrainingArguments``) wherever an option
+means the same thing — ``learning_rate``, ``num_generations``, ``beta``, ``epsilon``,
+``epsilon_high``, ``loss_type``, ``scale_rewards``, ``importance_sampling_level``,
+``max_completion_length``, ``temperature``, ``mask_truncated_completions``, ``save_steps``,
+``report_to``... — so a TRL user reads it without a glossary. What is new is what agents need:
+the environment, tasks per step, the credit strategy, the aggregation mode, AIR weights.
+
+The defaults are for the embedded SmolLM2-135M on a small CPU: fp32 (bf16 on CPU is ~20x
+slower here), no gradient checkpointing, one optimizer step per training step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LightningRLConfig", "LOSS_TYPES", "AGGREGATIONS"]
+
+#: Loss variants (TRL's names and definitions; see :mod:`agentgym_lightning.training.loss`).
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "cispo")
+#: How an episode's LLM calls become training rows.
+AGGREGATIONS = ("transition", "trajectory")
+_SCALE_REWARDS = ("group", "batch", "none")
+_ZERO_VARIANCE = ("skip", "keep")
+_EPISODE_WEIGHTING = ("equal", "per_call")
+_IS_LEVELS = ("token", "sequence")
+_SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+_BACKENDS = ("hf", "vllm")
+
+
+@dataclass
+class LightningRLConfig:
+    """Configuration of :class:`~agentgym_lightning.training.trainer.LightningRLTrainer`.
+
+    Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``train`` command's
+    flags; :meth:`validate` runs on construction and names any bad value.
+    """
+
+    # ------------------------------------------------------------------ what to train
+    env: str = field(default="lightning/Arithmetic-v0", metadata={"help": "Environment id to train on."})
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Keyword arguments for the training env (`gym.make(env, **env_kwargs)`)."}
+    )
+    model: str = field(
+        default="smollm2-135m",
+        metadata={"help": "Model: an embedded name (`smollm2-135m`), a local folder, or a Hugging Face id in the local cache."},
+    )
+    backend: str = field(
+        default="hf",
+        metadata={
+            "help": "Generator: `hf` (transformers; shares the trained model, no copy) or `vllm` (in-process "
+            "engine, receives the new weights after every update)."
+        },
+    )
+    policy_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Extra keyword arguments for the policy backend (`device`, `max_batch_size`...)."}
+    )
+    output_dir: str = field(
+        default="runs/train", metadata={"help": "Where checkpoints, metrics.jsonl, trajectories.jsonl and the final model go."}
+    )
+
+    # ------------------------------------------------------------------ rollouts
+    max_steps: int = field(default=20, metadata={"help": "Training steps (each: rollouts, one update, a weight sync)."})
+    tasks_per_step: int = field(default=4, metadata={"help": "B: distinct tasks per step."})
+    num_generations: int = field(
+        default=4, metadata={"help": "G: episodes per task (the GRPO group); advantages are normalised within it."}
+    )
+    concurrency: int | None = field(
+        default=None, metadata={"help": "Episodes running at once (default: all B*G of the step)."}
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Sampling temperature of every training call, whatever the agent asked for (RL needs "
+            "exploration; the logprobs the loss uses are at this temperature)."
+        },
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling of training calls (1.0: off)."})
+    max_completion_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Caps `max_tokens` of every training call (the agent's own limit still applies when lower); "
+            "also `dr_grpo`'s normaliser. None: the agent's limit."
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "Seeds task order, episode resets, call sampling and torch."})
+
+    # ------------------------------------------------------------------ from episodes to samples
+    credit: str = field(
+        default="identical",
+        metadata={"help": "Credit-assignment strategy (a plugin): `identical` (LightningRL), `discounted`, `final-only`..."},
+    )
+    credit_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"help": "Parameters of the strategy (`gamma`...)."})
+    aggregation: str = field(
+        default="transition",
+        metadata={
+            "help": "`transition`: every trainable call is one row (LightningRL). `trajectory`: consecutive calls "
+            "whose prompt extends the previous prompt+completion merge into one row (tokens the model did not "
+            "generate are masked out), falling back to a new row where it does not."
+        },
+    )
+    air_weights: dict[str, float] = field(
+        default_factory=dict,
+        metadata={"help": "Automatic Intermediate Reward weights by source (`{'math.tool_ok': 0.2}`); merged into the env's."},
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata={"help": "Divide advantages by the std of the task's group (`group`, GRPO), of the whole step (`batch`), or not (`none`, Dr. GRPO)."},
+    )
+    zero_variance_groups: str = field(
+        default="skip",
+        metadata={
+            "help": "Groups whose episodes all got the same values carry no signal: `skip` drops their rows from "
+            "the update (saves compute), `keep` trains them with advantage 0 (they still count in the normaliser)."
+        },
+    )
+    episode_weighting: str = field(
+        default="equal",
+        metadata={
+            "help": "`equal`: each episode's rows share one unit of weight, so an episode with more calls does not "
+            "weigh more (Agent Lightning v1). `per_call`: every row weighs 1."
+        },
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Leave completions cut by the token limit (`finish_reason == 'length'`) out of the loss."}
+    )
+
+    # ------------------------------------------------------------------ the loss (TRL's definitions)
+    loss_type: str = field(default="dapo", metadata={"help": f"One of {', '.join(LOSS_TYPES)} (TRL's definitions)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient against the initial model (0: no reference model is kept)."})
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Multiply the KL term by the policy ratio (TRL's default: the unbiased reverse-KL gradient)."}
+    )
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping bound of the ratio (1 - epsilon)."})
+    epsilon_high: float | None = field(
+        default=None, metadata={"help": "Upper clipping bound (1 + epsilon_high); default: epsilon. For `cispo`, the ratio cap."}
+    )
+    delta: float | None = field(default=None, metadata={"help": "Two-sided clipping: cap the unclipped ratio at delta."})
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "Policy ratio per `token` (GRPO) or per `sequence` (GSPO)."}
+    )
+    num_iterations: int = field(
+        default=1, metadata={"help": "Optimizer passes over each step's samples (mu in the GRPO paper); >1 recomputes old logprobs."}
+    )
+    sampling_correction: bool = field(
+        default=True,
+        metadata={
+            "help": "Correct for the generator's sampling distribution differing from the trained model's (TRL's "
+            "`vllm_importance_sampling_correction`, here for any generator): multiply the loss by "
+            "exp(old - sampling logprob), truncated or masked."
+        },
+    )
+    sampling_correction_mode: str = field(
+        default="token_truncate", metadata={"help": f"One of {', '.join(_SAMPLING_CORRECTION_MODES)} (TRL's `vllm_importance_sampling_mode`)."}
+    )
+    sampling_correction_clip_max: float | None = field(default=3.0, metadata={"help": "Upper bound of the correction ratio."})
+    sampling_correction_clip_min: float | None = field(default=None, metadata={"help": "Lower bound of the correction ratio."})
+
+    # ------------------------------------------------------------------ optimisation
+    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW learning rate."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "transformers scheduler name (`constant`, `linear`, `cosine`...)."})
+    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps of the scheduler."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
+    per_device_train_batch_size: int = field(
+        default=8, metadata={"help": "Rows per forward/backward (micro-batch); gradients accumulate over the step's rows."}
+    )
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory (off: slower on CPU)."})
+    dtype: str = field(default="float32", metadata={"help": "Weights dtype: float32 (CPU default), bfloat16, float16, auto."})
+    device: str = field(default="auto", metadata={"help": "`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+
+    # ------------------------------------------------------------------ LoRA
+    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of every weight."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | str = field(default="all-linear", metadata={"help": "Modules LoRA adapts."})
+
+    # ------------------------------------------------------------------ evaluation
+    eval_env_kwargs: dict[str, Any] | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the held-out eval env (e.g. `{'split': 'test'}`); None: no eval."},
+    )
+    eval_episodes: int = field(default=32, metadata={"help": "Held-out tasks per evaluation (greedy, one episode each)."})
+    eval_steps: int | None = field(default=None, metadata={"help": "Also evaluate every K steps (always before and after)."})
+    eval_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of evaluation (0: greedy)."})
+
+    # ------------------------------------------------------------------ checkpoints and logging
+    save_steps: int = field(default=5, metadata={"help": "Checkpoint every N steps (and at the end, and on Ctrl-C)."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints (None: all)."})
+    logging_steps: int = field(default=1, metadata={"help": "Log metrics every N steps."})
+    report_to: list[str] = field(
+        default_factory=lambda: ["wandb"],
+        metadata={"help": "Loggers besides the local metrics.jsonl: `wandb` (offline without an API key), or none."},
+    )
+    run_name: str | None = field(default=None, metadata={"help": "Name of the run in W&B (default: derived from env and time)."})
+    log_episodes: int = field(default=4, metadata={"help": "Sample episodes per logged step in the W&B table."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+
+    def validate(self) -> None:
+        """Raise :class:`ValueError` naming the first bad option and what it accepts."""
+
+        def choice(name: str, options: tuple[str, ...]) -> None:
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
+
+        def at_least(name: str, low: float, allow_none: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+                raise ValueError(f"{name} must be a number >= {low}; got {value!r}")
+
+        choice("backend", _BACKENDS)
+        choice("aggregation", AGGREGATIONS)
+        choice("loss_type", LOSS_TYPES)
+        choice("scale_rewards", _SCALE_REWARDS)
+        choice("zero_variance_groups", _ZERO_VARIANCE)
+        choice("episode_weighting", _EPISODE_WEIGHTING)
+        choice("importance_sampling_level", _IS_LEVELS)
+        choice("sampling_correction_mode", _SAMPLING_CORRECTION_MODES)
+        for name in ("max_steps", "tasks_per_step", "per_device_train_batch_size", "num_iterations", "logging_steps", "save_steps", "eval_episodes", "lora_r"):
+            at_least(name, 1)
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
+        if not isinstance(self.num_generations, int) or self.num_generations < 2:
+            raise ValueError(
+                f"num_generations (the group size) must be an integer >= 2: advantages compare episodes of the "
+                f"same task, so one episode per task learns nothing; got {self.num_generations!r}"
+            )
+        at_least("concurrency", 1, allow_none=True)
+        at_least("max_completion_length", 1, allow_none=True)
+        at_least("eval_steps", 1, allow_none=True)
+        at_least("num_threads", 1, allow_none=True)
+        at_least("save_total_limit", 1, allow_none=True)
+        at_least("learning_rate", 0.0)
+        at_least("beta", 0.0)
+        at_least("epsilon", 0.0)
+        at_least("epsilon_high", 0.0, allow_none=True)
+        at_least("delta", 1.0, allow_none=True)
+        at_least("max_grad_norm", 0.0)
+        at_least("warmup_steps", 0)
+        at_least("weight_decay", 0.0)
+        at_least("eval_temperature", 0.0)
+        at_least("log_episodes", 0)
+        if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
+            raise ValueError(f"temperature must be in (0, 2] (training samples; 0 would make every group identical); got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        if self.sampling_correction_clip_max is not None and self.sampling_correction_clip_max <= 0:
+            raise ValueError("sampling_correction_clip_max must be > 0 or None")
+        if self.loss_type == "cispo" and self.epsilon_high is None:
+            raise ValueError("loss_type 'cispo' caps the ratio at epsilon_high: set it (the CISPO paper uses 5.0)")
+        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
+            raise ValueError("loss_type 'dr_grpo' normalises by max_completion_length: set it")
+        for name in ("env_kwargs", "policy_kwargs", "credit_kwargs", "air_weights"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise ValueError(f"{name} must be a mapping; got {type(getattr(self, name)).__name__}")
+        for source, weight in self.air_weights.items():
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"air_weights[{source!r}] must be a finite number; got {weight!r}")
+        if self.eval_env_kwargs is not None and not isinstance(self.eval_env_kwargs, Mapping):
+            raise ValueError("eval_env_kwargs must be a mapping or None")
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        unknown = [r for r in self.report_to if r not in ("wandb",)]
+        if unknown:
+            raise ValueError(f"report_to accepts 'wandb' (or nothing); got {unknown}")
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def episodes_per_step(self) -> int:
+        """B * G."""
+        return self.tasks_per_step * self.num_generations
+
+    @property
+    def epsilon_low(self) -> float:
+        return self.epsilon
+
+    @property
+    def epsilon_upper(self) -> float:
+        """The upper clipping bound's epsilon (``epsilon_high``, defaulting to ``epsilon``)."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LightningRLConfig:
+        """Build from a mapping; unknown keys are an error that lists the valid ones."""
+        names = set(cls.field_names())
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> LightningRLConfig:
+        """Load a YAML mapping of options; ``overrides`` win over the file."""
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path} must hold a mapping of option: value, not {type(data).__name__}")
+        return cls.from_dict({**data, **overrides})
+
+    def replace(self, **changes: Any) -> LightningRLConfig:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def help_of(cls, name: str) -> str:
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return str(f.metadata.get("help", ""))
+        raise KeyError(name)

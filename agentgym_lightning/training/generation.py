@@ -1,0 +1,94 @@
+"""The generator side of training: how rollouts sample, and how new weights reach the generator.
+
+* :class:`SamplingOverride` wraps a policy so every call of a rollout is sampled the way training
+  needs (the run's temperature and top-p, ``max_tokens`` capped), whatever the agent asked for —
+  an agent written for deployment often asks for ``temperature=0``, which would make every episode
+  of a group identical and teach nothing. The agent's own request stays in the trajectory as sent.
+* :func:`sync_weights` pushes the trained weights to the generator after an update: nothing to
+  do when the ``hf`` backend shares the trained model; a full push (LoRA merged in) for a backend
+  with ``load_weights`` (``vllm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.policies.base import Policy
+
+__all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights"]
+
+
+class SamplingOverride(Policy):
+    """Answers with ``policy``, sampling every request at ``temperature``/``top_p`` and at most
+    ``max_tokens`` tokens (``None``: the request's own limit). Seeds in the request are kept."""
+
+    def __init__(self, policy: Any, *, temperature: float, top_p: float = 1.0, max_tokens: int | None = None) -> None:
+        self.policy = policy
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.max_tokens = max_tokens
+        self.backend = getattr(policy, "backend", "")
+        self.model = getattr(policy, "model", "")
+
+    def _override(self, request: ChatRequest) -> ChatRequest:
+        s = request.sampling
+        max_tokens = s.max_tokens
+        if self.max_tokens is not None:
+            max_tokens = self.max_tokens if max_tokens is None else min(max_tokens, self.max_tokens)
+        sampling = dataclasses.replace(
+            s, temperature=self.temperature, top_p=None if self.top_p == 1.0 else self.top_p, max_tokens=max_tokens
+        )
+        return dataclasses.replace(request, sampling=sampling)
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy
+        return list(generate([self._override(r) for r in requests]))
+
+
+def shares_model(policy: Any, model: Any) -> bool:
+    """Whether ``policy`` generates with ``model`` itself (the ``hf`` backend: no copy, no sync)."""
+    return getattr(policy, "hf_model", None) is model
+
+
+@contextlib.contextmanager
+def merged_weights(model: Any, peft: bool) -> Iterator[Iterator[tuple[str, Any]]]:
+    """The weights a generator needs, under the base model's parameter names: with LoRA, the
+    adapter is merged into the base weights for the duration (and unmerged after)."""
+    if not peft:
+        yield ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+        return
+    model.merge_adapter()
+    try:
+        base = model.get_base_model()
+
+        def named() -> Iterator[tuple[str, Any]]:
+            for name, tensor in base.state_dict().items():
+                if "lora_" in name:
+                    continue
+                yield name.replace(".base_layer", ""), tensor.detach()
+
+        yield named()
+    finally:
+        model.unmerge_adapter()
+
+
+def sync_weights(policy: Any, model: Any, *, peft: bool) -> float:
+    """Push ``model``'s weights to ``policy``'s generator; returns the seconds it took (0 when
+    the policy shares the model)."""
+    if shares_model(policy, model):
+        return 0.0
+    load = getattr(policy, "load_weights", None)
+    if load is None:
+        raise TypeError(
+            f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy can neither share the trained "
+            "model nor receive weights (no load_weights): train with the hf or vllm backend"
+        )
+    start = time.perf_counter()
+    with merged_weights(model, peft) as weights:
+        load(weights)
+    return time.perf_counter() - start

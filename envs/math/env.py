@@ -1,0 +1,260 @@
+"""``lightning/GSM8K-v0``, ``lightning/CalcX-v0`` and ``lightning/Arithmetic-v0``: math with a calculator.
+
+    import gymnasium as gym
+    import agentgym_lightning
+
+    env = gym.make("lightning/Arithmetic-v0", difficulty=2)            # endless training problems
+    env = gym.make("lightning/Arithmetic-v0", difficulty=2, split="test")  # the fixed held-out set
+    env = gym.make("lightning/GSM8K-v0", split="test", limit=200)
+    env = gym.make("lightning/CalcX-v0", data_dir="path/to/calcx", split="test")
+
+The same agent (:mod:`.agent`) runs all three. The episode reward is 1.0 when the final answer
+matches the gold (:func:`.answers.answers_match`, exact for GSM8K and Arithmetic, a relative
+tolerance of 1e-2 for Calc-X as in the Calc-X paper) and 0.0 otherwise. Each episode records
+``trajectory.variables["metrics"]``: ``correct``, ``used_calculator`` (it made at least one
+calculator call) and ``answer_parsed`` (its final answer was found and read); ``agentgym-lightning
+eval`` prints their means.
+
+AIR (``plugins/math_air.py``) is on for ``math.no_tool`` with weight 0 (reported on the step,
+adds nothing); give ``air_weights`` to shape rewards, e.g. ``{"math.calc_ok": 0.1,
+"math.calc_error": -0.1, "math.answer_missing": -0.2}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from agentgym_lightning.agent import AgentContext
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.llm import Completion, ToolCall
+from agentgym_lightning.policies.tool_calls import new_tool_call_id
+
+from .agent import AgentResult, MathAgent, MathAgentConfig
+from .answers import answers_match
+from .arithmetic import ArithmeticTasks, resolve_difficulty
+from .data import load_math
+
+__all__ = [
+    "GSM8K_ID",
+    "CALCX_ID",
+    "ARITHMETIC_ID",
+    "DEFAULT_AIR_WEIGHTS",
+    "MathEpisodeAgent",
+    "MathReward",
+    "make_gsm8k_env",
+    "make_calcx_env",
+    "make_arithmetic_env",
+    "calculator_policy",
+]
+
+GSM8K_ID = "lightning/GSM8K-v0"
+CALCX_ID = "lightning/CalcX-v0"
+ARITHMETIC_ID = "lightning/Arithmetic-v0"
+
+#: Reported with every episode unless ``air_weights`` says otherwise.
+DEFAULT_AIR_WEIGHTS: dict[str, float] = {"math.no_tool": 0.0}
+
+_AGENT_FIELDS = {f.name for f in dataclasses.fields(MathAgentConfig)}
+
+
+class MathEpisodeAgent:
+    """The env's agent: the :class:`MathAgent`, then the verdict on its answer.
+
+    Judging in the agent's worker puts the metrics on the trajectory (``metrics``) and lets a
+    batch of episodes be judged in parallel. A gold answer that cannot be read is a data problem:
+    the result carries the error and :class:`MathReward` raises on it, so the episode ends as an
+    infrastructure failure instead of a zero reward.
+    """
+
+    def __init__(self, agent: MathAgent, rel_tol: float = 0.0) -> None:
+        if rel_tol < 0:
+            raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
+        self.agent = agent
+        self.rel_tol = rel_tol
+
+    def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
+        result: AgentResult = self.agent(task, ctx)
+        try:
+            correct = answers_match(result.answer, str(task["answer"]), self.rel_tol)
+        except ValueError as exc:  # the gold cannot be read: not the model's fault
+            return {"error": str(exc), **dataclasses.asdict(result)}
+        metrics = {
+            "correct": float(correct),
+            "used_calculator": float(result.calculator_calls > 0),
+            "answer_parsed": float(result.answer_status == "ok"),
+        }
+        ctx.emit_variable("metrics", metrics)
+        return {"correct": correct, **dataclasses.asdict(result)}
+
+
+class MathReward:
+    """``reward_fn(task, result)``: 1.0 when the answer matches ``task["answer"]``, else 0.0.
+
+    ``result`` is what :class:`MathEpisodeAgent` returns, or an answer text (judged here, so
+    this reward serves any math agent).
+    """
+
+    def __init__(self, rel_tol: float = 0.0) -> None:
+        self.rel_tol = rel_tol
+
+    def __call__(self, task: Mapping[str, Any], result: Any) -> float:
+        if isinstance(result, Mapping):
+            if "error" in result:
+                raise ValueError(result["error"])  # the episode ends as infra_failed, not as a zero reward
+            if "correct" in result:
+                return float(bool(result["correct"]))
+            result = result.get("answer")
+        if isinstance(result, AgentResult):
+            result = result.answer
+        return float(answers_match(None if result is None else str(result), str(task["answer"]), self.rel_tol))
+
+
+def _build(
+    tasks: Any,
+    *,
+    env_id: str,
+    rel_tol: float,
+    air_weights: Mapping[str, float] | None,
+    max_turns: int,
+    max_tokens: int | None,
+    kwargs: dict[str, Any],
+) -> AgentEnv:
+    agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
+    config = MathAgentConfig(max_turns=max_turns, max_tokens=max_tokens, **agent_options)
+    kwargs.setdefault("env_id", env_id)
+    # A guard only: the agent itself never makes more than max_turns calls.
+    kwargs.setdefault("max_turns", max_turns)
+    weights = {**DEFAULT_AIR_WEIGHTS, **dict(air_weights or {})}
+    agent = MathEpisodeAgent(MathAgent(config), rel_tol)
+    return AgentEnv(agent, tasks, MathReward(rel_tol), air_weights=weights, **kwargs)
+
+
+def _dataset_env(name: str, split: str, data_dir: str | None, limit: int | None, **build: Any) -> AgentEnv:
+    """An env over the tasks of a loaded data set (``env.math_dataset`` says which)."""
+    dataset = load_math(name, split, data_dir)
+    tasks = dataset.tasks()
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        tasks = tasks[:limit]
+    env = _build(tasks, **build)
+    env.math_dataset = dataset  # type: ignore[attr-defined]
+    return env
+
+
+def make_gsm8k_env(
+    split: str = "test",
+    data_dir: str | None = None,
+    rel_tol: float = 0.0,
+    air_weights: Mapping[str, float] | None = None,
+    max_turns: int = 6,
+    *,
+    limit: int | None = None,
+    max_tokens: int | None = 256,
+    **kwargs: Any,
+) -> AgentEnv:
+    """Build ``lightning/GSM8K-v0``.
+
+    Args:
+        split: ``"test"`` (1319 problems) or ``"train"`` (7473), or any ``<split>.jsonl`` there.
+        data_dir: The GSM8K folder or one ``.jsonl`` file (else ``$AGENTGYM_LIGHTNING_GSM8K_DIR``,
+            the imported copy, or the bundled sample; see :mod:`.data`).
+        rel_tol: Relative tolerance of the answer check (0: exact, GSM8K's own rule).
+        air_weights: AIR weights (sources in ``plugins/math_air.py``), merged over
+            :data:`DEFAULT_AIR_WEIGHTS`.
+        max_turns: Most LLM calls per episode.
+        limit: Keep only the first ``limit`` problems.
+        max_tokens: ``max_tokens`` of each call.
+        **kwargs: Agent options (any :class:`~.agent.MathAgentConfig` field: ``protocol``,
+            ``temperature``, ``system_prompt``...), then :class:`~agentgym_lightning.env.AgentEnv`
+            options (``time_limit``, ``transport``, ``model_name``...).
+    """
+    return _dataset_env("gsm8k", split, data_dir, limit, env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights,
+                        max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
+
+
+def make_calcx_env(
+    split: str = "test",
+    data_dir: str | None = None,
+    rel_tol: float = 1e-2,
+    air_weights: Mapping[str, float] | None = None,
+    max_turns: int = 6,
+    *,
+    limit: int | None = None,
+    max_tokens: int | None = 256,
+    **kwargs: Any,
+) -> AgentEnv:
+    """Build ``lightning/CalcX-v0``: as :func:`make_gsm8k_env`, on Calc-X (``train``,
+    ``validation``, ``test``), with the Calc-X paper's relative tolerance 1e-2 by default.
+    Multiple-choice items (AQuA) are answered with the option letter."""
+    return _dataset_env("calcx", split, data_dir, limit, env_id=CALCX_ID, rel_tol=rel_tol, air_weights=air_weights,
+                        max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
+
+
+def make_arithmetic_env(
+    difficulty: int | dict[str, Any] = 1,
+    split: str = "train",
+    air_weights: Mapping[str, float] | None = None,
+    max_turns: int = 3,
+    *,
+    digits: int | None = None,
+    operators: str | None = None,
+    steps: int | None = None,
+    allow_negative: bool | None = None,
+    heldout_size: int = 200,
+    max_tokens: int | None = 64,
+    protocol: str = "text",
+    **kwargs: Any,
+) -> AgentEnv:
+    """Build ``lightning/Arithmetic-v0``: generated problems (see :mod:`.arithmetic`).
+
+    Args:
+        difficulty: A level of :data:`~.arithmetic.LEVELS` (1-4) or a dict of
+            :class:`~.arithmetic.Difficulty` fields; ``digits``, ``operators``, ``steps`` and
+            ``allow_negative`` override its fields.
+        split: ``"train"`` — endless problems drawn from the env's RNG (``reset(seed=...)``);
+            ``"test"`` — the fixed held-out list (``heldout_size`` problems, never drawn for
+            train), in order.
+        max_turns: Most LLM calls per episode (a calculator call, the answer, one retry).
+        max_tokens: ``max_tokens`` of each call: a calculator call and an answer are short.
+        protocol: ``"text"`` by default here (``"tools"`` for GSM8K and Calc-X): with the
+            embedded SmolLM2-135M it calls the calculator and answers correctly far more often
+            from the shorter prompt, and every prompt extends the last verbatim (see README).
+        **kwargs: As for :func:`make_gsm8k_env`.
+    """
+    level = resolve_difficulty(
+        difficulty, digits=digits, operators=operators, steps=steps, allow_negative=allow_negative
+    )
+    problems = ArithmeticTasks(level, heldout_size=heldout_size)
+    if split == "train":
+        tasks: Any = problems.sample
+    elif split == "test":
+        tasks = problems.heldout
+    else:
+        raise ValueError(f"Arithmetic-v0 split must be 'train' or 'test', got {split!r}")
+    env = _build(tasks, env_id=ARITHMETIC_ID, rel_tol=0.0, air_weights=air_weights,
+                 max_turns=max_turns, max_tokens=max_tokens, kwargs={"protocol": protocol, **kwargs})
+    env.arithmetic = problems  # type: ignore[attr-defined]
+    return env
+
+
+def calculator_policy(observation: Any, task: Mapping[str, Any] | None = None) -> Completion | str:
+    """A scripted policy that solves any task with the calculator (tests, examples).
+
+    First call: it asks the calculator for ``task["expression"]`` (Arithmetic) or, lacking one,
+    the gold answer itself; next call: ``Answer: <the last tool result>``. Works with both
+    protocols (it answers the ``text`` protocol in ``<tool_call>`` text).
+    """
+    messages = observation.request.messages
+    last = messages[-1]
+    if last.get("role") == "tool" or "<tool_response>" in str(last.get("content") or ""):
+        result = str(last.get("content") or "").replace("<tool_response>", "").replace("</tool_response>", "").strip()
+        return f"Answer: {result.split(' ')[0]}"
+    expression = (task or {}).get("expression") or (task or {}).get("answer") or "0"
+    if observation.request.tools:
+        call = ToolCall(id=new_tool_call_id(), name="calculator", arguments=json.dumps({"expression": expression}))
+        return Completion(text="", tool_calls=[call], finish_reason="tool_calls")
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "' + str(expression) + '"}}</tool_call>'

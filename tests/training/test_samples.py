@@ -1,0 +1,180 @@
+"""From episodes to rows: advantages and aggregation against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agentgym_lightning import ChatRequest, Completion, Reward, Status, Step, Trajectory
+from agentgym_lightning.training.samples import ADVANTAGE_EPS, build_samples, episode_advantages
+
+EPS = ADVANTAGE_EPS
+
+
+def call(index, prompt, completion, *, rewards=(), trainable=True, logprob=-0.5, finish="stop"):
+    return Step(
+        index=index,
+        request=ChatRequest(messages=[{"role": "user", "content": "q"}]),
+        completion=Completion(
+            text="x",
+            finish_reason=finish,
+            prompt_token_ids=list(prompt),
+            completion_token_ids=list(completion),
+            logprobs=[logprob] * len(completion),
+        ),
+        rewards=[Reward(value=v, source=s) for s, v in rewards],
+        trainable=trainable,
+    )
+
+
+def episode(eid, group, steps, final, status=Status.SUCCEEDED):
+    return Trajectory(episode_id=eid, group_id=group, steps=list(steps), final_reward=final, status=status)
+
+
+def sample_std(xs):
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def two_call_group():
+    """A: two calls, an AIR reward on the first, final 1. B: one call, final 0. C: infra failure."""
+    a = episode("A", "g", [call(0, [1, 2], [3, 4], rewards=[("air", 0.2)]), call(1, [1, 2, 3, 4, 9], [5])], 1.0)
+    b = episode("B", "g", [call(0, [1, 2], [6, 7, 8])], 0.0)
+    c = episode("C", "g", [call(0, [1, 2], [6])], None, Status.INFRA_FAILED)
+    return [a, b, c]
+
+
+def test_identical_credit_is_grpo_over_episodes_shared_by_their_calls():
+    adv, flat, counts = episode_advantages(two_call_group(), credit="identical")
+    # returns: A = 0.2 + 1.0 = 1.2, B = 0.0 (C excluded)
+    sigma = sample_std([1.2, 0.0])
+    assert adv["A"] == pytest.approx([0.6 / (sigma + EPS)] * 2)
+    assert adv["B"] == pytest.approx([-0.6 / (sigma + EPS)])
+    assert "C" not in adv and counts["episodes/infra_failed"] == 1
+    assert flat == {"g": False}
+
+
+def test_discounted_credit_values_per_call_with_an_episode_level_baseline():
+    adv, _, _ = episode_advantages(two_call_group(), credit="discounted", credit_kwargs={"gamma": 0.5})
+    # A's step rewards: [0.2, 0 + final 1.0] -> values [0.2 + 0.5 * 1.0, 1.0] = [0.7, 1.0]; B: [0.0]
+    means = [0.85, 0.0]
+    mu, sigma = 0.425, sample_std(means)
+    assert adv["A"] == pytest.approx([(0.7 - mu) / (sigma + EPS), (1.0 - mu) / (sigma + EPS)])
+    assert adv["B"] == pytest.approx([(0.0 - mu) / (sigma + EPS)])
+
+
+def test_final_only_credit():
+    adv, _, _ = episode_advantages(two_call_group(), credit="final-only")
+    # A: [0.2, 1.0] (mean 0.6), B: [0.0]
+    mu, sigma = 0.3, sample_std([0.6, 0.0])
+    assert adv["A"] == pytest.approx([(0.2 - mu) / (sigma + EPS), (1.0 - mu) / (sigma + EPS)])
+    assert adv["B"] == pytest.approx([-mu / (sigma + EPS)])
+
+
+def test_scale_rewards_none_and_batch():
+    groups = two_call_group() + [
+        episode("D", "h", [call(0, [1], [2])], 1.0),
+        episode("E", "h", [call(0, [1], [3])], 0.5),
+    ]
+    none, _, _ = episode_advantages(groups, scale_rewards="none")
+    assert none["A"] == pytest.approx([0.6, 0.6]) and none["D"] == pytest.approx([0.25])
+    batch, _, _ = episode_advantages(groups, scale_rewards="batch")
+    sigma = sample_std([1.2, 0.0, 1.0, 0.5])
+    assert batch["E"] == pytest.approx([-0.25 / (sigma + EPS)])
+
+
+def test_transition_rows_and_equal_episode_weights():
+    batch = build_samples(two_call_group(), aggregation="transition")
+    rows = {(s.episode_id, tuple(s.steps)): s for s in batch.samples}
+    assert set(rows) == {("A", (0,)), ("A", (1,)), ("B", (0,))}
+    a0, a1, b0 = rows[("A", (0,))], rows[("A", (1,))], rows[("B", (0,))]
+    assert a0.prompt_ids == [1, 2] and a0.completion_ids == [3, 4] and a0.loss_mask == [1, 1]
+    assert a1.prompt_ids == [1, 2, 3, 4, 9] and a1.completion_ids == [5]
+    assert a0.weight == a1.weight == 0.5 and b0.weight == 1.0  # A's two calls weigh what B's one does
+    assert a0.sampling_logprobs == [-0.5, -0.5]
+    sigma = sample_std([1.2, 0.0])
+    assert a0.advantages == pytest.approx([0.6 / (sigma + EPS)] * 2)
+    assert batch.stats["episodes/infra_failed"] == 1 and batch.stats["rows"] == 3 and batch.stats["loss_tokens"] == 6
+
+
+def test_per_call_weighting():
+    batch = build_samples(two_call_group(), episode_weighting="per_call")
+    assert [s.weight for s in batch.samples] == [1.0, 1.0, 1.0]
+
+
+def test_trajectory_mode_merges_calls_whose_prompt_extends_the_last_and_masks_the_tokens_between():
+    batch = build_samples(two_call_group(), aggregation="trajectory")
+    a = next(s for s in batch.samples if s.episode_id == "A")
+    # call 1's prompt = call 0's prompt + completion + [9] (a tool result): one row
+    assert a.prompt_ids == [1, 2] and a.completion_ids == [3, 4, 9, 5]
+    assert a.loss_mask == [1, 1, 0, 1]
+    assert a.sampling_logprobs[:2] == [-0.5, -0.5] and math.isnan(a.sampling_logprobs[2]) and a.sampling_logprobs[3] == -0.5
+    adv = 0.6 / (sample_std([1.2, 0.0]) + EPS)
+    assert a.advantages == pytest.approx([adv, adv, 0.0, adv])
+    assert a.weight == 1.0 and a.steps == [0, 1]
+    assert batch.stats["trajectory/merged_calls"] == 1 and batch.stats.get("trajectory/fallbacks", 0) == 0
+
+
+def test_trajectory_mode_falls_back_to_a_new_row_on_a_prefix_mismatch():
+    rebuilt = episode("A", "g", [call(0, [1, 2], [3, 4]), call(1, [1, 7, 9], [5])], 1.0)  # prompt rebuilt
+    other = episode("B", "g", [call(0, [1, 2], [6])], 0.0)
+    batch = build_samples([rebuilt, other], aggregation="trajectory")
+    rows = [s for s in batch.samples if s.episode_id == "A"]
+    assert [r.completion_ids for r in rows] == [[3, 4], [5]] and [r.weight for r in rows] == [0.5, 0.5]
+    assert batch.stats["trajectory/fallbacks"] == 1 and batch.stats.get("trajectory/merged_calls", 0) == 0
+
+
+def test_discounted_values_stay_per_call_inside_a_merged_row():
+    batch = build_samples(two_call_group(), aggregation="trajectory", credit="discounted", credit_kwargs={"gamma": 0.5})
+    a = next(s for s in batch.samples if s.episode_id == "A")
+    sigma = sample_std([0.85, 0.0])
+    first, second = (0.7 - 0.425) / (sigma + EPS), (1.0 - 0.425) / (sigma + EPS)
+    assert a.advantages == pytest.approx([first, first, 0.0, second])
+
+
+def test_non_trainable_calls_never_reach_the_loss():
+    checker = episode(
+        "A", "g", [call(0, [1], [2]), call(1, [1, 2, 3], [4, 4], trainable=False), call(2, [1, 2, 3, 4, 4, 5], [6])], 1.0
+    )
+    other = episode("B", "g", [call(0, [1], [7])], 0.0)
+    transition = build_samples([checker, other])
+    assert all(1 not in s.steps for s in transition.samples)
+    assert transition.stats["calls/not_trainable"] == 1
+    merged = build_samples([checker, other], aggregation="trajectory")
+    a = next(s for s in merged.samples if s.episode_id == "A")
+    assert a.completion_ids == [2, 3, 4, 4, 5, 6] and a.loss_mask == [1, 0, 0, 0, 0, 1]  # kept as context, masked
+
+
+def test_zero_variance_groups_are_skipped_or_kept_with_zero_advantage():
+    same = [episode("A", "g", [call(0, [1], [2])], 1.0), episode("B", "g", [call(0, [1], [3])], 1.0)]
+    varied = [episode("C", "h", [call(0, [1], [2])], 1.0), episode("D", "h", [call(0, [1], [3])], 0.0)]
+    skipped = build_samples(same + varied)
+    assert {s.episode_id for s in skipped.samples} == {"C", "D"}
+    assert skipped.stats["groups/zero_variance"] == 1 and skipped.stats["episodes/zero_variance_skipped"] == 2
+    kept = build_samples(same + varied, zero_variance_groups="keep")
+    assert {s.episode_id for s in kept.samples} == {"A", "B", "C", "D"}
+    assert all(a == 0.0 for s in kept.samples if s.episode_id in "AB" for a in s.advantages)
+
+
+def test_a_group_left_with_one_episode_is_skipped_and_counted():
+    lone = [episode("A", "g", [call(0, [1], [2])], 1.0), episode("B", "g", [call(0, [1], [3])], None, Status.INFRA_FAILED)]
+    batch = build_samples(lone)
+    assert batch.samples == [] and batch.stats["groups/too_small"] == 1 and batch.stats["episodes/infra_failed"] == 1
+
+
+def test_calls_without_token_ids_and_truncated_completions():
+    no_ids = call(1, [1], [2])
+    no_ids.completion.prompt_token_ids = None
+    a = episode("A", "g", [call(0, [1], [2], finish="length"), no_ids], 1.0)
+    b = episode("B", "g", [call(0, [1], [3])], 0.0)
+    batch = build_samples([a, b], mask_truncated_completions=True)
+    assert [s.episode_id for s in batch.samples] == ["B"]
+    assert batch.stats["calls/without_token_ids"] == 1 and batch.stats["calls/truncated_masked"] == 1
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="aggregation"):
+        build_samples([], aggregation="episode")
+    with pytest.raises(ValueError, match="unknown credit strategy 'nope'"):
+        build_samples(two_call_group(), credit="nope")
