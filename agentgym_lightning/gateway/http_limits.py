@@ -12,10 +12,12 @@ httptools protocol plus exactly those, counted as bytes arrive:
   of it is read; uvicorn reads a body only as fast as the app consumes it, so at most one read
   more is buffered) and arrive within ``body_timeout``;
 - at ``max_connections`` the connection waiting longest for a request is closed;
-- malformed HTTP gets an OpenAI-shaped 400, not uvicorn's plain text.
+- malformed HTTP gets an OpenAI-shaped 400, not uvicorn's plain text;
+- an Upgrade we do not speak (h2c) is served as plain HTTP/1.1, or refused if it has a body
+  (httptools stops at an upgrading head, so the body would be silently lost).
 
-A refusal answers in OpenAI's error shape and closes the connection; the request never reaches
-(or, mid-body, is taken from) the app. Time a call spends waiting for its completion is never
+A refusal answers in OpenAI's error shape (after any responses owed to requests pipelined before
+it) and closes the connection; the request never reaches (or, mid-body, is taken from) the app. Time a call spends waiting for its completion is never
 counted against a connection.
 """
 
@@ -79,6 +81,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None  # the head's or the body's deadline
         self._completed_requests = 0
         self._waiting_since = time.monotonic()
+        # A refusal of a pipelined request, held until the responses owed before it are sent.
+        self._held_refusal: bytes | None = None
+        self._owed_before_refusal = 0
 
     # ------------------------------------------------------------------ connections
 
@@ -116,6 +121,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._completed_requests += 1
         self._waiting_since = time.monotonic()
         super().on_response_complete()
+        if self._held_refusal is not None:
+            self._owed_before_refusal -= 1
+            if self._owed_before_refusal <= 0 and not self.transport.is_closing():
+                self._unset_keepalive_if_required()
+                self.transport.write(self._held_refusal)
+                self.transport.close()
 
     # ------------------------------------------------------------------ deadlines
 
@@ -144,13 +155,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # uvicorn's data_received, with parse errors answered in OpenAI's shape (and a refused
         # request not logged as "Invalid HTTP request"); no websockets on this server.
+        if self._held_refusal is not None:
+            return  # what follows a refused request is never read
         if self._awaiting_head:
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse(_Refused(400, "protocol upgrades (websockets) are not served here", "invalid_request_error"))
+            # An Upgrade we do not speak (h2c, websocket): the request is served as plain HTTP/1.1,
+            # as a server may do (RFC 9110, 7.8), and the connection closed after its response,
+            # because the parser reads nothing after an upgrade.
+            if self.cycle is None or (self.cycle.response_complete and not self.pipeline):
+                self.transport.close()
+            else:
+                self.cycle.keep_alive = False
             return
         except httptools.HttpParserError as exc:
             refusal = exc.__context__ if isinstance(exc.__context__, _Refused) else None
@@ -187,6 +206,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         declared = next((v for k, v in self.headers if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
             raise _refusal(body_too_large(self.limits.max_body_bytes))  # before the app sees it
+        if self.parser.should_upgrade() and (
+            declared not in (b"", b"0") or any(k == b"transfer-encoding" for k, _ in self.headers)
+        ):
+            # httptools stops at the head of an Upgrade request: its body would never be read.
+            raise _Refused(
+                400,
+                "an Upgrade request (h2c, websocket) with a body is not served here; send it without the "
+                "Upgrade header (plain HTTP/1.1)",
+                "invalid_request_error",
+            )
         self._in_body = True
         self._body_bytes = 0
         super().on_headers_complete()
@@ -205,17 +234,31 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, refusal: _Refused) -> None:
         """Answer ``refusal`` and close the connection. Mid-body, the app reading that request
-        sees the client gone, and if it has begun its own answer, ours is not sent."""
+        sees the client gone, and if it has begun its own answer, ours is not sent. A refused
+        request pipelined behind others is answered once their responses are sent."""
         self._disarm()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._held_refusal is not None:
             return
         cycle = self.cycle if self._in_body else None  # the refused request's, if it reached the app
-        if cycle is None or not cycle.response_started:
-            self.transport.write(_error_bytes(refusal.status, refusal.message, refusal.code))
+        queued = any(c is cycle for c, _ in self.pipeline)
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # its receive() returns http.disconnect, its send() nothing
             cycle.message_event.set()
-        self.transport.close()
+        if queued:  # never started: it must not run once the requests before it are answered
+            self.pipeline = type(self.pipeline)(entry for entry in self.pipeline if entry[0] is not cycle)
+        started = cycle is not None and cycle.response_started
+        error = b"" if started else _error_bytes(refusal.status, refusal.message, refusal.code)
+        # Responses still owed before this one: those queued before it, and the running one's.
+        running = queued or bool(self.pipeline) or (
+            cycle is None and self.cycle is not None and not self.cycle.response_complete
+        )
+        owed = len(self.pipeline) + running
+        if owed:
+            self._held_refusal, self._owed_before_refusal = error, owed
+            self.flow.pause_reading()  # nothing after the refused request is read
+        else:
+            self.transport.write(error)
+            self.transport.close()
 
 
 def _refusal(exc: Any) -> _Refused:

