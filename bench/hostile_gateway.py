@@ -8,6 +8,8 @@
     python bench/hostile_gateway.py leaks      # threads, fds and sockets left after 200 mixed-fault HTTP episodes
     python bench/hostile_gateway.py sleepers   # threads left after closing 20 agents blocked in time.sleep
     python bench/hostile_gateway.py swallow    # of 50 agents that swallow Exception and keep calling, how many outlive stop()
+    python bench/hostile_gateway.py errors     # issue 11 item 6's requests: status, shape, steps recorded
+    python bench/hostile_gateway.py poison     # 8 agents on the hf backend, one sending item 3's poisons: who fails
 
 Each stage runs in a fresh process (peak RSS is per process) with the gateway's defaults and
 uses only public API, so the same script measures any revision. The hostile clients run in a
@@ -419,6 +421,117 @@ def stage_chunked(args: argparse.Namespace) -> None:
     stage_bodies(args, chunked=True)
 
 
+USER = {"role": "user", "content": "hi"}
+
+# Issue 11, item 6: (route, body) pairs that used to get plain-text 500s, record a step, or stream.
+ERROR_CASES = {
+    "invalid UTF-8": ("chat", b'{"messages": [{"role": "user", "content": "\xff"}]}'),
+    "100k-deep nesting": ("chat", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "stream_options 'x'": ("chat", json.dumps({"messages": [USER], "stream": True, "stream_options": "x"}).encode()),
+    "stream 'no'": ("chat", json.dumps({"messages": [USER], "stream": "no"}).encode()),
+    "variables {'': 1}": ("variables", b'{"": 1}'),
+    "variables deep nesting": ("variables", b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "reward NaN": ("rewards", b'{"value": NaN}'),
+}
+
+# Issue 11, item 3: what the hf backend rejects, and the gateway used to accept.
+POISONS = {
+    "top_p NaN": b'{"messages": [{"role": "user", "content": "hi"}], "top_p": NaN}',
+    "seed 2**80": json.dumps({"messages": [USER], "seed": 2**80}).encode(),
+    "image part": json.dumps(
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}
+    ).encode(),
+    "tool_calls not objects": json.dumps({"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [1]}]}).encode(),
+    "unknown role": json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(),
+    "content a number": json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
+}
+
+
+def stage_errors(args: argparse.Namespace) -> None:
+    import httpx
+
+    def agent(task, ctx):
+        out = {}
+        ep = ctx.base_url.rsplit("/v1", 1)[0]
+        with httpx.Client(timeout=10) as http:
+            for name, (route, body) in ERROR_CASES.items():
+                url = f"{ctx.base_url}/chat/completions" if route == "chat" else f"{ep}/{route}"
+                try:
+                    r = http.post(url, content=body, headers={"content-type": "application/json"})
+                    try:
+                        shaped = "error" in r.json()
+                    except ValueError:
+                        shaped = False
+                    kind = r.headers.get("content-type", "").split(";")[0]
+                    out[name] = f"{r.status_code} {kind}{' (OpenAI error)' if shaped else ''}"
+                except httpx.HTTPError as exc:
+                    out[name] = type(exc).__name__
+        return out
+
+    env = AgentEnv(agent, [{}], transport="http", time_limit=60)
+    obs, info = env.reset(seed=0)
+    done = info.get("episode_over", False)
+    while not done:  # answer whatever the gateway let through as a call
+        *_, term, trunc, info = env.step("answer")
+        done = term or trunc
+    traj = env.trajectory
+    for name, result in traj.result.items():
+        print(f"  {name:24s} {result}")
+    print(f"steps recorded: {len(traj.steps)}; rewards {len(traj.rewards)}; variables {sorted(traj.variables)}; status {traj.status}")
+
+
+def stage_poison(args: argparse.Namespace, *, episodes: int = 8) -> None:
+    import httpx
+
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.policies.models import resolve_model
+    from agentgym_lightning.rollout import rollout
+
+    hf = HFPolicy(str(resolve_model("smollm2-135m")), device="cpu", default_max_tokens=2, num_threads=1)
+    batches: list[int] = []
+    failed: list[int] = []
+
+    def policy(requests):
+        batches.append(len(requests))
+        try:
+            return hf.generate(requests)
+        except Exception:
+            failed.append(len(requests))
+            raise
+
+    def agent(task, ctx):
+        codes = []
+        if task["culprit"]:
+            with httpx.Client(timeout=60) as http:
+                for body in POISONS.values():
+                    codes.append(http.post(f"{ctx.base_url}/chat/completions", content=body).status_code)
+        ctx.chat_completion([{"role": "user", "content": f"Say {task['i']}."}], max_tokens=2, temperature=0)
+        return codes
+
+    tasks = [{"i": i, "culprit": i == 3} for i in range(episodes)]
+    make = lambda: AgentEnv(agent, tasks, transport="http", time_limit=120)  # noqa: E731
+    statuses: dict[str, int] = {}
+    culprit = None
+    try:
+        out = rollout(make, policy, episodes=episodes, concurrency=episodes, progress=False)
+    except Exception as exc:  # noqa: BLE001 - the figure we report
+        print(f"rollout raised {type(exc).__name__}: {str(exc)[:160]}")
+        out = []
+    for t in out:
+        status = getattr(t.status, "value", str(t.status))
+        statuses[status] = statuses.get(status, 0) + 1
+        if t.task["culprit"]:
+            culprit = t
+    innocent = sum(getattr(t.status, "value", "") != "succeeded" for t in out if not t.task["culprit"])
+    print(
+        f"{episodes} episodes on hf, one sending {len(POISONS)} poisons: statuses {statuses}, innocent episodes failed "
+        f"{innocent}; culprit answers {culprit.result if culprit else None}, culprit steps "
+        f"{len(culprit.steps) if culprit else None}; generate calls {len(batches)} (requests {sum(batches)}), "
+        f"of which raised {len(failed)}"
+    )
+    hf.close()
+
+
 STAGES = {
     "bodies": stage_bodies,
     "chunked": stage_chunked,
@@ -428,6 +541,8 @@ STAGES = {
     "leaks": stage_leaks,
     "sleepers": stage_sleepers,
     "swallow": stage_swallow,
+    "errors": stage_errors,
+    "poison": stage_poison,
 }
 
 

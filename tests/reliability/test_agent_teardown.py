@@ -167,6 +167,8 @@ def test_agents_blocked_in_c_calls_are_reported_and_bounded():
         ctx.chat_completion(USER)
         time.sleep(2)  # nothing in CPython can interrupt this in a non-main thread
 
+    live = AgentEnv(lambda task, ctx: ctx.chat_completion(USER).text, [{}], gateway=gw)
+    live.reset(seed=0)  # an episode in progress when resets start being refused
     envs = [AgentEnv(sleeper, [{}], gateway=gw, stop_grace=0.1) for _ in range(3)]
     for env in envs:
         env.reset(seed=0)
@@ -179,6 +181,9 @@ def test_agents_blocked_in_c_calls_are_reported_and_bounded():
     assert len(gw.lingering_agents()) == 3
     with pytest.raises(RuntimeError, match="3 agent workers outlived their episodes.*time.sleep"):
         AgentEnv(sleeper, [{}], gateway=gw).reset(seed=0)
+    with pytest.raises(RuntimeError, match="outlived"):
+        live.reset(seed=1)
+    assert live.step("kept")[4]["trajectory"].result == "kept"  # the refused reset left it as it was
     deadline = time.monotonic() + 10
     while gw.lingering_agents() and time.monotonic() < deadline:
         time.sleep(0.1)
