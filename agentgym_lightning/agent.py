@@ -81,11 +81,14 @@ class AgentContext:
         return self._episode.gateway.api_key
 
     def http_client(self) -> httpx.Client:
-        """An ``httpx.Client`` for this episode: in-process unless the env uses ``transport="http"``."""
-        return self._episode.gateway.http_client(self._episode.transport)
+        """An ``httpx.Client`` for this episode: in-process unless the env uses ``transport="http"``.
+        It is closed when the episode ends."""
+        return self._episode.http_client()
 
     def async_http_client(self) -> httpx.AsyncClient:
-        return self._episode.gateway.async_http_client(self._episode.transport)
+        """An ``httpx.AsyncClient`` for this episode; closed when the episode ends (``async def``
+        agents)."""
+        return self._episode.async_http_client()
 
     def openai_client(self, **kwargs: Any) -> openai.OpenAI:
         """An ``openai.OpenAI`` pointed at this episode (no retries: a failed call is a signal)."""

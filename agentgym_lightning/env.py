@@ -241,6 +241,9 @@ class AgentEnv(gym.Env[Observation, Any]):
         Split in two so a driver can start many episodes before waiting on any.
         """
         super().reset(seed=seed)
+        # Refused while too many agents outlive their episodes; checked before anything changes,
+        # so a refused reset leaves the episode in progress as it was.
+        self.gateway.check_lingering()
         if self._episode is not None and not self._episode.trajectory.done:
             self._end(Status.TRUNCATED, "reset() called before the episode ended", self._finalize(time.time()))
         options = dict(options or {})

@@ -8,10 +8,13 @@ trainer never has to re-tokenize what the model produced.
 from __future__ import annotations
 
 import json
+import math
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["SamplingParams", "ChatRequest", "ToolCall", "Completion", "as_completion", "EPISODE_KEY"]
+__all__ = ["SamplingParams", "ChatRequest", "ToolCall", "Completion", "as_completion", "EPISODE_KEY", "new_tool_call_id"]
 
 #: The ``metadata`` key under which the rollout driver names a request's episode when it hands
 #: the request to a policy (a policy with several replicas keeps an episode on one of them).
@@ -46,6 +49,12 @@ _SAMPLING_KEYS = {f.name for f in fields(SamplingParams)}
 _REQUEST_KEYS = {"messages", "tools", "tool_choice", "model", "stream", "metadata", "max_completion_tokens"}
 
 
+#: Seeds torch and vLLM accept (OpenAI documents a 64-bit integer).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+#: The most ``max_tokens`` a request may ask for (backends cap it to the context anyway).
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
 def _check_sampling(sampling: dict[str, Any]) -> None:
     """Reject values no backend can honour, so the agent that sent them gets the error (a 400),
     not the whole batch it would have been generated with."""
@@ -56,20 +65,29 @@ def _check_sampling(sampling: dict[str, Any]) -> None:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"'{name}' must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"'{name}' must be a finite number, got {value}")
         if value < low or value > high or (low_open and value == low):
             bracket = "(" if low_open else "["
             raise ValueError(f"'{name}' must be in {bracket}{low}, {high}], got {value}")
+
+    def integer(name: str, low: int, high: int) -> None:
+        value = sampling.get(name)
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"'{name}' must be an integer, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"'{name}' must be >= {low} and <= {high}, got {value}")
 
     number("temperature", 0.0, 2.0)
     number("top_p", 0.0, 1.0, low_open=True)
     number("presence_penalty", -2.0, 2.0)
     number("frequency_penalty", -2.0, 2.0)
-    for name in ("max_tokens", "n", "top_logprobs", "seed"):
-        value = sampling.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"'{name}' must be an integer, got {value!r}")
-    if sampling.get("max_tokens") is not None and sampling["max_tokens"] < 1:
-        raise ValueError(f"'max_tokens' must be >= 1, got {sampling['max_tokens']}")
+    integer("max_tokens", 1, MAX_TOKENS_LIMIT)
+    integer("n", 1, MAX_TOKENS_LIMIT)
+    integer("top_logprobs", 0, 20)
+    integer("seed", *SEED_RANGE)
     stop = sampling.get("stop")
     if stop is not None and not (isinstance(stop, list) and all(isinstance(x, str) for x in stop)):
         raise ValueError("'stop' must be a string or a list of strings")
@@ -169,22 +187,77 @@ class ChatRequest:
 
 @dataclass
 class ToolCall:
-    """One function call the model made, OpenAI style (``arguments`` is the raw JSON text)."""
+    """One function call the model made, OpenAI style (``arguments`` is the raw JSON text).
+
+    ``arguments`` may be given as a mapping; it is stored as its JSON text.
+    """
 
     id: str
     name: str
     arguments: str = "{}"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a tool call needs a non-empty string 'name', got {self.name!r:.80}")
+        if not isinstance(self.id, str):
+            raise ValueError(f"a tool call's 'id' must be a string, got {self.id!r:.80}")
+        if isinstance(self.arguments, Mapping):
+            self.arguments = json.dumps(dict(self.arguments), ensure_ascii=False)
+        elif not isinstance(self.arguments, str):
+            raise ValueError(
+                f"tool call {self.name!r}: 'arguments' must be a JSON string or an object, "
+                f"got {type(self.arguments).__name__}"
+            )
+
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
     @classmethod
-    def from_openai(cls, data: dict[str, Any]) -> ToolCall:
-        fn = data.get("function") or {}
-        args = fn.get("arguments", "{}")
-        if not isinstance(args, str):
-            args = json.dumps(args)
-        return cls(id=str(data.get("id") or ""), name=str(fn.get("name") or ""), arguments=args)
+    def from_dict(cls, data: Any) -> ToolCall:
+        """Read a tool call in either shape people write:
+
+        - OpenAI's nested one, ``{"id", "type": "function", "function": {"name", "arguments"}}``;
+        - the flat one, ``{"id", "name", "arguments"}``.
+
+        ``arguments`` may be a JSON string or an object (missing means ``{}``); a missing ``id``
+        gets a fresh one. Anything else raises :class:`ValueError` saying what is wrong.
+        """
+        if isinstance(data, ToolCall):
+            return data
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a tool call must be an object, got {type(data).__name__}: {data!r:.80}")
+        if "function" in data:
+            fn = data["function"]
+            if not isinstance(fn, Mapping):
+                raise ValueError(f"a tool call's 'function' must be an object with 'name' and 'arguments', got {fn!r:.80}")
+            if data.get("type", "function") != "function":
+                raise ValueError(f"only 'function' tool calls are supported, got type {data.get('type')!r:.40}")
+            extra = set(data) - {"id", "type", "function", "index"}
+        elif "name" in data:
+            fn = data
+            extra = set(data) - {"id", "type", "name", "arguments"}
+        else:
+            raise ValueError(
+                "a tool call must be {'id', 'type': 'function', 'function': {'name', 'arguments'}} (OpenAI) "
+                f"or {{'id', 'name', 'arguments'}}; got keys {sorted(map(str, data))}"
+            )
+        if extra:
+            raise ValueError(f"unexpected keys in a tool call: {sorted(map(str, extra))}")
+        call_id = data.get("id")
+        arguments = fn.get("arguments")
+        return cls(
+            id=new_tool_call_id() if call_id is None else call_id,
+            name=fn.get("name"),  # type: ignore[arg-type] - checked in __post_init__
+            arguments="{}" if arguments is None else arguments,
+        )
+
+    #: The OpenAI wire shape is one of the shapes :meth:`from_dict` reads.
+    from_openai = from_dict
+
+
+def new_tool_call_id() -> str:
+    """A fresh OpenAI-style call id, ``call_<24 hex digits>``."""
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 @dataclass
@@ -199,7 +272,9 @@ class Completion:
 
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
-    finish_reason: str = "stop"
+    #: ``"stop"``, ``"length"``, ``"tool_calls"``...; when not given, ``"tool_calls"`` if there are
+    #: tool calls and ``"stop"`` otherwise, so an agent sees what OpenAI would have sent.
+    finish_reason: str = None  # type: ignore[assignment] - always a str after __post_init__
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
@@ -209,6 +284,11 @@ class Completion:
     tool_call_errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tool_calls, list):
+            raise ValueError(f"tool_calls must be a list of tool calls, got {type(self.tool_calls).__name__}")
+        self.tool_calls = [ToolCall.from_dict(tc) for tc in self.tool_calls]
+        if self.finish_reason is None:
+            self.finish_reason = "tool_calls" if self.tool_calls else "stop"
         if self.completion_token_ids is not None and self.logprobs is not None:
             if len(self.logprobs) != len(self.completion_token_ids):
                 raise ValueError(
@@ -230,8 +310,10 @@ class Completion:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Completion:
+        """The inverse of :meth:`to_dict`; ``tool_calls`` may be in either shape
+        :meth:`ToolCall.from_dict` reads."""
         data = dict(data)
-        data["tool_calls"] = [ToolCall.from_openai(tc) for tc in data.get("tool_calls") or []]
+        data["tool_calls"] = list(data.get("tool_calls") or [])
         return cls(**data)
 
 
@@ -247,12 +329,7 @@ def as_completion(action: Any) -> Completion:
         return Completion(text=action)
     if isinstance(action, dict):
         if "content" in action and "text" not in action:
-            tool_calls = [ToolCall.from_openai(tc) for tc in action.get("tool_calls") or []]
-            return Completion(
-                text=action.get("content") or "",
-                tool_calls=tool_calls,
-                finish_reason="tool_calls" if tool_calls else "stop",
-            )
+            return Completion(text=action.get("content") or "", tool_calls=list(action.get("tool_calls") or []))
         return Completion.from_dict(action)
     raise TypeError(
         f"an action must be a Completion, a str or a dict, not {type(action).__name__}; "

@@ -66,3 +66,15 @@ def tiny_model_dir(tmp_path_factory, smol_path):
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(smol_path).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def hf_policy(smol_path):
+    """SmolLM2 in the hf backend, loaded once per session (~10 s on a shared CPU)."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    # One thread: decoding is memory-bound, and on a shared CPU torch's spinning threads slow
+    # each other down (4x measured); it also keeps timings steady.
+    policy = HFPolicy(str(smol_path), device="cpu", max_batch_size=8, default_max_tokens=16, num_threads=1)
+    yield policy
+    policy.close()

@@ -14,12 +14,12 @@ Routes (all JSON; errors in OpenAI's ``{"error": {...}}`` shape):
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
@@ -29,6 +29,7 @@ from agentgym_lightning.gateway.openai_wire import (
     completion_body,
     completion_sse,
     error_body,
+    internal_error,
     models_body,
 )
 
@@ -39,7 +40,10 @@ EPISODE_HEADER = "x-agentgym-episode"
 
 
 def _error(exc: GatewayError) -> JSONResponse:
-    return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=ERROR_HEADERS)
+    headers = dict(ERROR_HEADERS)
+    if exc.status == 401:
+        headers["connection"] = "close"  # an unauthenticated client keeps no connection open
+    return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=headers)
 
 
 def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
@@ -53,6 +57,8 @@ def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starl
                 return await handler(request)
             except GatewayError as exc:
                 return _error(exc)
+            except ClientDisconnect:
+                return Response(status_code=400)  # nobody is left to read it
 
         return endpoint
 
@@ -65,9 +71,14 @@ def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starl
         call = gateway.submit(episode_id, await request.body())
         completion = await call.wait_async()
         if call.request.stream:
-            return StreamingResponse(
-                iter(completion_sse(call.request, completion, call.call_id)), media_type="text/event-stream"
-            )
+            chunks = completion_sse(call.request, completion, call.call_id)
+
+            async def events() -> AsyncIterator[bytes]:
+                # An async iterator: Starlette would run a plain one on a worker thread.
+                for chunk in chunks:
+                    yield chunk
+
+            return StreamingResponse(events(), media_type="text/event-stream")
         return Response(json.dumps(completion_body(call.request, completion, call.call_id)), media_type="application/json")
 
     async def models(request: Request) -> Response:
@@ -94,6 +105,10 @@ def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starl
         )
         return JSONResponse(error_body(exc.status_code, msg), status_code=exc.status_code, headers=ERROR_HEADERS)
 
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # Starlette logs the traceback; the client gets OpenAI's shape, not plain text.
+        return _error(internal_error(exc))
+
     routes = [
         *extra_routes,
         Route("/episodes/{episode_id}/v1/chat/completions", guarded(chat), methods=["POST"]),
@@ -105,5 +120,5 @@ def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starl
         Route("/episodes/{episode_id}", guarded(describe), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
-    handlers: dict[Any, Any] = {HTTPException: http_error}
+    handlers: dict[Any, Any] = {HTTPException: http_error, Exception: server_error}
     return Starlette(routes=routes, exception_handlers=handlers)

@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import os
 import secrets
 import ssl
 import threading
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agentgym_lightning.gateway.background_loop import BackgroundLoop
+from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.openai_wire import GatewayError
+from agentgym_lightning.gateway.validation import check_chat_request, parse_json
 from agentgym_lightning.llm import ChatRequest
 
 if TYPE_CHECKING:
     from agentgym_lightning.episode import Episode, PendingCall
     from agentgym_lightning.gateway.server import GatewayServer
 
-__all__ = ["Gateway", "get_gateway", "INPROC_HOST"]
+__all__ = ["Gateway", "get_gateway", "INPROC_HOST", "LingeringAgent"]
 
 #: Host name of in-process base URLs; never resolved, the transport answers it directly.
 INPROC_HOST = "agentgym.inproc"
@@ -46,6 +49,22 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class LingeringAgent:
+    """An agent worker (thread, or async task's future) still running after its episode ended."""
+
+    episode_id: str
+    worker: Any
+    #: Where it was blocked when its episode stopped it.
+    where: str
+    since: float
+
+    @property
+    def alive(self) -> bool:
+        is_alive = getattr(self.worker, "is_alive", None)
+        return is_alive() if is_alive is not None else not self.worker.done()
+
+
 class Gateway:
     """Episode registry plus the OpenAI-compatible endpoint in front of it.
 
@@ -56,25 +75,33 @@ class Gateway:
         token: Bearer token clients must send. Required off loopback: if none is given there,
             one is generated (read it from :attr:`api_key`). On loopback, a token is checked only
             when given.
+        limits: Bounds on request sizes, timeouts and connections (see
+            :class:`~agentgym_lightning.gateway.limits.GatewayLimits` and ``docs/limits.md``).
         extra_routes: More Starlette routes for its HTTP server (the standalone gateway's
             episode API, :mod:`.standalone`); they are matched first and should check the token
             with :meth:`check_auth`.
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, extra_routes: Sequence[Any] = ()
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        limits: GatewayLimits | None = None,
+        extra_routes: Sequence[Any] = (),
     ) -> None:
         if not _is_loopback(host) and not token:
             token = secrets.token_urlsafe(24)
         self.host = host
         self.port = port
         self.token = token
+        self.limits = limits or GatewayLimits()
         self.extra_routes = list(extra_routes)
         self._episodes: dict[str, Episode] = {}
+        self._lingering: list[LingeringAgent] = []
         self._lock = threading.Lock()
         self._server: GatewayServer | None = None
         self._loop: BackgroundLoop | None = None
-        self._inproc_client: httpx.Client | None = None
         self._ssl: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ episodes
@@ -99,6 +126,31 @@ class Gateway:
     def episode_count(self) -> int:
         return len(self._episodes)
 
+    # ------------------------------------------------------------------ workers that outlive episodes
+
+    def add_lingering(self, episode_id: str, worker: Any, where: str) -> None:
+        """Record an agent worker that did not stop with its episode (see :meth:`Episode.stop`)."""
+        with self._lock:
+            self._lingering.append(LingeringAgent(episode_id, worker, where, time.time()))
+
+    def lingering_agents(self) -> list[LingeringAgent]:
+        """Agent workers still running although their episodes ended (each blocked in a call
+        Python cannot interrupt); ended ones are forgotten."""
+        with self._lock:
+            self._lingering = [a for a in self._lingering if a.alive]
+            return list(self._lingering)
+
+    def check_lingering(self) -> None:
+        """Refuse to start another episode while ``max_lingering_agents`` workers outlive theirs."""
+        lingering = self.lingering_agents()
+        if len(lingering) >= self.limits.max_lingering_agents:
+            raise RuntimeError(
+                f"{len(lingering)} agent workers outlived their episodes, each blocked in a call Python cannot "
+                f"interrupt (first: episode {lingering[0].episode_id}, {lingering[0].where}); give the agent's "
+                "blocking calls timeouts, or raise GatewayLimits.max_lingering_agents "
+                "(AGENTGYM_LIGHTNING_GATEWAY_MAX_LINGERING_AGENTS)"
+            )
+
     # ------------------------------------------------------------------ requests
 
     def check_auth(self, authorization: str | None) -> None:
@@ -109,37 +161,52 @@ class Gateway:
             raise GatewayError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'", "authentication_error")
 
     def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
-        """Parse a chat-completion request and hand it to its episode as a pending call."""
+        """Check a chat-completion request fully, then hand it to its episode as a pending call.
+
+        Everything that can make it fail is checked before the episode records a step: a
+        refused request (a :class:`GatewayError`) leaves no trace in the trajectory.
+        """
         episode = self.episode(episode_id)
-        if isinstance(body, (bytes, bytearray, str)):
-            try:
-                body = json.loads(body or b"null")
-            except json.JSONDecodeError as exc:
-                raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
+        episode.raise_if_stopped()
+        data = self._parse(body)
+        check_chat_request(data, self.limits.content_part_types)
         try:
-            request = ChatRequest.from_openai(dict(body) if isinstance(body, Mapping) else body)  # type: ignore[arg-type]
+            request = ChatRequest.from_openai(data)
         except ValueError as exc:
             raise GatewayError(400, str(exc)) from None
         return episode.submit(request)
 
     def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""
-        data = _json_object(body)
-        if "value" not in data:
-            raise GatewayError(400, "a reward needs a numeric 'value' (and optionally a 'source')")
+        data = self._json_object(body)
+        episode = self.episode(episode_id)
+        value = data.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GatewayError(400, f"a reward needs a 'value' that is a number (and optionally a 'source'), got {value!r:.40}")
         try:
-            self.episode(episode_id).emit_reward(data["value"], str(data.get("source", "agent")))
+            episode.emit_reward(value, str(data.get("source", "agent")))
         except ValueError as exc:
             raise GatewayError(400, str(exc)) from None
         return {"ok": True}
 
     def post_variables(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/variables`` with an object of ``name: value`` pairs."""
-        data = _json_object(body)
+        data = self._json_object(body)
         episode = self.episode(episode_id)
+        if "" in data:
+            raise GatewayError(400, "a semantic variable needs a non-empty name; got \"\"")
         for name, value in data.items():
             episode.emit_variable(name, value)
         return {"ok": True, "variables": sorted(data)}
+
+    def _parse(self, body: bytes | Mapping[str, Any]) -> Any:
+        return parse_json(body, max_bytes=self.limits.max_body_bytes)
+
+    def _json_object(self, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        data = self._parse(body)
+        if not isinstance(data, dict):
+            raise GatewayError(400, "request body must be a JSON object")
+        return data
 
     def describe(self, episode_id: str) -> dict[str, Any]:
         """``GET /episodes/{id}``: where the episode stands."""
@@ -155,7 +222,7 @@ class Gateway:
                 if self._server is None:
                     from agentgym_lightning.gateway.server import GatewayServer
 
-                    server = GatewayServer(self, self.host, self.port)
+                    server = GatewayServer(self, self.host, self.port, self.limits)
                     server.start()
                     self.port = server.port
                     self._server = server
@@ -189,15 +256,15 @@ class Gateway:
         return self._ssl
 
     def http_client(self, transport: str) -> httpx.Client:
-        """An httpx client for an agent: the shared in-process one (no socket), or a new HTTP one."""
-        if transport == "inproc":
-            if self._inproc_client is None:
-                from agentgym_lightning.gateway.transport import InProcessTransport
+        """A new httpx client for an agent: in-process (no socket) or over HTTP.
 
-                self._inproc_client = httpx.Client(
-                    transport=InProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context
-                )
-            return self._inproc_client
+        Never shared between agents: a client holds locks (its cookie jar's, its pool's), and an
+        agent stopped by force while holding one must not freeze every other agent.
+        """
+        if transport == "inproc":
+            from agentgym_lightning.gateway.transport import InProcessTransport
+
+            return httpx.Client(transport=InProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context)
         # One client (one pool) per agent: httpx's pool does work that grows with its size on every
         # request, so a single pool shared by hundreds of agents is far slower. Construction is
         # cheap because every client reuses one SSL context.
@@ -239,20 +306,6 @@ class Gateway:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
-        if self._inproc_client is not None:
-            self._inproc_client.close()
-            self._inproc_client = None
-
-
-def _json_object(body: bytes | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(body, (bytes, bytearray, str)):
-        try:
-            body = json.loads(body or b"null")
-        except json.JSONDecodeError as exc:
-            raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, Mapping):
-        raise GatewayError(400, "request body must be a JSON object")
-    return dict(body)
 
 
 _default: Gateway | None = None
@@ -261,7 +314,8 @@ _default_lock = threading.Lock()
 
 def get_gateway() -> Gateway:
     """The process-wide gateway, configured from ``AGENTGYM_LIGHTNING_GATEWAY_HOST`` / ``_PORT`` /
-    ``_TOKEN`` (defaults: 127.0.0.1, a free port, no token)."""
+    ``_TOKEN`` (defaults: 127.0.0.1, a free port, no token) and the limits'
+    ``AGENTGYM_LIGHTNING_GATEWAY_<LIMIT>`` variables (:meth:`GatewayLimits.from_env`)."""
     global _default
     if _default is None:
         with _default_lock:
@@ -270,6 +324,7 @@ def get_gateway() -> Gateway:
                     host=os.environ.get(HOST_ENV, "127.0.0.1"),
                     port=int(os.environ.get(PORT_ENV, "0")),
                     token=os.environ.get(TOKEN_ENV) or None,
+                    limits=GatewayLimits.from_env(),
                 )
     return _default
 

@@ -12,7 +12,15 @@ from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion
 
-__all__ = ["GatewayError", "completion_body", "completion_sse", "error_body", "models_body", "ERROR_HEADERS"]
+__all__ = [
+    "GatewayError",
+    "completion_body",
+    "completion_sse",
+    "error_body",
+    "internal_error",
+    "models_body",
+    "ERROR_HEADERS",
+]
 
 #: Tells the openai client not to retry: a failed call is a signal for the agent, and a retry
 #: against a closed episode only delays the agent's exit.
@@ -27,6 +35,13 @@ class GatewayError(Exception):
         self.status = status
         self.message = message
         self.code = code
+
+
+def internal_error(exc: BaseException) -> GatewayError:
+    """The 500 for an unexpected failure inside the gateway (its traceback goes to the log)."""
+    return GatewayError(
+        500, f"the gateway failed on this request ({type(exc).__name__}: {exc}); this is a bug, please report it", "server_error"
+    )
 
 
 def error_body(status: int, message: str, code: str = "invalid_request_error") -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """HTTP servers of this process (the gateway's, the policy server's): uvicorn on a daemon thread,
-bound before it is announced."""
+bound before it is announced, with the byte, time and connection limits of ``docs/limits.md``."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from agentgym_lightning.gateway.app import build_app
+from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
+from agentgym_lightning.gateway.limits import GatewayLimits
 
 if TYPE_CHECKING:
     from agentgym_lightning.gateway.gateway import Gateway
@@ -18,9 +21,12 @@ if TYPE_CHECKING:
 
 class ThreadedServer:
     """Serves an ASGI ``app`` with uvicorn on a daemon thread; :meth:`start` returns once it
-    accepts connections."""
+    accepts connections. ``limits`` bound request heads, bodies, idle time and connections."""
 
-    def __init__(self, app: Any, host: str, port: int, name: str = "agentgym-gateway") -> None:
+    def __init__(
+        self, app: Any, host: str, port: int, name: str = "agentgym-gateway", limits: GatewayLimits | None = None
+    ) -> None:
+        limits = limits or GatewayLimits()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # We bind the socket ourselves so port 0 resolves before anyone is handed a URL.
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -29,7 +35,7 @@ class ThreadedServer:
             self._sock.bind((host, port))
         except OSError as exc:
             self._sock.close()
-            raise OSError(f"gateway cannot bind {host}:{port} ({exc}); pick another port or 0 for a free one") from exc
+            raise OSError(f"{name} cannot bind {host}:{port} ({exc}); pick another port or 0 for a free one") from exc
         self._sock.listen(4096)
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
@@ -37,9 +43,12 @@ class ThreadedServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            # Many agents keep connections open between calls; a call may wait minutes for a
-            # long generation, so idle keep-alive must outlast that.
-            timeout_keep_alive=600,
+            ws="none",
+            # uvicorn's httptools protocol plus head size/time limits and the connection cap.
+            http=functools.partial(LimitedHttpToolsProtocol, limits=limits),  # type: ignore[arg-type]
+            # Idle time between a response and the next request. uvicorn arms it only once a
+            # response is complete, so a call waiting minutes for its generation is never cut.
+            timeout_keep_alive=limits.keep_alive_timeout,
             backlog=4096,
         )
         self._server = uvicorn.Server(config)
@@ -55,9 +64,9 @@ class ThreadedServer:
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive():
-                raise RuntimeError("the gateway server exited during start-up; see the log above")
+                raise RuntimeError("the server exited during start-up; see the log above")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the gateway server did not start within {timeout} s")
+                raise TimeoutError(f"the server did not start within {timeout} s")
             time.sleep(0.005)
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -67,7 +76,7 @@ class ThreadedServer:
 
 
 class GatewayServer(ThreadedServer):
-    """Serves a gateway's app (:func:`build_app`)."""
+    """Serves a gateway's app (:func:`build_app`) under the gateway's limits."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
-        super().__init__(build_app(gateway, gateway.extra_routes), host, port)
+    def __init__(self, gateway: Gateway, host: str, port: int, limits: GatewayLimits | None = None) -> None:
+        super().__init__(build_app(gateway, gateway.extra_routes), host, port, limits=limits or gateway.limits)

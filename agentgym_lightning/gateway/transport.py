@@ -4,6 +4,7 @@ socket and no server, with exactly the HTTP app's semantics."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import TYPE_CHECKING
 
@@ -15,12 +16,15 @@ from agentgym_lightning.gateway.openai_wire import (
     completion_body,
     completion_sse,
     error_body,
+    internal_error,
     models_body,
 )
 
 if TYPE_CHECKING:
     from agentgym_lightning.episode import PendingCall
     from agentgym_lightning.gateway.gateway import Gateway
+
+log = logging.getLogger(__name__)
 
 _CHAT = re.compile(r"^/episodes/([^/]+)/v1/chat/completions$")
 _MODELS = re.compile(r"^/episodes/([^/]+)/v1/models$")
@@ -56,6 +60,9 @@ class _Router:
             raise GatewayError(404, f"no route {method} {path} in the in-process gateway")
         except GatewayError as exc:
             return _error(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: OpenAI's shape, as over HTTP
+            log.exception("gateway: %s %s failed", method, path)
+            return _error(internal_error(exc))
 
     @staticmethod
     def finish(call: PendingCall) -> httpx.Response:

@@ -659,7 +659,13 @@ class OpenAIPolicy(Policy):
         text = message.get("content") or ""
         if not isinstance(text, str):  # content parts
             text = "".join(p.get("text", "") for p in text if isinstance(p, Mapping))
-        tool_calls = [ToolCall.from_openai(tc) for tc in message.get("tool_calls") or [] if isinstance(tc, Mapping)]
+        tool_calls: list[ToolCall] = []
+        tool_call_errors: list[str] = []
+        for tc in message.get("tool_calls") or []:
+            try:
+                tool_calls.append(ToolCall.from_openai(tc))
+            except ValueError as exc:  # the server's malformed call: an AIR signal, not a crash
+                tool_call_errors.append(str(exc))
         finish_reason = str(choice.get("finish_reason") or "stop")
         if not tool_calls and self.text_tool_calls and request.tools and "<tool_call>" in text:
             from agentgym_lightning.policies.tool_calls import parse_tool_calls
@@ -688,6 +694,7 @@ class OpenAIPolicy(Policy):
             completion_token_ids=completion_ids,
             logprobs=logprobs,
             model=str(data.get("model") or self.model or "") or None,
+            tool_call_errors=tool_call_errors,
         )
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym_lightning.llm import ToolCall
+from agentgym_lightning.llm import ToolCall, new_tool_call_id
 
 __all__ = [
     "TOOL_CALL_OPEN",
@@ -57,11 +56,6 @@ class ParsedToolCalls:
     tool_calls: list[ToolCall] = field(default_factory=list)
     #: One human-readable message per malformed call (an AIR signal), in order.
     errors: list[str] = field(default_factory=list)
-
-
-def new_tool_call_id() -> str:
-    """A fresh OpenAI-style call id, ``call_<24 hex digits>``."""
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 def _parse_block(body: str) -> tuple[str, str] | str:

@@ -1,0 +1,95 @@
+"""The bounds the gateway puts on what agents send it (documented in ``docs/limits.md``).
+
+One bad or hostile client must cost only its own request, never memory, file descriptors or
+other episodes' calls. Every bound is a field of :class:`GatewayLimits`, typed, defaulted and
+documented here; the process-wide gateway reads overrides from ``AGENTGYM_LIGHTNING_GATEWAY_*``
+environment variables (:meth:`GatewayLimits.from_env`)::
+
+    Gateway(limits=GatewayLimits(max_body_bytes=32 * 2**20, keep_alive_timeout=120))
+    AGENTGYM_LIGHTNING_GATEWAY_MAX_BODY_BYTES=33554432 agentgym-lightning eval ...
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+__all__ = ["GatewayLimits", "ENV_PREFIX"]
+
+ENV_PREFIX = "AGENTGYM_LIGHTNING_GATEWAY_"
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    """Bounds on requests and connections; exceeding one answers the client in OpenAI's error shape."""
+
+    #: Largest request body in bytes. A larger ``Content-Length`` is refused (413) before any of
+    #: the body is read; a chunked body is refused as soon as it passes the limit. 8 MiB holds a
+    #: conversation of about two million tokens.
+    max_body_bytes: int = 8 * 2**20
+    #: Largest request head (request line plus all headers) in bytes; more is refused (431) while
+    #: it arrives.
+    max_header_bytes: int = 64 * 2**10
+    #: Seconds a client has to send a complete request head, from connecting (or, on a kept-alive
+    #: connection, from its first byte); then the connection is closed. Reaps sockets that
+    #: connect and send nothing, or trickle headers.
+    header_timeout: float = 5.0
+    #: Seconds a request has to send its whole body once its head is in; then 408 and close.
+    body_timeout: float = 60.0
+    #: Seconds a kept-alive connection may sit idle between a response and the next request.
+    #: Time a call spends waiting for its completion is not idleness: a generation may take
+    #: minutes and its connection stays open.
+    keep_alive_timeout: float = 30.0
+    #: Most open client connections. At the cap a new connection closes the one that has been
+    #: waiting longest for a request (idle or still sending its head); if every connection has a
+    #: request in progress, the new one is closed instead. ``None``: half the process's
+    #: file-descriptor limit (``ulimit -n``) when the server starts, so sockets alone can never
+    #: exhaust descriptors.
+    max_connections: int | None = None
+    #: Most agent workers that may outlive their episodes at once. A worker blocked in a call
+    #: Python cannot interrupt (``time.sleep``, a read with no timeout) keeps its thread until
+    #: that call returns; past this many, starting an episode raises instead of piling up threads.
+    max_lingering_agents: int = 64
+    #: Message content part types accepted; others are refused (400) at the gateway, because
+    #: the ``hf`` and ``vllm`` backends render text only. Add ``"image_url"`` when your policy
+    #: is an ``openai`` backend in front of a server that takes images.
+    content_part_types: frozenset[str] = field(default_factory=lambda: frozenset({"text"}))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "content_part_types":
+                object.__setattr__(self, f.name, frozenset(value))
+            elif value is not None and not value > 0:
+                raise ValueError(f"GatewayLimits.{f.name} must be > 0, got {value!r}")
+
+    def connection_cap(self) -> int:
+        """:attr:`max_connections`, or half the file-descriptor limit when it is ``None``."""
+        if self.max_connections is not None:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return max(64, soft // 2) if soft != resource.RLIM_INFINITY else 32768
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewayLimits:
+        """Defaults, overridden by ``AGENTGYM_LIGHTNING_GATEWAY_<FIELD>`` variables
+        (``..._MAX_BODY_BYTES=16777216``, ``..._CONTENT_PART_TYPES=text,image_url``)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            raw = environ.get(name)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                if f.name == "content_part_types":
+                    values[f.name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
+                elif f.name in ("max_body_bytes", "max_header_bytes", "max_connections", "max_lingering_agents"):
+                    values[f.name] = int(raw)
+                else:
+                    values[f.name] = float(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a valid {f.type}; unset it or give a number") from None
+        return cls(**values)  # type: ignore[arg-type]

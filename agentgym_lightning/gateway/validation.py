@@ -1,0 +1,206 @@
+"""What a request must be before it becomes a step: strict JSON, and a chat request that OpenAI's
+own schema accepts and that our backends can render.
+
+Everything here raises :class:`GatewayError` (a 4xx for the agent that sent it) *before*
+:meth:`Episode.submit` records anything, so a bad request never reaches a batch where a backend
+would reject it for every episode of the round.
+
+- :func:`parse_json` — strict JSON (no ``NaN``/``Infinity``, no number that overflows to
+  infinity, valid UTF-8, nesting at most :data:`MAX_JSON_DEPTH`), parsed by pydantic-core.
+- :func:`check_chat_request` — the body against the ``openai`` package's own typed request params
+  (validated strictly by pydantic-core: ``"stream": "no"`` or ``"seed": "5"`` are refused, not
+  coerced), then what is ours: content parts and tools our backends render. The sampling values
+  (finite, in range, a seed torch and vLLM accept) are checked by
+  :meth:`~agentgym_lightning.llm.ChatRequest.from_openai`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from collections.abc import Collection, Mapping
+from functools import lru_cache
+from typing import Annotated, Any, Union
+
+import pydantic_core
+from pydantic import Field, TypeAdapter, ValidationError
+from pydantic_core import SchemaValidator
+
+from agentgym_lightning.gateway.openai_wire import GatewayError
+
+__all__ = ["MAX_JSON_DEPTH", "parse_json", "check_chat_request", "body_too_large"]
+
+#: Deepest nesting of arrays and objects a body may have: pydantic-core's JSON parser refuses
+#: more (a fixed limit of that parser), which also keeps every later ``deepcopy`` and ``json.dumps``
+#: of the request far from Python's recursion limit.
+MAX_JSON_DEPTH = 200
+
+# Digits read as 0 and E as e, so that a number literal that may overflow a float to infinity
+# (an exponent of 3+ digits, or 309+ digits) is found with a plain substring search.
+_NUMBER_SHAPE = bytes.maketrans(b"123456789E", b"000000000e")
+_HUGE_NUMBER = (b"0e000", b"0e+000", b"0" * 309)
+
+
+def parse_json(body: bytes | str | Mapping[str, Any], what: str = "request body", max_bytes: int | None = None) -> Any:
+    """Parse ``body`` as strict JSON; a mapping (an in-process caller's dict) is serialized first,
+    so it obeys exactly the rules of bytes from a socket and is copied (the caller may go on
+    mutating its own lists). Raises a 400 saying what is wrong, or a 413 past ``max_bytes``."""
+    from_mapping = isinstance(body, Mapping)
+    if from_mapping:
+        try:  # allow_nan=False refuses NaN and infinities here
+            body = json.dumps(body, allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise GatewayError(400, f"{what} is not JSON-serializable: {_short(exc)}") from None
+    raw = body.encode() if isinstance(body, str) else bytes(body)  # type: ignore[union-attr]
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise body_too_large(max_bytes)
+    try:
+        data = pydantic_core.from_json(raw or b"null", allow_inf_nan=False)
+    except ValueError as exc:
+        reason = str(exc)
+        if "recursion limit" in reason:
+            reason = f"nested deeper than {MAX_JSON_DEPTH} levels ({reason})"
+        raise GatewayError(400, f"{what} is not valid JSON: {reason}") from None
+    if not from_mapping:
+        shape = raw.translate(_NUMBER_SHAPE)
+        if any(huge in shape for huge in _HUGE_NUMBER) and _has_infinity(data):
+            raise GatewayError(400, f"{what} is not valid JSON: a number overflows to infinity")
+    return data
+
+
+def _has_infinity(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and math.isinf(v):
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+# ------------------------------------------------------------------------------- the chat request
+
+
+@lru_cache(maxsize=1)
+def _validators() -> tuple[SchemaValidator, SchemaValidator, frozenset[str]]:
+    """pydantic validators for the ``openai`` package's request params: the whole body (but its
+    messages), one message (discriminated by its role), and the known roles. Built once (~0.1 s).
+
+    The params type lists as ``Iterable[...]``, which pydantic checks only lazily, when iterated;
+    JSON gives lists, so their schemas are made ``list`` schemas and everything is checked at once.
+    """
+    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+
+    members = typing.get_args(ChatCompletionMessageParam)
+    roles = frozenset(typing.get_args(typing.get_type_hints(m)["role"])[0] for m in members)
+    message = TypeAdapter(Annotated[Union[members], Field(discriminator="role")])  # noqa: UP007 - a runtime union
+    body = TypeAdapter(CompletionCreateParamsBase)
+    return SchemaValidator(_eager(body.core_schema)), SchemaValidator(_eager(message.core_schema)), roles
+
+
+def _eager(schema: Any) -> Any:
+    """``schema`` (a pydantic-core schema) with every lazy ``generator`` schema made a ``list``."""
+    if isinstance(schema, dict):
+        out = {key: _eager(value) for key, value in schema.items()}
+        if out.get("type") == "generator":
+            out["type"] = "list"
+        return out
+    if isinstance(schema, list):
+        return [_eager(item) for item in schema]
+    return schema
+
+
+def check_chat_request(body: Any, content_part_types: Collection[str] = ("text",)) -> None:
+    """Refuse (400) a chat-completions body that OpenAI would refuse or our backends cannot run.
+
+    ``content_part_types`` are the message content parts accepted (the ``hf`` and ``vllm``
+    backends render ``text`` only).
+    """
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "'messages' must be a non-empty list of chat messages")
+    if "stream" in body and not isinstance(body["stream"], (bool, type(None))):
+        raise GatewayError(400, f"'stream' must be true or false, got {body['stream']!r:.40}")
+    top, message, roles = _validators()
+    # The messages are checked one by one below (clearer errors); "model" is optional here: we
+    # serve one policy, whatever the agent calls it.
+    _validate(top, {**body, "messages": [], "model": str(body.get("model") or "")}, ())
+    for i, m in enumerate(messages):
+        if type(m) is not dict or m.get("role") not in roles:
+            got = m.get("role") if isinstance(m, dict) else m
+            raise GatewayError(400, f"messages[{i}].role must be one of {', '.join(sorted(roles))}; got {got!r:.40}")
+        _validate(message, m, ("messages", i), skip=1)  # loc[0] is the role tag
+        _check_content(m.get("content"), i, content_part_types)
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            if call.get("type") != "function":
+                raise GatewayError(400, f"messages[{i}].tool_calls[{j}]: only 'function' tool calls are supported")
+    for j, tool in enumerate(body.get("tools") or ()):
+        if tool.get("type") != "function":
+            raise GatewayError(400, f"tools[{j}]: only 'function' tools are supported, got {tool.get('type')!r:.40}")
+
+
+def _validate(validator: SchemaValidator, value: Any, path: tuple[str | int, ...], skip: int = 0) -> None:
+    try:
+        validator.validate_python(value, strict=True)
+    except ValidationError as exc:
+        raise GatewayError(400, _describe(exc, path, skip)) from None
+
+
+def _describe(exc: ValidationError, path: tuple[str | int, ...], skip: int = 0) -> str:
+    """The error as ``path: message``. Of a union's alternatives, the one that got furthest into
+    the input is shown (the others failed sooner); ties are joined (``a valid string or a valid
+    list``). Union-member names are left out of the path."""
+    found: dict[tuple[str | int, ...], list[dict[str, Any]]] = {}
+    for error in exc.errors(include_url=False):
+        parts = (*path, *(p for p in error["loc"][skip:] if isinstance(p, int) or _is_field(p)))
+        found.setdefault(parts, []).append(error)
+    parts = max(found, key=len)
+    errors = found[parts]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+    messages = list(dict.fromkeys(e["msg"] for e in errors))
+    prefix = "Input should be "
+    if len(messages) > 1 and all(m.startswith(prefix) for m in messages):
+        messages = [prefix + " or ".join(m[len(prefix) :] for m in messages)]
+    got = errors[0].get("input")
+    shown = "" if isinstance(got, (dict, list)) or errors[0]["type"] == "missing" else f" (got {got!r:.60})"
+    return f"invalid request: {where or 'body'}: {'; '.join(messages)}{shown}"
+
+
+def _is_field(part: str) -> bool:
+    return part[:1].islower() and part.isidentifier() and part not in _TYPE_TAGS
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _check_content(content: Any, i: int, allowed: Collection[str]) -> None:
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in allowed:
+                raise GatewayError(
+                    400,
+                    f"messages[{i}].content[{j}]: content parts of type {kind!r:.40} cannot be rendered by this "
+                    f"gateway's policy (accepted: {', '.join(sorted(allowed))}); send text",
+                )
+
+
+def body_too_large(limit: int) -> GatewayError:
+    """The 413 for a body past ``limit`` bytes (in-process, or counted while it streams in)."""
+    return GatewayError(
+        413,
+        f"request body is larger than {limit} bytes; send less, or raise the gateway's max_body_bytes "
+        "(AGENTGYM_LIGHTNING_GATEWAY_MAX_BODY_BYTES)",
+        code="request_too_large",
+    )
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
