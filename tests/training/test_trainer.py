@@ -190,8 +190,11 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_run(tiny_model_dir, t
               "--env-kwarg", "max_guesses=2", "--set", "max_completion_length=4", "--save-steps", "10", "--no-progress",
               "--output-dir", str(run)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    # As from a terminal: SIGINT at its default (a suite started in the background, `cmd &` in a
+    # script, hands its children SIGINT ignored, and they would rightly ignore Ctrl-C).
     proc = subprocess.Popen([sys.executable, "-m", "agentgym_lightning", "train", "--steps", "4", *common], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for(run / "trajectories" / "step-000002.jsonl", proc)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=300)
