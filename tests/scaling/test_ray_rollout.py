@@ -163,5 +163,14 @@ def test_a_training_step_on_two_workers_rolls_out_what_one_process_does(local_ra
     remote, remote_metrics = step(2)
     local, _ = step(0)
     assert len(remote) == 4 and remote_metrics["rollout/workers_lost"] == 0.0
-    assert _content(remote) == _content(local)  # token ids, logprobs and rewards included
-    assert all(s.completion.logprobs for t in remote for s in t.steps)
+    # Token ids and rewards equal; logprobs equal up to float rounding (a row's logits change in
+    # the last bits with the batch it was computed in: the workers batch other rows than one process).
+    remote, local = _content(remote), _content(local)
+    remote_lp = [s.completion.logprobs for t in remote for s in t.steps]
+    local_lp = [s.completion.logprobs for t in local for s in t.steps]
+    assert all(remote_lp) and [len(x) for x in remote_lp] == [len(x) for x in local_lp]
+    assert [v for x in remote_lp for v in x] == pytest.approx([v for x in local_lp for v in x], abs=1e-4)
+    for t in remote + local:
+        for s in t.steps:
+            s.completion.logprobs = None
+    assert remote == local
