@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ from agentgym_lightning.envs.math.env import (
     make_calcx_env,
     make_gsm8k_env,
 )
-from agentgym_lightning.llm import Completion
+from agentgym_lightning.llm import Completion, ToolCall
+from agentgym_lightning.policies.tool_calls import new_tool_call_id
 
 ALL_AIR = {"math.calc_ok": 0.1, "math.calc_error": -0.1, "math.answer_missing": -0.5, "math.answer_unparsable": -0.3, "math.no_tool": -0.05}
 
@@ -211,7 +214,7 @@ def test_text_protocol_extends_even_when_the_model_writes_its_own_json_layout(sm
     ],
 )
 def test_check_env_passes_on_each_id(env_id, kwargs):
-    with pytest.warns() if env_id != "lightning/Arithmetic-v0" else _no_warning():
+    with pytest.warns(MathDataWarning) if env_id != "lightning/Arithmetic-v0" else contextlib.nullcontext():
         env = gym.make(env_id, **kwargs)
     try:
         check_env(env.unwrapped)
@@ -219,23 +222,44 @@ def test_check_env_passes_on_each_id(env_id, kwargs):
         env.close()
 
 
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+_ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 
 
-def test_gsm8k_on_real_data_with_the_scripted_policy(gsm8k_dir: Path):
-    env = gym.make("lightning/GSM8K-v0", data_dir=str(gsm8k_dir), limit=3)
+def _replay_solution_policy(obs, task):
+    """Replays a GSM8K solution: one calculator call per ``<<expression=value>>`` annotation, one
+    per turn, then ``Answer:`` with the last result."""
+    steps = _ANNOTATION.findall(task["solution"])
+    question = max(i for i, m in enumerate(obs.request.messages) if m["role"] == "user" and m["content"] == task["question"])
+    done = sum(1 for m in obs.request.messages[question:] if m["role"] == "tool")
+    if done < len(steps):
+        call = ToolCall(id=new_tool_call_id(), name="calculator", arguments=json.dumps({"expression": steps[done][0]}))
+        return Completion(text="", tool_calls=[call], finish_reason="tool_calls")
+    return f"Answer: {obs.request.messages[-1]['content']}"
+
+
+def test_gsm8k_multi_turn_episode_replaying_the_solution_with_the_calculator(gsm8k_dir: Path):
+    """A real GSM8K item solved in five calls: four calculator calls (the solution's own
+    annotations, tools protocol), each result read back from a tool message, then the answer."""
+    env = gym.make("lightning/GSM8K-v0", data_dir=str(gsm8k_dir), limit=3, air_weights=ALL_AIR)
     try:
         assert len(env.unwrapped.tasks) == 3
-        trajectory, _, total = play(env.unwrapped, calculator_policy, task_index=2)
+        trajectory, observations, total = play(env.unwrapped, _replay_solution_policy, task_index=2)
     finally:
         env.close()
-    assert trajectory.task["id"] == "gsm8k-test-2" and trajectory.task["answer"] == "70000"
-    assert "#### 70000" in trajectory.task["solution"] and total == 1.0
+    task = trajectory.task
+    assert task["id"] == "gsm8k-test-2" and task["answer"] == "70000" and "#### 70000" in task["solution"]
+    annotations = _ANNOTATION.findall(task["solution"])
+    assert len(annotations) == 4 and len(trajectory.steps) == 5
+    assert trajectory.status is Status.SUCCEEDED and trajectory.final_reward == 1.0
+    for step, (expression, value) in zip(trajectory.steps, annotations):
+        assert step.outcome["calculator"] == [{"expression": expression, "result": value}]
+    # one conversation: every prompt extends the last by the call and its tool result
+    for before, after in zip(observations, observations[1:]):
+        n = len(before.request.messages)
+        assert after.request.messages[:n] == before.request.messages
+        assert [m["role"] for m in after.request.messages[n:]] == ["assistant", "tool"]
+    assert trajectory.result["calculator_calls"] == 4 and trajectory.variables["metrics"]["used_calculator"] == 1.0
+    assert total == pytest.approx(1.0 + 4 * 0.1)
 
 
 def test_calcx_option_answers_and_tolerance(calcx_file: Path):
@@ -274,5 +298,4 @@ def test_gsm8k_sample_through_gym_make_announces_itself():
     finally:
         env.close()
     assert total == 1.0 and trajectory.env_id == "lightning/GSM8K-v0"
-    _ = json.dumps(trajectory.task)  # tasks stay JSON (trajectories are saved as JSONL)
-    assert isinstance(Completion, type)
+    assert json.loads(json.dumps(trajectory.task)) == trajectory.task  # tasks stay JSON (trajectories are saved as JSONL)
