@@ -32,6 +32,7 @@ bench: setup
 	$(BIN)/python bench/bench_disaggregated.py
 	$(BIN)/python bench/bench_generation.py
 	$(BIN)/python bench/bench_math.py
+	$(BIN)/python bench/bench_frameworks.py
 
 bench-vllm: setup-vllm
 	.venv-vllm/bin/python bench/bench_generation_vllm.py
