@@ -16,7 +16,6 @@ agent: no thread per agent. A sync one runs in the episode's worker thread.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 from collections.abc import Callable
@@ -26,6 +25,12 @@ if TYPE_CHECKING:
     from agentgym_lightning.agent import AgentContext
 
 __all__ = ["FrameworkAgent", "require_extra"]
+
+
+def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """Name an agent callable after the agent it runs (logs and errors show it)."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
 
 
 def require_extra(extra: str, *modules: str) -> None:
@@ -104,9 +109,7 @@ class FrameworkAgent:
                     self.close_client(client)
 
             agent = run_sync
-        functools.update_wrapper(agent, self.fn)
-        agent.__wrapped__ = self.fn  # type: ignore[attr-defined]
-        return agent
+        return _named(agent, self.name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"

@@ -30,7 +30,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentgym_lightning.framework_agent import FrameworkAgent, require_extra
+from agentgym_lightning.framework_agent import FrameworkAgent, _named, require_extra
 from agentgym_lightning.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -140,13 +140,13 @@ class LangChainAgent(FrameworkAgent):
                 with _no_tracing():
                     return await agent(task, ctx)
 
-            return functools.wraps(agent)(untraced_async)
+            return _named(untraced_async, self.name)
 
         def untraced(task: Any, ctx: AgentContext) -> Any:
             with _no_tracing():
                 return agent(task, ctx)
 
-        return functools.wraps(agent)(untraced)
+        return _named(untraced, self.name)
 
 
 def _no_tracing() -> Any:

@@ -155,7 +155,9 @@ class OpenAIAgentsAgent(FrameworkAgent):
         await client._client.close()  # the AsyncOpenAI it was given
 
     def close_client(self, client: Any) -> None:
-        # A sync agent function: its async client belongs to whatever loop it ran on, if any.
+        # A sync agent function (Runner.run_sync): its AsyncOpenAI client belonged to the loop
+        # run_sync made and closed; with the in-process transport it holds no socket. Over HTTP
+        # its connections close when the client is collected: prefer an async def agent.
         pass
 
 

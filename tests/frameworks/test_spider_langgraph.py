@@ -17,16 +17,23 @@ from agentgym_lightning.envs.spider.data import SpiderDataWarning  # noqa: E402
 from agentgym_lightning.envs.spider.env import gold_policy  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("AGENTGYM_LIGHTNING_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("AGENTGYM_LIGHTNING_SPIDER_DIR", raising=False)
+@pytest.fixture(scope="module")
+def sample_dir(tmp_path_factory):
+    """The bundled sample built into a folder of its own (passed as data_dir, so the once-per-process
+    "no Spider data" notice stays for the test that checks it)."""
+    from agentgym_lightning.envs.spider.sample import build_sample
+
+    return build_sample(tmp_path_factory.mktemp("spider-sample"))
 
 
-def make(agent, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SpiderDataWarning)
-        return gym.make("lightning/Spider-v0", agent=agent, limit=3, **kwargs)
+@pytest.fixture
+def make(sample_dir):
+    def build(agent, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SpiderDataWarning)
+            return gym.make("lightning/Spider-v0", agent=agent, limit=3, data_dir=str(sample_dir), **kwargs)
+
+    return build
 
 
 def play(env, policy, task_index=0):
@@ -50,7 +57,7 @@ def doubting_policy(obs, task):
     return "```sql\nSELECT 0\n```"
 
 
-def test_langgraph_agent_answers_like_the_from_scratch_one():
+def test_langgraph_agent_answers_like_the_from_scratch_one(make):
     """Same policy, same prompts call for call, same rewards; only who marks trainability differs."""
     runs = {}
     for agent in ("scratch", "langgraph"):
@@ -72,7 +79,7 @@ def test_langgraph_agent_answers_like_the_from_scratch_one():
     assert graph.steps[1].completion is not None  # the checker's calls are answered and recorded all the same
 
 
-def test_agent_match_selects_the_trained_nodes():
+def test_agent_match_selects_the_trained_nodes(make):
     env = make("langgraph", agent_match={"agent": "checker"})
     try:
         trajectory, _ = play(env, doubting_policy)
@@ -87,6 +94,6 @@ def test_agent_match_selects_the_trained_nodes():
     assert total == 1.0 and [s.trainable for s in trajectory.steps] == [True, True]
 
 
-def test_unknown_agent_is_refused():
+def test_unknown_agent_is_refused(make):
     with pytest.raises(ValueError, match="choose one of scratch, langgraph"):
         make("crewai")
