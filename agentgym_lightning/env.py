@@ -46,6 +46,7 @@ from typing import Any, Literal, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from agentgym_lightning.agent_match import AgentMatch, AgentMatchSpec, as_agent_match
 from agentgym_lightning.episode import CallEvent, DoneEvent, Episode, EpisodeEvent
 from agentgym_lightning.gateway.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import GatewayError
@@ -129,6 +130,12 @@ class AgentEnv(gym.Env[Observation, Any]):
             as the agent sent it). With a backend that samples seeded requests independently of
             their batch (``hf``, ``vllm``), a rollout is then reproducible however its calls
             were batched; the trainer turns this on.
+        agent_match: Which calls are trainable (selective / multi-agent training; see
+            :mod:`agentgym_lightning.agent_match`): a regular expression matched in full against
+            each call's agent name or role (``"writer|rewriter"``), a mapping of
+            :class:`~agentgym_lightning.agent_match.AgentMatch` fields, or ``fn(step) -> bool``.
+            Calls it rejects are answered and recorded as always, with ``step.trainable=False``.
+            ``None`` (default): every call the agent did not mark untrainable.
 
     With neither ``reward_fn`` nor an ``agentgym_episode_reward`` hook that answers, episodes end
     with ``final_reward=None``; the env warns once (:class:`NoRewardWarning`).
@@ -152,6 +159,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         stop_grace: float = 1.0,
         render_mode: str | None = None,
         seed_calls: bool = False,
+        agent_match: AgentMatchSpec | AgentMatch | None = None,
     ) -> None:
         if transport not in ("inproc", "http"):
             raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
@@ -176,6 +184,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self.stop_grace = stop_grace
         self.render_mode = render_mode
         self.seed_calls = seed_calls
+        self.agent_match = as_agent_match(agent_match)
         self.observation_space = ObservationSpace()
         self.action_space = CompletionSpace()
 
@@ -401,6 +410,8 @@ class AgentEnv(gym.Env[Observation, Any]):
                 return self._end(Status.TRUNCATED, reason, reward)
             self._call = event.pending
             step = event.pending.step
+            if self.agent_match is not None and step.trainable and not self.agent_match(step):
+                step.trainable = False  # answered and recorded as always; the trainer skips it
             request = step.request
             if self.seed_calls and request.sampling.seed is None:
                 seed = call_seed(episode.trajectory.seed, step.index)

@@ -466,6 +466,7 @@ class Episode:
                 variables=dict(self._variables),
                 trainable=request.trainable,
                 role=request.metadata.get("role"),
+                agent=request.metadata.get("agent"),
                 timings=StepTimings(requested_at=time.time()),
             )
             self.trajectory.steps.append(step)

@@ -108,7 +108,8 @@ class ChatRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
     #: The request's OpenAI ``metadata``; ``{"trainable": "false"}`` marks a call not to train on,
-    #: ``{"role": "checker"}`` names the part of the agent that made it.
+    #: ``{"role": "checker"}`` names the part of the agent that made it, ``{"agent": "writer"}``
+    #: the framework agent (LangGraph node, Agents SDK agent) that made it.
     metadata: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 

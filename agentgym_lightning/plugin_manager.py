@@ -24,6 +24,9 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "metrics_jsonl",
     "wandb_logger",
     "math_air",
+    "langchain_adapter",
+    "openai_agents_adapter",
+    "autogen_adapter",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

@@ -104,6 +104,9 @@ class Step:
     trainable: bool = True
     #: Which part of the agent made the call (``metadata={"role": ...}``), if it said.
     role: str | None = None
+    #: The framework's name for the agent that made the call (a LangGraph node, an Agents SDK
+    #: or AutoGen agent's ``name``; ``metadata={"agent": ...}``), if it said.
+    agent: str | None = None
     #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
     #: (``None`` when unknown). Filled in by policies that tokenize.
     prompt_extends_previous: bool | None = None
@@ -130,6 +133,7 @@ class Step:
             "rewards": [r.to_dict() for r in self.rewards],
             "trainable": self.trainable,
             "role": self.role,
+            "agent": self.agent,
             "prompt_extends_previous": self.prompt_extends_previous,
             "prompt_rebuilt": self.prompt_rebuilt,
             "error": self.error,

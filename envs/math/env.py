@@ -33,6 +33,7 @@ from agentgym_lightning.llm import Completion, ToolCall
 from agentgym_lightning.policies.tool_calls import new_tool_call_id
 
 from .agent import AgentResult, MathAgent, MathAgentConfig
+from .autogen_agent import AutoGenMathAgent
 from .answers import answers_match
 from .arithmetic import ArithmeticTasks, resolve_difficulty
 from .data import load_math
@@ -42,7 +43,9 @@ __all__ = [
     "CALCX_ID",
     "ARITHMETIC_ID",
     "DEFAULT_AIR_WEIGHTS",
+    "AGENTS",
     "MathEpisodeAgent",
+    "AutoGenMathEpisodeAgent",
     "MathReward",
     "make_gsm8k_env",
     "make_calcx_env",
@@ -53,6 +56,8 @@ __all__ = [
 GSM8K_ID = "lightning/GSM8K-v0"
 CALCX_ID = "lightning/CalcX-v0"
 ARITHMETIC_ID = "lightning/Arithmetic-v0"
+#: The agents the envs can run (``agent=...``).
+AGENTS = ("scratch", "autogen")
 
 #: Reported with every episode unless ``air_weights`` says otherwise.
 DEFAULT_AIR_WEIGHTS: dict[str, float] = {"math.no_tool": 0.0}
@@ -76,7 +81,10 @@ class MathEpisodeAgent:
         self.rel_tol = rel_tol
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
-        result: AgentResult = self.agent(task, ctx)
+        return self.judge(task, self.agent(task, ctx), ctx)
+
+    def judge(self, task: Mapping[str, Any], result: AgentResult, ctx: AgentContext) -> dict[str, Any]:
+        """The verdict on ``result``'s answer, recorded as ``metrics``; the episode's result."""
         try:
             correct = answers_match(result.answer, str(task["answer"]), self.rel_tol)
         except ValueError as exc:  # the gold cannot be read: not the model's fault
@@ -88,6 +96,21 @@ class MathEpisodeAgent:
         }
         ctx.emit_variable("metrics", metrics)
         return {"correct": correct, **dataclasses.asdict(result)}
+
+
+class AutoGenMathEpisodeAgent(MathEpisodeAgent):
+    """The env's agent with ``agent="autogen"``: the AutoGen solver (:mod:`.autogen_agent`), handed
+    its model client by the adapter, run as a task on the shared event loop; judged as always."""
+
+    def __init__(self, agent: AutoGenMathAgent, rel_tol: float = 0.0) -> None:
+        from agentgym_lightning.env import adapt_agent
+        from agentgym_lightning.plugins.autogen_adapter import AutoGenAgent
+
+        super().__init__(agent, rel_tol)  # type: ignore[arg-type]
+        self._solve = adapt_agent(AutoGenAgent(agent, name="math-autogen", metadata={"agent": "solver"}))
+
+    async def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:  # type: ignore[override]
+        return self.judge(task, await self._solve(task, ctx), ctx)
 
 
 class MathReward:
@@ -122,13 +145,21 @@ def _build(
     max_tokens: int | None,
     kwargs: dict[str, Any],
 ) -> AgentEnv:
+    agent_kind = kwargs.pop("agent", "scratch")
+    if agent_kind not in AGENTS:
+        raise ValueError(f"unknown math agent {agent_kind!r}; choose one of {', '.join(AGENTS)}")
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
+    if agent_kind == "autogen" and agent_options.get("protocol", "tools") != "tools":
+        raise ValueError("the autogen agent calls the calculator as a native tool: protocol must be 'tools'")
     config = MathAgentConfig(max_turns=max_turns, max_tokens=max_tokens, **agent_options)
     kwargs.setdefault("env_id", env_id)
     # A guard only: the agent itself never makes more than max_turns calls.
     kwargs.setdefault("max_turns", max_turns)
     weights = {**DEFAULT_AIR_WEIGHTS, **dict(air_weights or {})}
-    agent = MathEpisodeAgent(MathAgent(config), rel_tol)
+    if agent_kind == "autogen":
+        agent: MathEpisodeAgent = AutoGenMathEpisodeAgent(AutoGenMathAgent(config), rel_tol)
+    else:
+        agent = MathEpisodeAgent(MathAgent(config), rel_tol)
     return AgentEnv(agent, tasks, MathReward(rel_tol), air_weights=weights, **kwargs)
 
 
@@ -168,7 +199,9 @@ def make_gsm8k_env(
         max_turns: Most LLM calls per episode.
         limit: Keep only the first ``limit`` problems.
         max_tokens: ``max_tokens`` of each call.
-        **kwargs: Agent options (any :class:`~.agent.MathAgentConfig` field: ``protocol``,
+        **kwargs: ``agent``: ``"scratch"`` (default, :class:`~.agent.MathAgent`) or ``"autogen"``
+            (the solver as an AutoGen ``AssistantAgent``, :mod:`.autogen_agent`; needs the
+            ``[autogen]`` extra). Agent options (any :class:`~.agent.MathAgentConfig` field: ``protocol``,
             ``temperature``, ``system_prompt``...), then :class:`~agentgym_lightning.env.AgentEnv`
             options (``time_limit``, ``transport``, ``model_name``...).
     """
@@ -206,7 +239,7 @@ def make_arithmetic_env(
     allow_negative: bool | None = None,
     heldout_size: int = 200,
     max_tokens: int | None = 64,
-    protocol: str = "text",
+    protocol: str | None = None,
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/Arithmetic-v0``: generated problems (see :mod:`.arithmetic`).
@@ -220,7 +253,8 @@ def make_arithmetic_env(
             train), in order.
         max_turns: Most LLM calls per episode (a calculator call, the answer, one retry).
         max_tokens: ``max_tokens`` of each call: a calculator call and an answer are short.
-        protocol: ``"text"`` by default here (``"tools"`` for GSM8K and Calc-X): with the
+        protocol: ``"text"`` by default here (``"tools"`` for GSM8K and Calc-X, and for
+            ``agent="autogen"``, which calls tools natively only): with the
             embedded SmolLM2-135M it calls the calculator and answers correctly far more often
             from the shorter prompt, and every prompt extends the last verbatim (see README).
         **kwargs: As for :func:`make_gsm8k_env`.
@@ -235,6 +269,8 @@ def make_arithmetic_env(
         tasks = problems.heldout
     else:
         raise ValueError(f"Arithmetic-v0 split must be 'train' or 'test', got {split!r}")
+    if protocol is None:
+        protocol = "tools" if kwargs.get("agent") == "autogen" else "text"
     env = _build(tasks, env_id=ARITHMETIC_ID, rel_tol=0.0, air_weights=air_weights,
                  max_turns=max_turns, max_tokens=max_tokens, kwargs={"protocol": protocol, **kwargs})
     env.arithmetic = problems  # type: ignore[attr-defined]

@@ -24,14 +24,17 @@ from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
 
 from .agent import RagAgent, RagAgentConfig
+from .openai_agents_agent import AgentsSDKRagAgent
 from .data import DATASETS, load_rag_dataset
 from .embeddings import Embedder
 from .retriever import Retriever, get_retriever
 from .scoring import METRICS, score_answer
 
-__all__ = ["ENV_IDS", "make_env", "make_musique_env", "make_hotpotqa_env", "RagEpisodeAgent", "RagReward"]
+__all__ = ["ENV_IDS", "AGENTS", "make_env", "AgentsSDKRagEpisodeAgent", "make_musique_env", "make_hotpotqa_env", "RagEpisodeAgent", "RagReward"]
 
 ENV_IDS: dict[str, str] = {"musique": "lightning/MuSiQue-v0", "hotpotqa": "lightning/HotpotQA-v0"}
+#: The agents the envs can run (``make_env(agent=...)``).
+AGENTS = ("scratch", "openai-agents")
 
 _AGENT_FIELDS = {f.name for f in dataclasses.fields(RagAgentConfig)}
 
@@ -43,12 +46,32 @@ class RagEpisodeAgent:
         self.agent = agent
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
-        result = self.agent(task, ctx)
+        return self.score(task, self.agent(task, ctx), ctx)
+
+    @staticmethod
+    def score(task: Mapping[str, Any], result: dict[str, Any], ctx: AgentContext) -> dict[str, Any]:
+        """The answer's scores, recorded as ``metrics``; the episode's result."""
         metrics: dict[str, float] = score_answer(result["answer"], task["answers"])
         if result["supporting_total"]:
             metrics["support_recall"] = result["supporting_found"] / result["supporting_total"]
         ctx.emit_variable("metrics", metrics)
         return {**result, **metrics}
+
+
+class AgentsSDKRagEpisodeAgent:
+    """The env's agent with ``agent="openai-agents"``: the Agents SDK searcher
+    (:mod:`.openai_agents_agent`), handed its model by the adapter, run as a task on the shared
+    event loop; then scored like the from-scratch agent's answer."""
+
+    def __init__(self, agent: AgentsSDKRagAgent) -> None:
+        from agentgym_lightning.env import adapt_agent
+        from agentgym_lightning.plugins.openai_agents_adapter import OpenAIAgentsAgent
+
+        self.agent = agent
+        self._solve = adapt_agent(OpenAIAgentsAgent(agent, name="rag-openai-agents"))
+
+    async def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
+        return RagEpisodeAgent.score(task, await self._solve(task, ctx), ctx)
 
 
 class RagReward:
@@ -85,6 +108,7 @@ def make_env(
     index_dir: str | None = None,
     device: str = "cpu",
     retriever: Retriever | None = None,
+    agent: str = "scratch",
     **kwargs: Any,
 ) -> AgentEnv:
     """Build a multi-hop RAG env.
@@ -105,6 +129,10 @@ def make_env(
         index_dir: Where indexes are cached (default ``<cache>/rag-index``).
         device: Where the embedding model runs (``"cpu"``, ``"cuda"``).
         retriever: A ready retriever to use instead of the shared one of the corpus.
+        agent: ``"scratch"`` (default: :class:`~.agent.RagAgent` on the ``openai`` client) or
+            ``"openai-agents"`` (the searcher as an OpenAI Agents SDK ``Agent`` with a
+            ``function_tool``, :mod:`.openai_agents_agent`; needs the ``[openai-agents]`` extra;
+            ``tool_mode`` must stay ``"tools"``).
         **kwargs: Agent options (any :class:`RagAgentConfig` field: ``top_k``,
             ``max_passage_chars``, ``tool_mode``, ``max_tokens``, ``temperature``...), then
             :class:`~agentgym_lightning.env.AgentEnv` options (``time_limit``, ``transport``...).
@@ -121,12 +149,19 @@ def make_env(
         tasks = tasks[:limit]
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = RagAgentConfig(max_turns=max_turns, **agent_options)
+    if agent not in AGENTS:
+        raise ValueError(f"unknown RAG agent {agent!r}; choose one of {', '.join(AGENTS)}")
+    if agent == "openai-agents" and config.tool_mode != "tools":
+        raise ValueError("the openai-agents agent searches through a function tool: tool_mode must be 'tools'")
     if retriever is None:
         retriever = get_retriever(data.corpus, embedding_model, index_dir, device=device)
-    agent = RagEpisodeAgent(RagAgent(retriever.search, config))
+    episode_agent: Any = (
+        RagEpisodeAgent(RagAgent(retriever.search, config)) if agent == "scratch"
+        else AgentsSDKRagEpisodeAgent(AgentsSDKRagAgent(retriever.search, config))
+    )
     kwargs.setdefault("env_id", ENV_IDS[dataset])
     kwargs.setdefault("max_turns", max_turns)  # a guard only: the agent never makes more calls
-    env = AgentEnv(agent, tasks, RagReward(reward), air_weights=air_weights, **kwargs)
+    env = AgentEnv(episode_agent, tasks, RagReward(reward), air_weights=air_weights, **kwargs)
     env.rag_dataset = data  # type: ignore[attr-defined]  # for tools: split, source, corpus
     env.rag_retriever = retriever  # type: ignore[attr-defined]
     return env

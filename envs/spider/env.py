@@ -18,6 +18,7 @@ the gold result's shape, so a ``mismatch`` can be debugged from the JSONL alone.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import threading
@@ -27,14 +28,17 @@ from typing import Any
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
 
-from .agent import SpiderAgent, SpiderAgentConfig
+from .agent import SpiderAgent, SpiderAgentConfig, SpiderAnswer
 from .data import load_spider
 from .evaluation import VARIANTS, GoldQueryError, SpiderEvaluator
+from .langgraph_agent import TRAINED_NODES, LangGraphSpiderAgent
 from .sandbox import ExecResult, SandboxLimits, SQLSandbox
 
-__all__ = ["ENV_ID", "make_env", "SpiderEpisodeAgent", "SpiderReward", "gold_policy", "describe_result"]
+__all__ = ["ENV_ID", "AGENTS", "make_env", "SpiderEpisodeAgent", "LangGraphSpiderEpisodeAgent", "SpiderReward", "gold_policy", "describe_result"]
 
 ENV_ID = "lightning/Spider-v0"
+#: The agents the env can run (``make_env(agent=...)``).
+AGENTS = ("scratch", "langgraph")
 
 _AGENT_FIELDS = {f.name for f in dataclasses.fields(SpiderAgentConfig)}
 
@@ -53,7 +57,10 @@ class SpiderEpisodeAgent:
         self.evaluator = evaluator
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:
-        answer = self.agent.solve(task, ctx)
+        return self.judge(task, self.agent.solve(task, ctx), ctx)
+
+    def judge(self, task: Mapping[str, Any], answer: SpiderAnswer, ctx: AgentContext) -> dict[str, Any]:
+        """Both reward variants of ``answer``, recorded as ``metrics``; the episode's result."""
         # The agent's own run of its final query is the judged one when it ran in the judge's
         # sandbox with the judge's time limit: a query runs once per step, not once more per variant.
         same_run = (
@@ -76,6 +83,23 @@ class SpiderEpisodeAgent:
             "prediction": describe_result(answer.result),
             "gold": {"shape": _list_or_none(verdicts[VARIANTS[0]].gold_shape)},
         }
+
+
+class LangGraphSpiderEpisodeAgent(SpiderEpisodeAgent):
+    """The env's agent with ``agent="langgraph"``: the LangGraph graph (:mod:`.langgraph_agent`),
+    handed its ``ChatOpenAI`` by the LangChain adapter, run as a task on the shared event loop;
+    then judged like the from-scratch agent's answer (in a worker thread: the judge runs SQL)."""
+
+    def __init__(self, agent: LangGraphSpiderAgent, evaluator: SpiderEvaluator) -> None:
+        from agentgym_lightning.env import adapt_agent
+        from agentgym_lightning.plugins.langchain_adapter import LangChainAgent
+
+        super().__init__(agent, evaluator)  # type: ignore[arg-type]  # same config/sandbox attributes
+        self._solve = adapt_agent(LangChainAgent(agent, name="spider-langgraph"))
+
+    async def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:  # type: ignore[override]
+        answer = await self._solve(task, ctx)
+        return await asyncio.to_thread(self.judge, task, answer, ctx)
 
 
 #: Rows of the final prediction's result kept on the trajectory, and characters of each value.
@@ -160,6 +184,7 @@ def make_env(
     sql_timeout_s: float = 5.0,
     max_rows: int = 100_000,
     sql_limits: Mapping[str, Any] | None = None,
+    agent: str = "scratch",
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/Spider-v0``.
@@ -178,6 +203,11 @@ def make_env(
         max_rows: Rows a query may return before it fails.
         sql_limits: Any other :class:`~.sandbox.SandboxLimits` field, e.g.
             ``{"max_result_bytes": 64_000_000}`` (see ``docs/limits.md``).
+        agent: ``"scratch"`` (default: :class:`~.agent.SpiderAgent` on the ``openai`` client) or
+            ``"langgraph"`` (the same write → check → rewrite loop as a LangGraph graph,
+            :mod:`.langgraph_agent`; needs the ``[langchain]`` extra). The LangGraph agent marks no
+            call untrainable itself: ``agent_match`` selects the nodes to train, by default
+            ``"writer|rewriter"`` (every node with ``train_checker=True``).
         **kwargs: Agent options (any :class:`SpiderAgentConfig` field: ``max_schema_chars``,
             ``max_tokens``, ``temperature``, ``train_checker``...), then
             :class:`~agentgym_lightning.env.AgentEnv` options (``time_limit``, ``transport``,
@@ -199,11 +229,18 @@ def make_env(
         known = ", ".join(f.name for f in dataclasses.fields(SandboxLimits) if f.name not in ("timeout_s", "max_rows"))
         raise ValueError(f"sql_limits {dict(sql_limits or {})} has an unknown field; known: {known}") from None
     evaluator = _shared_evaluator(limits)
-    agent = SpiderEpisodeAgent(SpiderAgent(config, evaluator.sandbox), evaluator)
+    if agent == "scratch":
+        episode_agent: SpiderEpisodeAgent = SpiderEpisodeAgent(SpiderAgent(config, evaluator.sandbox), evaluator)
+    elif agent == "langgraph":
+        episode_agent = LangGraphSpiderEpisodeAgent(LangGraphSpiderAgent(config, evaluator.sandbox), evaluator)
+        if not config.train_checker:
+            kwargs.setdefault("agent_match", TRAINED_NODES)
+    else:
+        raise ValueError(f"unknown Spider agent {agent!r}; choose one of {', '.join(AGENTS)}")
     kwargs.setdefault("env_id", ENV_ID)
     # A guard only: the agent itself never makes more than this many calls.
     kwargs.setdefault("max_turns", 2 * max_turns - 1)
-    env = AgentEnv(agent, tasks, SpiderReward(evaluator, reward), air_weights=air_weights, **kwargs)
+    env = AgentEnv(episode_agent, tasks, SpiderReward(evaluator, reward), air_weights=air_weights, **kwargs)
     env.spider_dataset = dataset  # type: ignore[attr-defined]  # for tools: split, source, skipped
     env.spider_evaluator = evaluator  # type: ignore[attr-defined]
     return env

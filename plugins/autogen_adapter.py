@@ -1,0 +1,100 @@
+"""The AutoGen (AgentChat) adapter: agents get an ``OpenAIChatCompletionClient`` pointed at their episode.
+
+    from autogen_agentchat.agents import AssistantAgent
+    from agentgym_lightning.plugins.autogen_adapter import AutoGenAgent
+
+    async def math_agent(task, model_client):
+        agent = AssistantAgent("solver", model_client=model_client, tools=[calculator],
+                               reflect_on_tool_use=True)
+        result = await agent.run(task=task["question"])
+        return result.messages[-1].content
+
+    env = AgentEnv(AutoGenAgent(math_agent, metadata={"agent": "solver"}), tasks, reward_fn)
+
+Every ``model_client.create`` / ``create_stream`` is one env step; AutoGen runs its tools itself
+and sends their results back as ``tool`` messages; ``model_client_stream=True`` streams through
+the gateway. AutoGen is ``async`` all the way: the agent runs on the gateway's shared event loop,
+no thread per agent.
+
+**Agent names.** AutoGen's client API does not say which agent calls it, so the adapter cannot
+name calls by itself: pass ``metadata={"agent": ...}`` (sent with every request of that client;
+give each agent of a team its own :func:`episode_model_client` to tell them apart).
+
+**No network.** The client only reaches the episode's gateway; AutoGen sends no telemetry of
+its own (its OpenTelemetry spans go nowhere unless the program installs an exporter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agentgym_lightning.framework_agent import FrameworkAgent, require_extra
+from agentgym_lightning.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from agentgym_lightning.agent import AgentContext
+
+__all__ = ["AutoGenAgent", "episode_model_client", "MODEL_INFO"]
+
+#: What AutoGen is told about the policy: it calls tools, nothing more is assumed.
+MODEL_INFO: dict[str, Any] = {
+    "vision": False,
+    "function_calling": True,
+    "json_output": False,
+    "family": "unknown",
+    "structured_output": False,
+    "multiple_system_messages": True,
+}
+
+
+def episode_model_client(ctx: AgentContext, **options: Any) -> Any:
+    """An ``autogen_ext.models.openai.OpenAIChatCompletionClient`` pointed at ``ctx``'s episode.
+
+    ``options`` are the client's own (``temperature``, ``max_tokens``, ``metadata``,
+    ``model_info``...). Retries are off: a refused call is a signal, not a glitch.
+    """
+    require_extra("autogen", "autogen_agentchat", "autogen_ext")
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    options.setdefault("model_info", MODEL_INFO)
+    options.setdefault("max_retries", 0)
+    return OpenAIChatCompletionClient(
+        model=ctx.model,
+        base_url=ctx.base_url_for_clients,
+        api_key=ctx.api_key,
+        http_client=ctx.async_http_client(),
+        **options,
+    )
+
+
+class AutoGenAgent(FrameworkAgent):
+    """An AutoGen agent ``async fn(task, model_client) -> result``.
+
+    Args:
+        fn: The agent; ``model_client`` is an ``OpenAIChatCompletionClient`` pointed at the episode.
+        name: Shown in logs.
+        **client_options: ``OpenAIChatCompletionClient`` options (``temperature``, ``max_tokens``,
+            ``metadata={"agent": "solver"}``...).
+    """
+
+    extra = "autogen"
+
+    def __init__(self, fn: Callable[..., Any], *, name: str | None = None, **client_options: Any) -> None:
+        super().__init__(fn, name=name)
+        if not self.is_async:
+            raise TypeError(f"AutoGenAgent: {self.name!r} must be an async def (AutoGen's agents are async)")
+        self.client_options = client_options
+
+    def make_client(self, ctx: AgentContext, *, asynchronous: bool) -> Any:
+        return episode_model_client(ctx, **self.client_options)
+
+    async def aclose_client(self, client: Any) -> None:
+        await client.close()
+
+
+@hookimpl
+def agentgym_adapt_agent(agent: object) -> Callable[..., Any] | None:
+    if isinstance(agent, AutoGenAgent):
+        return agent.as_agent()
+    return None

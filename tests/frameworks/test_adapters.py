@@ -1,0 +1,203 @@
+"""The three framework adapters through the conformance kit: agent files written as each
+framework documents them run unedited, handed only the model client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentgym_lightning.conformance import no_network
+from agentgym_lightning.env import AgentEnv
+
+TASK = "What is 2 + 3?"
+
+
+def _langchain():
+    pytest.importorskip("langgraph", reason="needs the [langchain] extra")
+    from agentgym_lightning.plugins.langchain_adapter import LangChainAgent
+
+    return LangChainAgent
+
+
+def _openai_agents():
+    pytest.importorskip("agents", reason="needs the [openai-agents] extra")
+    from agentgym_lightning.plugins.openai_agents_adapter import OpenAIAgentsAgent
+
+    return OpenAIAgentsAgent
+
+
+def _autogen():
+    pytest.importorskip("autogen_agentchat", reason="needs the [autogen] extra")
+    from agentgym_lightning.plugins.autogen_adapter import AutoGenAgent
+
+    return AutoGenAgent
+
+
+def _check(report, agent_name):
+    report.assert_ok()
+    steps = report.trajectory.steps
+    assert len(steps) == 2  # the tool call, then the answer after its result
+    assert steps[0].completion.tool_calls and steps[0].request.tools
+    assert steps[1].request.messages[-1]["role"] == "tool" and steps[1].request.messages[-1]["content"] == "2"
+    assert report.trajectory.result == "Answer: 2"
+    assert [s.agent for s in steps] == [agent_name, agent_name]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "streaming"])
+def test_langgraph_agent_file_runs_unedited(agent_conformance, agent_file, streaming):
+    LangChainAgent = _langchain()
+    module = agent_file("langgraph_calculator")
+    report = agent_conformance(LangChainAgent(module.agent, streaming=streaming), TASK)
+    _check(report, "assistant")  # the LangGraph node that made the calls
+    assert all(s.request.stream is streaming for s in report.trajectory.steps)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "streaming"])
+def test_openai_agents_file_runs_unedited(agent_conformance, agent_file, streaming):
+    OpenAIAgentsAgent = _openai_agents()
+    module = agent_file("openai_agents_calculator")
+    if streaming:
+        from agents import Runner
+
+        async def streamed(task, model):
+            run = Runner.run_streamed(module.solver.clone(model=model), task)
+            async for _event in run.stream_events():
+                pass
+            return run.final_output
+
+        agent = OpenAIAgentsAgent(streamed)
+    else:
+        agent = OpenAIAgentsAgent(module.agent)
+    report = agent_conformance(agent, TASK)
+    _check(report, "solver")  # the SDK agent's name
+    assert all(s.request.stream is streaming for s in report.trajectory.steps)
+
+
+def test_openai_agents_sdk_agent_object_runs_as_it_is(agent_conformance, agent_file):
+    _openai_agents()
+    module = agent_file("openai_agents_calculator")
+    # Zero code: the SDK's own Agent object is the env's agent.
+    _check(agent_conformance(module.solver, TASK), "solver")
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "streaming"])
+def test_autogen_agent_file_runs_unedited(agent_conformance, agent_file, streaming):
+    AutoGenAgent = _autogen()
+    module = agent_file("autogen_calculator")
+    fn = module.agent
+    if streaming:
+        from autogen_agentchat.agents import AssistantAgent
+
+        async def fn(task, model_client):
+            solver = AssistantAgent("solver", model_client=model_client, tools=[module.calculator],
+                                    reflect_on_tool_use=True, model_client_stream=True)
+            return (await solver.run(task=task)).messages[-1].content
+
+    report = agent_conformance(AutoGenAgent(fn, metadata={"agent": "solver"}), TASK)
+    _check(report, "solver")
+    assert all(s.request.stream is streaming for s in report.trajectory.steps)
+
+
+def test_adapters_run_on_the_shared_event_loop_not_a_thread(agent_file):
+    """Async framework agents are tasks on the gateway's loop: no agent-* thread per episode."""
+    LangChainAgent = _langchain()
+    import threading
+
+    module = agent_file("langgraph_calculator")
+    env = AgentEnv(LangChainAgent(module.agent), [TASK], lambda t, r: 1.0)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert not [t for t in threading.enumerate() if t.name.startswith("agent-")]
+        assert threading.current_thread() is not env.gateway.background_loop()._thread
+    finally:
+        env.close()
+
+
+def test_tracing_exporters_stay_off(agent_conformance, agent_file, monkeypatch):
+    """LangSmith and the Agents SDK's exporter would post to their clouds: nothing leaves 127.0.0.1."""
+    LangChainAgent = _langchain()
+    OpenAIAgentsAgent = _openai_agents()
+    monkeypatch.setenv("LANGSMITH_TRACING", "true")
+    monkeypatch.setenv("LANGCHAIN_TRACING_V2", "true")
+    monkeypatch.setenv("LANGSMITH_API_KEY", "lsv2-test-not-a-key")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
+    from agents import add_trace_processor
+    from agents.tracing import TracingProcessor
+
+    class Recorder(TracingProcessor):
+        def __init__(self):
+            self.events = []
+
+        def on_trace_start(self, trace):
+            self.events.append(trace)
+
+        def on_trace_end(self, trace):
+            self.events.append(trace)
+
+        def on_span_start(self, span):
+            self.events.append(span)
+
+        def on_span_end(self, span):
+            self.events.append(span)
+
+        def shutdown(self):
+            pass
+
+        def force_flush(self):
+            pass
+
+    recorder = Recorder()
+    add_trace_processor(recorder)
+    with no_network() as outside:
+        for agent in (LangChainAgent(agent_file("langgraph_calculator").agent),
+                      OpenAIAgentsAgent(agent_file("openai_agents_calculator").agent)):
+            report = agent_conformance(agent, TASK)
+            report.assert_ok()
+        time.sleep(1.0)  # exporters flush from background threads
+    assert outside == []
+    assert recorder.events == []  # the SDK created no real trace or span to export
+
+
+def test_the_kit_finds_broken_agents(agent_conformance):
+    """The kit's checks fail when they should: a dropped tool result, a reach for the network."""
+    import socket
+
+    def forgets_tool_results(task, ctx):
+        client = ctx.openai_client()
+        tools = [{"type": "function", "function": {"name": "calculator", "parameters": {
+            "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+        client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": task}], tools=tools)
+        reply = client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": task}])
+        return reply.choices[0].message.content
+
+    problems = agent_conformance(forgets_tool_results, TASK, transport="inproc").problems
+    assert any("not in call 1's messages" in p for p in problems)
+    assert any("no tool message" in p for p in problems)
+
+    def phones_home(task, ctx):
+        try:
+            socket.getaddrinfo("telemetry.example.com", 443)
+        except OSError:
+            pass
+        reply = ctx.openai_client().chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": task}])
+        ctx.emit_variable("answer", reply.choices[0].message.content)
+        return reply.choices[0].message.content
+
+    report = agent_conformance(phones_home, TASK, expect_variables=["answer", "never_emitted"], transport="inproc")
+    assert report.outside_connections == ["telemetry.example.com"]
+    assert any("beyond 127.0.0.1" in p for p in report.problems)
+    assert any(p.startswith("variables never emitted: ['never_emitted']") for p in report.problems)
+    with pytest.raises(AssertionError, match="does not conform"):
+        report.assert_ok()
+
+
+def test_missing_extra_says_what_to_install(monkeypatch):
+    import importlib.util as util
+
+    from agentgym_lightning.framework_agent import require_extra
+
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "langchain_openai" else real(name, *a))
+    with pytest.raises(ImportError, match=r"pip install 'agentgym-lightning\[langchain\]'"):
+        require_extra("langchain", "langchain_openai")

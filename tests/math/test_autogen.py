@@ -1,0 +1,67 @@
+"""``agent="autogen"`` on the math envs: the calculator agent as an AutoGen AssistantAgent, with a
+scripted policy; same prompts, signals and rewards as the from-scratch agent's ``tools`` protocol."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+pytest.importorskip("autogen_agentchat", reason="needs the [autogen] extra")
+
+from agentgym_lightning import Status  # noqa: E402
+from agentgym_lightning.envs.math.data import MathDataWarning  # noqa: E402
+from agentgym_lightning.envs.math.env import calculator_policy, make_arithmetic_env, make_gsm8k_env  # noqa: E402
+
+AIR = {"math.calc_ok": 0.1, "math.calc_error": -0.1, "math.no_tool": -0.05}
+
+
+def play(env, policy):
+    obs, info = env.reset(seed=0, options={"task_index": 0})
+    task, requests, rewards, done = info["task"], [], [], False
+    while not done:
+        requests.append(obs.request)
+        obs, reward, terminated, truncated, info = env.step(policy(obs, task))
+        rewards.append(reward)
+        done = terminated or truncated
+    return info["trajectory"], requests, rewards
+
+
+def test_autogen_agent_matches_the_from_scratch_tools_agent():
+    runs = {}
+    for agent in ("scratch", "autogen"):
+        env = make_arithmetic_env(difficulty=2, split="test", agent=agent, protocol="tools", air_weights=AIR)
+        try:
+            runs[agent] = play(env, calculator_policy)
+        finally:
+            env.close()
+    (scratch, q_scratch, r_scratch), (ag, q_ag, r_ag) = runs["scratch"], runs["autogen"]
+    assert ag.status is Status.SUCCEEDED, ag.error
+    assert ag.final_reward == scratch.final_reward == 1.0
+    assert r_ag == pytest.approx(r_scratch)  # calc_ok lands on the call that asked for it, then the answer
+    assert [s.agent for s in ag.steps] == ["solver", "solver"]
+    assert ag.variables["metrics"] == scratch.variables["metrics"]
+    for name in ("answer", "answer_status", "calculator_calls"):
+        assert ag.variables[name] == scratch.variables[name]
+    assert ag.steps[0].outcome["calculator"] == scratch.steps[0].outcome["calculator"]
+    # The same conversation in OpenAI format: instructions, the worked examples, the question, the tool round.
+    for a, b in zip(q_scratch, q_ag, strict=True):
+        assert [m["role"] for m in a.messages] == [m["role"] for m in b.messages]
+        assert [m.get("content") for m in a.messages if m["role"] in ("system", "user", "tool")] == \
+               [m.get("content") for m in b.messages if m["role"] in ("system", "user", "tool")]
+        assert b.tools[0]["function"]["name"] == "calculator"
+
+
+def test_autogen_runs_gsm8k_and_refuses_the_text_protocol():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MathDataWarning)
+        env = make_gsm8k_env(agent="autogen", limit=2)
+    try:
+        trajectory, _, _ = play(env, calculator_policy)
+    finally:
+        env.close()
+    assert trajectory.status is Status.SUCCEEDED and trajectory.final_reward == 1.0
+    with pytest.raises(ValueError, match="protocol must be 'tools'"):
+        make_arithmetic_env(agent="autogen", protocol="text")
+    with pytest.raises(ValueError, match="choose one of scratch, autogen"):
+        make_arithmetic_env(agent="crewai")

@@ -1,0 +1,79 @@
+"""``gym.make("lightning/MuSiQue-v0", agent="openai-agents")``: the searcher as an OpenAI Agents SDK
+agent, on the bundled sample, with a scripted policy and the same signals as the from-scratch one."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+pytest.importorskip("chromadb", reason="needs the [rag] extra")
+pytest.importorskip("agents", reason="needs the [openai-agents] extra")
+
+from agentgym_lightning import Completion, Status, ToolCall  # noqa: E402
+from agentgym_lightning.envs.rag.data import RagDataWarning  # noqa: E402
+from agentgym_lightning.envs.rag.env import make_env  # noqa: E402
+
+
+def build(agent, embedder, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RagDataWarning)
+        return make_env("musique", embedding_model=embedder, agent=agent, **kwargs)
+
+
+def search(query, call_id):
+    return Completion(text="", tool_calls=[ToolCall(call_id, "search", json.dumps({"query": query}))],
+                      finish_reason="tool_calls")
+
+
+def play(env, actions):
+    obs, info = env.reset(seed=0, options={"task_index": 0})
+    requests, rewards = [obs.request], []
+    for action in actions:
+        obs, reward, terminated, truncated, info = env.step(action)
+        rewards.append(reward)
+        if terminated or truncated:
+            return info["trajectory"], rewards, requests
+        requests.append(obs.request)
+    raise AssertionError("the episode did not end")
+
+
+def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder):
+    results = {}
+    for agent in ("scratch", "openai-agents"):
+        env = build(agent, hash_embedder, air_weights={"rag.supporting": 0.1})
+        try:
+            hop1, hop2 = (s["question"] for s in env.tasks[0]["sub_questions"])
+            results[agent] = play(env, [search(hop1, "c1"), search(hop2, "c2"), "Answer: Aldric Vane"])
+        finally:
+            env.close()
+    (scratch, r_scratch, q_scratch), (sdk, r_sdk, q_sdk) = results["scratch"], results["openai-agents"]
+    assert sdk.status is Status.SUCCEEDED, sdk.error
+    assert sdk.variables["metrics"] == scratch.variables["metrics"] and sdk.final_reward == 1.0
+    assert r_sdk == pytest.approx(r_scratch)  # AIR and the final reward land on the same calls
+    assert [s.agent for s in sdk.steps] == ["searcher"] * 3
+    assert [s.outcome.get("action") for s in sdk.steps] == [s.outcome.get("action") for s in scratch.steps]
+    assert sdk.result["retrieved"] == scratch.result["retrieved"]
+    # The SDK sends the same instructions, question, tool and tool results, in OpenAI format.
+    for a, b in zip(q_scratch, q_sdk, strict=True):
+        assert [m["role"] for m in a.messages] == [m["role"] for m in b.messages]
+        assert [m.get("content") for m in a.messages if m["role"] != "assistant"] == \
+               [m.get("content") for m in b.messages if m["role"] != "assistant"]
+        assert b.tools[0]["function"]["name"] == "search"
+        assert b.tools[0]["function"]["parameters"]["required"] == ["query"]
+
+
+def test_out_of_turns_is_a_missing_answer(hash_embedder):
+    env = build("openai-agents", hash_embedder, max_turns=2)
+    try:
+        trajectory, rewards, _ = play(env, [search("Dunmere", "c1"), search("Aldric", "c2")])
+    finally:
+        env.close()
+    assert trajectory.status is Status.SUCCEEDED and trajectory.final_reward == 0.0
+    assert trajectory.result["answer_status"] == "missing" and len(trajectory.steps) == 2
+
+
+def test_text_protocol_is_refused_for_the_sdk_agent(hash_embedder):
+    with pytest.raises(ValueError, match="tool_mode must be 'tools'"):
+        build("openai-agents", hash_embedder, tool_mode="text")
