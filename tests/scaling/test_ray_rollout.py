@@ -60,6 +60,8 @@ def local_ray():
     started = time.perf_counter()
     from agentgym_lightning.ray_rollout import init_ray
 
+    # Children from earlier tests (the Spider env's SQL worker pool lives for the process) are not Ray's.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     init_ray(num_cpus=2)
     print(f"local Ray started in {time.perf_counter() - started:.1f} s")
     yield
@@ -67,7 +69,8 @@ def local_ray():
     # Ray's processes are our children (raylet, GCS, workers): none may outlive the module.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        left = [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         if not left:
             break
         time.sleep(0.2)
