@@ -215,5 +215,8 @@ def _summary(config: Any, result: Any, elapsed: float) -> str:
         lines.append(f"  final model       {out / 'final'}")
     lines.append(f"  checkpoints       {out / 'checkpoints'}   (continue with --resume {out})")
     lines.append(f"  trajectories      {out / 'trajectories'}")
-    lines.extend(f"  {m}" for m in result.messages)
+    # A plugin may say a thing at the start and more of it at the end (the W&B run folder, then how
+    # to upload it): the summary keeps the fuller line.
+    messages = [m for m in result.messages if not any(o != m and o.startswith(m) for o in result.messages)]
+    lines.extend(f"  {m}" for m in messages)
     return "\n".join(lines)
