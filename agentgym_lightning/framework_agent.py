@@ -52,10 +52,16 @@ class FrameworkAgent:
         name: Shown in logs and errors (default: ``fn``'s name).
 
     Subclasses implement :meth:`make_client` (and may override :meth:`close_client`).
+
+    Raises:
+        ImportError: the framework (:attr:`modules`) is not installed. Checked here, when the env
+            is built, not at the first episode: a run must not start with every episode failing.
     """
 
     #: The pip extra that installs the framework (for error messages).
     extra: str = ""
+    #: The modules the framework needs (checked when the agent is built).
+    modules: tuple[str, ...] = ()
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None) -> None:
         if not callable(fn):
@@ -69,6 +75,8 @@ class FrameworkAgent:
             ) from None
         except ValueError:  # no signature to check
             pass
+        if self.modules:
+            require_extra(self.extra, *self.modules)
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
 

@@ -79,6 +79,7 @@ class AutoGenAgent(FrameworkAgent):
     """
 
     extra = "autogen"
+    modules = ("autogen_agentchat", "autogen_ext")
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, **client_options: Any) -> None:
         super().__init__(fn, name=name)

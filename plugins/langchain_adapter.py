@@ -119,6 +119,7 @@ class LangChainAgent(FrameworkAgent):
     """
 
     extra = "langchain"
+    modules = ("langchain_openai",)
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, **chat_options: Any) -> None:
         super().__init__(fn, name=name)

@@ -121,6 +121,7 @@ class OpenAIAgentsAgent(FrameworkAgent):
     """
 
     extra = "openai-agents"
+    modules = ("agents",)
 
     def __init__(
         self,

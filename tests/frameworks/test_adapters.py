@@ -201,3 +201,26 @@ def test_missing_extra_says_what_to_install(monkeypatch):
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "langchain_openai" else real(name, *a))
     with pytest.raises(ImportError, match=r"pip install 'agentgym-lightning\[langchain\]'"):
         require_extra("langchain", "langchain_openai")
+
+
+@pytest.mark.parametrize(
+    ("env_id", "agent", "module", "extra"),
+    [
+        ("lightning/Arithmetic-v0", "autogen", "autogen_ext", "autogen"),
+        ("lightning/Spider-v0", "langgraph", "langchain_openai", "langchain"),
+        ("lightning/MuSiQue-v0", "openai-agents", "agents", "openai-agents"),
+    ],
+)
+def test_an_env_whose_framework_is_missing_fails_when_built_not_in_every_episode(monkeypatch, env_id, agent, module, extra):
+    # A trainer given such an env used to run every step with every episode failing on the
+    # same ImportError and report reward 0.0 -> 0.0.
+    import importlib.util as util
+
+    import gymnasium as gym
+
+    import agentgym_lightning  # noqa: F401 - registers the ids
+
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    with pytest.raises(ImportError, match=rf"pip install 'agentgym-lightning\[{extra}\]'"):
+        gym.make(env_id, agent=agent)
