@@ -12,15 +12,16 @@
 Options come from, in order of precedence: the flags given, ``--config FILE.yaml`` (any
 :class:`~agentgym_lightning.training.LightningRLConfig` field), the resumed run's saved config
 (``--resume`` without ``--config``), the defaults. Everything is checked before the model is
-loaded; a bad option is one line on stderr and exit status 2. Ctrl-C saves a checkpoint and exits
-130; ``--resume`` continues from it with the same data order.
+loaded; a bad option is one line on stderr and exit status 2. A rollout in which every episode
+failed before its first LLM call (an agent that cannot start) stops the run with exit status 1
+and the first episode's error. Ctrl-C saves a checkpoint and exits 130; ``--resume`` continues
+from it with the same data order.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ _DIRECT = {
     "save_steps": "save_steps",
     "rollout_workers": "rollout_workers",
     "ray_address": "ray_address",
+    "agent_match": "agent_match",
 }
 
 
@@ -83,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--eval-episodes", type=int, help=h("eval_episodes"))
     p.add_argument("--rollout-workers", type=int, metavar="N", help=h("rollout_workers"))
     p.add_argument("--ray-address", help=h("ray_address"))
+    p.add_argument("--agent-match", metavar="REGEX", help=h("agent_match") + " A mapping: --set agent_match='{\"role\": \"solver\"}'.")
     p.add_argument("--retry-infra-failed", action="store_const", const=True, default=None, help=h("retry_infra_failed"))
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="training env keyword argument (repeatable; JSON values)")
     p.add_argument("--eval-env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="held-out env keyword argument (repeatable); turns the eval on")
@@ -164,7 +167,8 @@ def _check_output_dir(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``train`` command. Exit 0 when done, 130 when interrupted, 2 on a bad option."""
+    """The ``train`` command. Exit 0 when done, 130 when interrupted, 2 on a bad option, 1 when
+    every episode of a rollout failed before its first LLM call."""
     from agentgym_lightning.eval import _resolve_env_id
 
     try:
@@ -175,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
     from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.trainer import EpisodesFailedError
 
     started = time.perf_counter()
     try:
@@ -183,13 +188,18 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
+    except EpisodesFailedError as exc:
+        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
+        return 1
     elapsed = time.perf_counter() - started
     before, after = result.eval_before or {}, result.eval_after or {}
     if args.json:
         summary = {"steps": result.steps, "wall_time_s": elapsed, "interrupted": result.interrupted, "output_dir": str(result.output_dir)}
         summary.update({f"before/{k}": v for k, v in before.items()})
         summary.update({f"after/{k}": v for k, v in after.items()})
-        print(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in summary.items()}))
+        from agentgym_lightning.metrics import json_metrics
+
+        print(json.dumps(json_metrics(summary)))
     else:
         print(_summary(config, result, elapsed))
     return 130 if result.interrupted else 0

@@ -157,6 +157,16 @@ class LightningRLConfig:
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Leave completions cut by the token limit (`finish_reason == 'length'`) out of the loss."}
     )
+    agent_match: str | dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "Selective / multi-agent training (the paper's `agent_match`): only the calls it matches are "
+            "trained, on top of what the env marks trainable. A regular expression matched in full against the "
+            "call's agent name or role (`writer|rewriter`), or a mapping of `agent`, `role`, `name`, `variables` "
+            "(`agentgym_lightning.agent_match.AgentMatch`). The other calls are still answered and recorded. "
+            "None: every trainable call."
+        },
+    )
 
     # ------------------------------------------------------------------ the loss (TRL's definitions)
     loss_type: str = field(default="dapo", metadata={"help": f"One of {', '.join(LOSS_TYPES)} (TRL's definitions)."})
@@ -305,6 +315,16 @@ class LightningRLConfig:
         for source, weight in self.air_weights.items():
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ValueError(f"air_weights[{source!r}] must be a finite number; got {weight!r}")
+        if self.agent_match is not None:
+            if not isinstance(self.agent_match, (str, Mapping)):
+                raise ValueError(
+                    f"agent_match must be a regular expression or a mapping (agent/role/name/variables), not "
+                    f"{type(self.agent_match).__name__}: the config is saved with every checkpoint, so a function "
+                    "filter goes in the env instead (AgentEnv(agent_match=fn))"
+                )
+            from agentgym_lightning.agent_match import as_agent_match
+
+            as_agent_match(self.agent_match)  # names a bad pattern or key now, not at the first update
         if self.eval_env_kwargs is not None and not isinstance(self.eval_env_kwargs, Mapping):
             raise ValueError("eval_env_kwargs must be a mapping or None")
         if isinstance(self.report_to, str):

@@ -20,7 +20,7 @@ does the one translation between them, in three moves:
    re-renders history), a new row starts. Merges and fallbacks are counted.
 
 What never reaches the loss: episodes that ended ``infra_failed`` (or are still running) — they
-are left out of the group statistics too, and counted; calls marked not trainable (their tokens
+are left out of the group statistics too, and counted; calls marked not trainable, by the agent, the env's ``agent_match`` or the trainer's (their tokens
 stay as context in a merged row, masked); calls without token ids (an API backend); empty
 completions; with ``mask_truncated_completions``, completions cut by the token limit.
 
@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
@@ -178,8 +179,13 @@ def build_samples(
     zero_variance_groups: str = "skip",
     episode_weighting: str = "equal",
     mask_truncated_completions: bool = False,
+    agent_match: AgentMatchSpec | None = None,
 ) -> SampleBatch:
-    """Turn a step's finished episodes into training rows (see the module docstring)."""
+    """Turn a step's finished episodes into training rows (see the module docstring).
+
+    ``agent_match`` (see :mod:`agentgym_lightning.agent_match`) leaves the calls it does not match
+    out of the loss, like calls the env marked not trainable; they still count in the advantages
+    (the episode's return is the episode's, whoever made which call)."""
     if aggregation not in ("transition", "trajectory"):
         raise ValueError(f"aggregation must be 'transition' or 'trajectory'; got {aggregation!r}")
     if zero_variance_groups not in ("skip", "keep"):
@@ -189,6 +195,7 @@ def build_samples(
     advantages, zero_variance, counts = episode_advantages(
         trajectories, credit=credit, credit_kwargs=credit_kwargs, scale_rewards=scale_rewards
     )
+    match = as_agent_match(agent_match)
     stats: dict[str, float] = defaultdict(float, counts)
     stats["episodes"] = float(len(trajectories))
     samples: list[Sample] = []
@@ -208,8 +215,8 @@ def build_samples(
                 stats["calls/without_token_ids"] += 1
                 continue
             calls.append((step, adv))
-        rows = _transition_rows(t, calls, mask_truncated_completions, stats) if aggregation == "transition" else _trajectory_rows(
-            t, calls, mask_truncated_completions, stats
+        rows = _transition_rows(t, calls, mask_truncated_completions, match, stats) if aggregation == "transition" else _trajectory_rows(
+            t, calls, mask_truncated_completions, match, stats
         )
         rows = [r for r in rows if r.num_loss_tokens > 0]
         if episode_weighting == "equal" and rows:
@@ -221,10 +228,13 @@ def build_samples(
     return SampleBatch(samples=samples, stats=dict(stats))
 
 
-def _trainable_tokens(step: Step, mask_truncated: bool, stats: dict[str, float]) -> int:
+def _trainable_tokens(step: Step, mask_truncated: bool, match: Callable[[Step], bool] | None, stats: dict[str, float]) -> int:
     """1 if this call's completion tokens go into the loss, else 0 (and count why)."""
     if not step.trainable:
         stats["calls/not_trainable"] += 1
+        return 0
+    if match is not None and not match(step):
+        stats["calls/agent_match_excluded"] += 1
         return 0
     assert step.completion is not None
     if not step.completion.completion_token_ids:
@@ -246,13 +256,17 @@ def _logprobs_of(step: Step) -> list[float]:
 
 
 def _transition_rows(
-    t: Trajectory, calls: list[tuple[Step, float]], mask_truncated: bool, stats: dict[str, float]
+    t: Trajectory,
+    calls: list[tuple[Step, float]],
+    mask_truncated: bool,
+    match: Callable[[Step], bool] | None,
+    stats: dict[str, float],
 ) -> list[Sample]:
     rows = []
     for step, adv in calls:
         c = step.completion
         assert c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
-        on = _trainable_tokens(step, mask_truncated, stats)
+        on = _trainable_tokens(step, mask_truncated, match, stats)
         n = len(c.completion_token_ids)
         rows.append(
             Sample(
@@ -271,7 +285,11 @@ def _transition_rows(
 
 
 def _trajectory_rows(
-    t: Trajectory, calls: list[tuple[Step, float]], mask_truncated: bool, stats: dict[str, float]
+    t: Trajectory,
+    calls: list[tuple[Step, float]],
+    mask_truncated: bool,
+    match: Callable[[Step], bool] | None,
+    stats: dict[str, float],
 ) -> list[Sample]:
     rows: list[Sample] = []
     current: Sample | None = None
@@ -280,7 +298,7 @@ def _trajectory_rows(
         c = step.completion
         assert c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
         prompt = list(c.prompt_token_ids)
-        on = _trainable_tokens(step, mask_truncated, stats)
+        on = _trainable_tokens(step, mask_truncated, match, stats)
         n = len(c.completion_token_ids)
         if current is not None and len(prompt) >= len(full) and prompt[: len(full)] == full:
             between = prompt[len(full) :]

@@ -60,14 +60,31 @@ from agentgym_lightning.training.samples import SampleBatch, build_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
-__all__ = ["LightningRLTrainer", "TrainResult", "episode_metrics"]
+__all__ = ["EpisodesFailedError", "LightningRLTrainer", "TrainResult", "episode_metrics"]
 
 #: Config fields that decide what a run computes: a resumed run must not change them.
 _RUN_IDENTITY = (
     "env", "env_kwargs", "model", "seed", "tasks_per_step", "num_generations", "use_peft", "lora_r", "lora_alpha",
     "lora_target_modules", "aggregation", "credit", "credit_kwargs", "air_weights", "loss_type", "learning_rate",
-    "temperature", "top_p", "max_completion_length",
+    "temperature", "top_p", "max_completion_length", "agent_match",
 )
+
+
+class EpisodesFailedError(RuntimeError):
+    """Every episode of a rollout failed before its first LLM call (a missing package, an agent
+    that cannot start): nothing can be learned, and every later step would fail the same way."""
+
+
+def check_episodes_ran(trajectories: Sequence[Trajectory], what: str, path: Path) -> None:
+    """Raise :class:`EpisodesFailedError` when every one of ``trajectories`` ended in an error
+    without making a single LLM call; ``path`` is where their tracebacks were written."""
+    if not trajectories or any(t.steps or not t.error for t in trajectories):
+        return
+    last_line = next((line for line in reversed(str(trajectories[0].error).strip().splitlines()) if line.strip()), "")
+    raise EpisodesFailedError(
+        f"every episode of {what} ({len(trajectories)}) failed before its first LLM call, so there is nothing "
+        f"to learn from; the first one's error: {last_line.strip()} (tracebacks in {path})"
+    )
 
 
 @dataclass
@@ -228,7 +245,8 @@ class LightningRLTrainer:
             from agentgym_lightning.training.remote_rollouts import RemoteRollouts
 
             self._remote = RemoteRollouts(self.env_factory, sampling, cfg)
-        with TrajectoryWriter(self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl") as writer:
+        written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
+        with TrajectoryWriter(written) as writer:
             run = self._remote.rollout if self._remote is not None else functools.partial(rollout, self.env_factory, sampling, progress=False)
             trajectories = run(
                 episodes=cfg.episodes_per_step,
@@ -239,6 +257,7 @@ class LightningRLTrainer:
                 on_trajectory=writer.write,
             )
         rollout_s = time.perf_counter() - t0
+        check_episodes_ran(trajectories, f"step {self.step + 1}", written)
         # 3. samples (episodes in seed order: the same rows whatever order they finished in)
         trajectories.sort(key=lambda t: t.seed or 0)
         batch = build_samples(
@@ -250,6 +269,7 @@ class LightningRLTrainer:
             zero_variance_groups=cfg.zero_variance_groups,
             episode_weighting=cfg.episode_weighting,
             mask_truncated_completions=cfg.mask_truncated_completions,
+            agent_match=cfg.agent_match,
         )
         with _deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
             # 4. update
@@ -365,7 +385,8 @@ class LightningRLTrainer:
             raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
         policy = SamplingOverride(self.policy, temperature=cfg.eval_temperature, max_tokens=cfg.max_completion_length)
         start = time.perf_counter()
-        with TrajectoryWriter(self.output_dir / "eval" / f"step-{self.step:06d}.jsonl") as writer:
+        written = self.output_dir / "eval" / f"step-{self.step:06d}.jsonl"
+        with TrajectoryWriter(written) as writer:
             trajectories = rollout(
                 self.eval_factory,
                 policy,
@@ -375,6 +396,7 @@ class LightningRLTrainer:
                 progress=False,
                 on_trajectory=writer.write,
             )
+        check_episodes_ran(trajectories, f"the evaluation at step {self.step}", written)
         metrics = {f"eval/{k}": v for k, v in summarize(trajectories, time.perf_counter() - start).items()}
         self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
         return metrics

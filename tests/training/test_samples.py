@@ -146,6 +146,28 @@ def test_non_trainable_calls_never_reach_the_loss():
     assert a.completion_ids == [2, 3, 4, 4, 5, 6] and a.loss_mask == [1, 0, 0, 0, 0, 1]  # kept as context, masked
 
 
+def test_the_trainers_agent_match_leaves_the_other_agents_calls_out_of_the_loss():
+    # writer -> checker -> rewriter, as the LangGraph SQL agent names its nodes
+    steps = [call(0, [1], [2]), call(1, [1, 2, 3], [4, 4]), call(2, [1, 2, 3, 4, 4, 5], [6])]
+    for step, name in zip(steps, ("writer", "checker", "rewriter")):
+        step.agent = name
+    graph = episode("A", "g", steps, 1.0)
+    other = episode("B", "g", [call(0, [1], [7])], 0.0)
+    other.steps[0].agent = "writer"
+    transition = build_samples([graph, other], agent_match="writer|rewriter")
+    assert sorted((s.episode_id, s.steps[0]) for s in transition.samples) == [("A", 0), ("A", 2), ("B", 0)]
+    assert transition.stats["calls/agent_match_excluded"] == 1 and transition.stats["calls/trained"] == 3
+    merged = build_samples([graph, other], aggregation="trajectory", agent_match={"agent": "writer|rewriter"})
+    a = next(s for s in merged.samples if s.episode_id == "A")
+    assert a.completion_ids == [2, 3, 4, 4, 5, 6] and a.loss_mask == [1, 0, 0, 0, 0, 1]  # the checker's reply: context only
+    # the advantages are the episodes' whoever made the calls: A's rows all carry A's advantage
+    full = build_samples([graph, other])
+    assert {s.advantages[0] for s in transition.samples if s.episode_id == "A"} == {
+        s.advantages[0] for s in full.samples if s.episode_id == "A"
+    }
+    assert build_samples([graph, other], agent_match="nobody").samples == []
+
+
 def test_zero_variance_groups_are_skipped_or_kept_with_zero_advantage():
     same = [episode("A", "g", [call(0, [1], [2])], 1.0), episode("B", "g", [call(0, [1], [3])], 1.0)]
     varied = [episode("C", "h", [call(0, [1], [2])], 1.0), episode("D", "h", [call(0, [1], [3])], 0.0)]

@@ -278,3 +278,55 @@ def test_the_readme_main_job_is_a_valid_run_on_arithmetic_with_a_held_out_split(
     finally:
         train_env.close()
         heldout_env.close()
+
+
+def test_a_run_whose_agent_cannot_start_stops_at_once_with_the_agents_error(tiny_model_dir, tmp_path):
+    # Every episode fails before its first LLM call: the run must stop with the error (exit 1),
+    # not train 0.0 -> 0.0 for all its steps.
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning.training.trainer import EpisodesFailedError
+
+    def broken(task, ctx):
+        raise ImportError("no module named 'frameworkx'")
+
+    def make_env():
+        return AgentEnv(broken, [{"q": "a"}, {"q": "b"}], lambda task, result: 1.0)
+
+    config = LightningRLConfig(env="scripted", model=str(tiny_model_dir), max_steps=3, tasks_per_step=1, num_generations=2,
+                               output_dir=str(tmp_path), report_to=[], progress=False)
+    trainer = LightningRLTrainer(config, env=make_env, policy=HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4))
+    with pytest.raises(EpisodesFailedError, match=r"every episode of step 1 \(2\) failed before its first LLM call.*"
+                       r"ImportError: no module named 'frameworkx'.*step-000001\.jsonl"):
+        trainer.train()
+    assert trainer.step == 0 and not (tmp_path / "trajectories" / "step-000002.jsonl").exists()
+    # an eval that cannot start stops the run the same way, before any training
+    trainer = LightningRLTrainer(config, env=make_env, eval_env=make_env, policy=trainer.policy)
+    with pytest.raises(EpisodesFailedError, match=r"every episode of the evaluation at step 0"):
+        trainer.train()
+
+
+def test_agent_match_is_a_trainer_option_with_its_flag_and_checked_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from agentgym_lightning import cli
+    from agentgym_lightning.commands.train import build_config, register
+    from agentgym_lightning.training import LightningRLConfig, trainer
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["train", "--agent-match", "writer|rewriter"])
+    assert build_config(args).agent_match == "writer|rewriter"
+    args = parser.parse_args(["train", "--set", 'agent_match={"role": "solver"}'])
+    assert build_config(args).agent_match == {"role": "solver"}
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        LightningRLConfig(agent_match="writer(")
+    with pytest.raises(ValueError, match="unknown keys"):
+        LightningRLConfig(agent_match={"node": "writer"})
+    with pytest.raises(ValueError, match="AgentEnv\\(agent_match=fn\\)"):
+        LightningRLConfig(agent_match=lambda step: True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer.LightningRLTrainer, "__init__", lambda *a, **k: pytest.fail("the model was built"))
+    assert cli.main(["train", "--env", "lightning/GuessNumber-v0", "--agent-match", "[oops"]) == 2
+    assert "not a valid regular expression" in capsys.readouterr().err
