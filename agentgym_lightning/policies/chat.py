@@ -104,13 +104,16 @@ def _hf_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def prepare_messages(request: ChatRequest, native_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def prepare_messages(
+    request: ChatRequest, native_tools: bool, tool_prompt: str = "full"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The ``(messages, tools)`` to hand to ``apply_chat_template`` for ``request``.
 
     With ``native_tools`` the template gets OpenAI tools and tool calls in Hugging Face's shape.
     Without, everything becomes plain text: the tools go into the (possibly new) system message,
-    assistant tool calls become ``<tool_call>`` text, and each run of ``tool`` messages becomes one
-    ``user`` message of ``<tool_response>`` blocks. ``developer`` is treated as ``system``.
+    described in the ``tool_prompt`` style (:data:`~.tool_calls.TOOL_PROMPTS`), assistant tool
+    calls become ``<tool_call>`` text, and each run of ``tool`` messages becomes one ``user``
+    message of ``<tool_response>`` blocks. ``developer`` is treated as ``system``.
     """
     messages: list[dict[str, Any]] = []
     tools = list(request.tools) if request.tools else None
@@ -142,26 +145,27 @@ def prepare_messages(request: ChatRequest, native_tools: bool) -> tuple[list[dic
         msg.pop("_tool_results", None)
     if tools:
         if messages and messages[0]["role"] == "system":
-            messages[0]["content"] = render_tools_system_prompt(tools, messages[0]["content"])
+            messages[0]["content"] = render_tools_system_prompt(tools, messages[0]["content"], tool_prompt)
         else:
-            messages.insert(0, {"role": "system", "content": render_tools_system_prompt(tools)})
+            messages.insert(0, {"role": "system", "content": render_tools_system_prompt(tools, style=tool_prompt)})
     return messages, None
 
 
-def render_prompt_text(tokenizer: Any, request: ChatRequest) -> str:
+def render_prompt_text(tokenizer: Any, request: ChatRequest, tool_prompt: str = "full") -> str:
     """The prompt as text, ending with the assistant generation prompt."""
-    messages, tools = prepare_messages(request, template_supports_tools(tokenizer))
+    messages, tools = prepare_messages(request, template_supports_tools(tokenizer), tool_prompt)
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
 
 
-def render_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
+def render_prompt_ids(tokenizer: Any, request: ChatRequest, tool_prompt: str = "full") -> list[int]:
     """The prompt token ids the model is fed for ``request`` (chat template, generation prompt on).
 
     Tokenized by the template call itself (``tokenize=True``), so special tokens are the
-    template's and no BOS is added twice.
+    template's and no BOS is added twice. ``tool_prompt``: how a template without tool support
+    gets the tools described (:func:`prepare_messages`).
     """
-    messages, tools = prepare_messages(request, template_supports_tools(tokenizer))
+    messages, tools = prepare_messages(request, template_supports_tools(tokenizer), tool_prompt)
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
     ids = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs

@@ -36,6 +36,7 @@ from typing import Any
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
+from agentgym_lightning.policies.tool_calls import TOOL_PROMPTS
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 
 __all__ = ["HFPolicy"]
@@ -89,6 +90,10 @@ class HFPolicy(Policy):
             keeps torch's default. On a CPU shared with other busy processes, 1 is often faster:
             decoding is memory-bound and torch's threads spin-wait on each other.
         progress: print the one-line message when the embedded model is converted on first use.
+        tool_prompt: how requests' ``tools`` are described to a model whose chat template has no
+            tool support (SmolLM2's): ``"full"`` (Qwen2.5's wording with the JSON schemas) or
+            ``"compact"`` (one sentence per tool, which small models follow far better; see
+            :data:`~agentgym_lightning.policies.tool_calls.TOOL_PROMPTS`).
     """
 
     backend = "hf"
@@ -105,6 +110,7 @@ class HFPolicy(Policy):
         seed: int | None = None,
         num_threads: int | None = None,
         progress: bool = True,
+        tool_prompt: str = "full",
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -115,6 +121,9 @@ class HFPolicy(Policy):
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"tool_prompt must be one of {', '.join(TOOL_PROMPTS)}; got {tool_prompt!r}")
+        self.tool_prompt = tool_prompt
         self.model = str(model)
         self.path = resolve_model(model, progress=progress)
         if device == "auto":
@@ -225,7 +234,7 @@ class HFPolicy(Policy):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        prompt_ids = render_prompt_ids(self.tokenizer, request)
+        prompt_ids = render_prompt_ids(self.tokenizer, request, self.tool_prompt)
         max_tokens = self.default_max_tokens if s.max_tokens is None else int(s.max_tokens)
         if self.max_positions is not None:
             max_tokens = min(max_tokens, self.max_positions - len(prompt_ids))

@@ -37,7 +37,14 @@ __all__ = [
     "render_assistant_text",
     "render_tools_system_prompt",
     "render_tool_result",
+    "TOOL_PROMPTS",
 ]
+
+#: How :func:`render_tools_system_prompt` describes tools: ``"full"`` (Qwen2.5's wording: the JSON
+#: schemas and the format) or ``"compact"`` (one sentence per tool: the call to write and where its
+#: result comes back). SmolLM2-135M follows the compact one and not the full one (greedy,
+#: Arithmetic level 4 with three worked examples: 14/16 vs 0/16; envs/math/README.md).
+TOOL_PROMPTS: tuple[str, ...] = ("full", "compact")
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -173,12 +180,20 @@ def _tool_function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
     return tool.get("function", tool) if isinstance(tool, Mapping) else {}
 
 
-def render_tools_system_prompt(tools: Sequence[Mapping[str, Any]], system: str | None = None) -> str:
-    """A system prompt that describes ``tools`` and the ``<tool_call>`` format (Qwen2.5 wording).
+def render_tools_system_prompt(tools: Sequence[Mapping[str, Any]], system: str | None = None, style: str = "full") -> str:
+    """A system prompt that describes ``tools`` and the ``<tool_call>`` format.
 
     For chat templates that take no ``tools`` argument. ``system`` (the conversation's own system
-    message, if any) comes first.
+    message, if any) comes first. ``style`` is one of :data:`TOOL_PROMPTS`: ``"full"`` (Qwen2.5's
+    wording, the schemas included) or ``"compact"``::
+
+        To use the calculator, write <tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call> and its result comes back in <tool_response></tool_response>.
     """
+    if style not in TOOL_PROMPTS:
+        raise ValueError(f"tool prompt style must be one of {', '.join(TOOL_PROMPTS)}; got {style!r}")
+    if style == "compact":
+        prompt = "\n".join(_compact_tool_line(_tool_function(t)) for t in tools)
+        return f"{system}\n{prompt}" if system else prompt
     specs = [json.dumps(dict(_tool_function(t)), ensure_ascii=False) for t in tools]
     lines = [
         "# Tools",
@@ -196,3 +211,12 @@ def render_tools_system_prompt(tools: Sequence[Mapping[str, Any]], system: str |
     ]
     prompt = "\n".join(lines)
     return f"{system}\n\n{prompt}" if system else prompt
+
+
+def _compact_tool_line(function: Mapping[str, Any]) -> str:
+    name = str(function.get("name", ""))
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    arguments = ", ".join(f"{json.dumps(str(p))}: \"...\"" for p in properties)
+    call = f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name)}, "arguments": {{{arguments}}}}}{TOOL_CALL_CLOSE}'
+    # The wording of the math env's text protocol, whose prompt SmolLM2-135M was measured to follow.
+    return f"To use the {name}, write {call} and its result comes back in <tool_response></tool_response>."

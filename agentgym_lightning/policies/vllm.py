@@ -39,6 +39,7 @@ from typing import Any
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
+from agentgym_lightning.policies.tool_calls import TOOL_PROMPTS
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 
 __all__ = ["VLLMPolicy", "DEFAULT_CPU_KV_CACHE_GIB"]
@@ -103,6 +104,8 @@ class VLLMPolicy(Policy):
             logprobs of the distribution actually sampled from, as the ``hf`` backend does.
         engine_kwargs: any other ``vllm.LLM`` arguments (``tensor_parallel_size``...).
         progress: print the one-line message when the embedded model is converted on first use.
+        tool_prompt: how ``tools`` are described to a model whose chat template has no tool
+            support: ``"full"`` or ``"compact"`` (as :class:`~agentgym_lightning.policies.hf.HFPolicy`).
     """
 
     backend = "vllm"
@@ -122,9 +125,13 @@ class VLLMPolicy(Policy):
         logprobs_mode: str = "processed_logprobs",
         engine_kwargs: Mapping[str, Any] | None = None,
         progress: bool = True,
+        tool_prompt: str = "full",
     ) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+        if tool_prompt not in TOOL_PROMPTS:
+            raise ValueError(f"tool_prompt must be one of {', '.join(TOOL_PROMPTS)}; got {tool_prompt!r}")
+        self.tool_prompt = tool_prompt
         # Read by vLLM's CPU platform, in this process and the engine's (it inherits them).
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         # load_weights sends a function of ours to the engine process (collective_rpc with a
@@ -291,7 +298,7 @@ class VLLMPolicy(Policy):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        prompt_ids = render_prompt_ids(self.tokenizer, request)
+        prompt_ids = render_prompt_ids(self.tokenizer, request, self.tool_prompt)
         max_tokens = self.default_max_tokens if s.max_tokens is None else int(s.max_tokens)
         max_tokens = min(max_tokens, self.max_model_len - len(prompt_ids))
         stops = [x for x in (s.stop or []) if x]

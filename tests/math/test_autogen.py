@@ -65,3 +65,24 @@ def test_autogen_runs_gsm8k_and_refuses_the_text_protocol():
         make_arithmetic_env(agent="autogen", protocol="text")
     with pytest.raises(ValueError, match="choose one of scratch, autogen"):
         make_arithmetic_env(agent="crewai")
+
+
+def test_with_the_compact_tool_prompt_autogen_sends_the_model_the_text_protocols_prompt():
+    # SmolLM2's template has no tools: the policy describes them in the system prompt. With
+    # tool_prompt="compact" the AutoGen agent's conversation reaches the model exactly as the
+    # from-scratch text protocol's does (the prompt the embedded model was measured to follow).
+    from agentgym_lightning.policies.chat import prepare_messages
+
+    firsts = {}
+    for agent, protocol in (("scratch", "text"), ("autogen", "tools")):
+        env = make_arithmetic_env(difficulty=2, split="test", agent=agent, protocol=protocol, examples=3)
+        try:
+            _, requests, _ = play(env, calculator_policy)
+        finally:
+            env.close()
+        firsts[agent] = requests
+    text, tools = firsts["scratch"], firsts["autogen"]
+    assert tools[0].tools and not text[0].tools
+    for a, b in zip(text, tools, strict=True):
+        assert prepare_messages(b, native_tools=False, tool_prompt="compact") == prepare_messages(a, native_tools=False)
+    assert prepare_messages(tools[0], native_tools=False)[0] != prepare_messages(text[0], native_tools=False)[0]  # "full" differs

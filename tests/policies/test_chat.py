@@ -254,3 +254,14 @@ def test_tool_call_objects_render_like_dicts(smol_tokenizer):
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call.to_openai()]}]
     text = render_prompt_text(smol_tokenizer, _request(msgs, tools=TOOLS))
     assert '<|im_start|>assistant\n<tool_call>{"name": "run_sql", "arguments": {"query": "x"}}</tool_call><|im_end|>' in text
+
+
+def test_compact_tool_prompt_renders_one_sentence_per_tool(smol_tokenizer):
+    request = _request([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}], tools=TOOLS)
+    compact = render_prompt_text(smol_tokenizer, request, tool_prompt="compact")
+    assert compact.startswith(
+        '<|im_start|>system\nBe brief.\nTo use the run_sql, write <tool_call>{"name": "run_sql", "arguments": {"query": "..."}}'
+        "</tool_call> and its result comes back in <tool_response></tool_response>.<|im_end|>\n"
+    )
+    assert "# Tools" in render_prompt_text(smol_tokenizer, request)  # the default stays Qwen's wording
+    assert render_prompt_ids(smol_tokenizer, request, tool_prompt="compact") == smol_tokenizer(compact, add_special_tokens=False)["input_ids"]

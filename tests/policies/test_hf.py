@@ -229,3 +229,11 @@ def test_completion_ids_round_trip_through_the_env(hf_policy):
     later = [s for t in trajectories for s in t.steps[1:]]
     # (SmolLM2's template has no tool support, so this checks the plain-text fallback path)
     assert later and all(s.prompt_extends_previous is True for s in later)
+
+
+def test_an_unknown_tool_prompt_is_refused_before_the_model_loads(monkeypatch):
+    from agentgym_lightning.policies import hf
+
+    monkeypatch.setattr(hf, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="tool_prompt must be one of full, compact; got 'short'"):
+        hf.HFPolicy(tool_prompt="short")

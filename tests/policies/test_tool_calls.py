@@ -159,3 +159,23 @@ def test_tools_system_prompt_lists_every_tool_and_the_format():
 
 def test_tool_result_block():
     assert render_tool_result("3 rows") == "<tool_response>\n3 rows\n</tool_response>"
+
+
+def test_compact_tools_prompt_is_one_sentence_per_tool():
+    tools = [
+        {"type": "function", "function": {"name": "calculator", "description": "Compute.",
+                                          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}},
+        {"name": "search", "parameters": {"type": "object", "properties": {"query": {}, "k": {}}}},
+        {"name": "now"},
+    ]
+    assert render_tools_system_prompt(tools, system="Be brief.", style="compact").splitlines() == [
+        "Be brief.",
+        'To use the calculator, write <tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call> '
+        "and its result comes back in <tool_response></tool_response>.",
+        'To use the search, write <tool_call>{"name": "search", "arguments": {"query": "...", "k": "..."}}</tool_call> '
+        "and its result comes back in <tool_response></tool_response>.",
+        'To use the now, write <tool_call>{"name": "now", "arguments": {}}</tool_call> '
+        "and its result comes back in <tool_response></tool_response>.",
+    ]
+    with pytest.raises(ValueError, match="full, compact"):
+        render_tools_system_prompt(tools, style="short")
