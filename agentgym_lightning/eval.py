@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.metrics import json_metrics
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
 __all__ = ["register", "run", "evaluate", "summarize", "EvalResult", "parse_kwargs"]
@@ -358,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         policy.close()
     if args.json:
-        print(json.dumps({k: (v if math.isfinite(v) else None) for k, v in result.metrics.items()}))
+        print(json.dumps(json_metrics(result.metrics)))
     else:
         print(_format_summary(args, model, result))
     if result.interrupted:

@@ -8,13 +8,13 @@ Each line is ``{"step": N, "time": unix_seconds, "<metric>": value, ...}``; unde
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from agentgym_lightning.hookspecs import hookimpl
+from agentgym_lightning.metrics import json_metrics
 
 FILENAME = "metrics.jsonl"
 
@@ -25,12 +25,6 @@ class _Log:
 
 
 _log = _Log()
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 @hookimpl
@@ -48,7 +42,7 @@ def agentgym_train_start(config: Mapping[str, Any], output_dir: str, step: int) 
 def agentgym_log_metrics(metrics: Mapping[str, float], step: int | None) -> None:
     if _log.fh is None:
         return
-    record = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
+    record = {"step": step, "time": time.time(), **json_metrics(metrics)}
     _log.fh.write(json.dumps(record, allow_nan=False) + "\n")
     _log.fh.flush()
 

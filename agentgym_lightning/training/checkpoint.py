@@ -16,7 +16,6 @@ a function of the seed and the step, see :mod:`.schedule`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
@@ -28,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from agentgym_lightning.metrics import json_metrics
 
 __all__ = ["TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "CHECKPOINT_DIR"]
 
@@ -46,17 +47,13 @@ class TrainerState:
 
     def to_json(self) -> str:
         # A skipped update logs NaN (no loss); JSON has no NaN, so non-finite numbers are written as null.
-        history = [{k: _finite_or_none(v) for k, v in row.items()} for row in self.history]
+        history = [json_metrics(row) for row in self.history]
         return json.dumps(
             {"step": self.step, "config": self.config, "history": history, "extra": self.extra},
             indent=1,
             default=repr,
             allow_nan=False,
         )
-
-
-def _finite_or_none(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _trainable_state(model: Any, peft: bool) -> dict[str, torch.Tensor]:
