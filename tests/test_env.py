@@ -409,3 +409,27 @@ def test_the_agents_own_time_still_counts():
     _, _, terminated, truncated, info = env.step("a")  # the agent's 2 s of its own work: counted
     assert truncated and info["status"] == "truncated" and "time limit of 0.5 s" in info["error"]
     env.close()
+
+
+def test_a_recorded_request_is_a_snapshot_not_the_agents_list():
+    # ctx.chat_completion hands the gateway the agent's own list; the agent then edits it in place.
+    def agent(task, ctx):
+        messages = [{"role": "user", "content": "a"}]
+        reply = ctx.chat_completion(messages)
+        messages[0]["content"] = "CHANGED"
+        messages += [{"role": "assistant", "content": reply.text}, {"role": "user", "content": "b"}]
+        ctx.chat_completion(messages)
+        return "x"
+
+    env = AgentEnv(agent, [{"q": 1}], lambda task, result: 1.0)
+    try:
+        obs, _ = env.reset(seed=0)
+        first = obs.request
+        env.step("ok")
+        assert [m["content"] for m in first.messages] == ["a"]
+        *_, info = env.step("ok")
+        steps = info["trajectory"].steps
+        assert [m["content"] for m in steps[0].request.messages] == ["a"]
+        assert [m["content"] for m in steps[1].request.messages] == ["CHANGED", "ok", "b"]
+    finally:
+        env.close()
