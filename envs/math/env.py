@@ -107,7 +107,13 @@ class AutoGenMathEpisodeAgent(MathEpisodeAgent):
         from agentgym_lightning.plugins.autogen_adapter import AutoGenAgent
 
         super().__init__(agent, rel_tol)  # type: ignore[arg-type]
-        self._solve = adapt_agent(AutoGenAgent(agent, name="math-autogen", metadata={"agent": "solver"}))
+        # The client's create arguments: every call asks for what the from-scratch agent's calls ask.
+        options: dict[str, Any] = {"metadata": {"agent": "solver"}}
+        if agent.config.temperature is not None:
+            options["temperature"] = agent.config.temperature
+        if agent.config.max_tokens is not None:
+            options["max_tokens"] = agent.config.max_tokens
+        self._solve = adapt_agent(AutoGenAgent(agent, name="math-autogen", **options))
 
     async def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> dict[str, Any]:  # type: ignore[override]
         return self.judge(task, await self._solve(task, ctx), ctx)

@@ -30,7 +30,8 @@ def play(env, policy):
 def test_autogen_agent_matches_the_from_scratch_tools_agent():
     runs = {}
     for agent in ("scratch", "autogen"):
-        env = make_arithmetic_env(difficulty=2, split="test", agent=agent, protocol="tools", air_weights=AIR)
+        env = make_arithmetic_env(difficulty=2, split="test", agent=agent, protocol="tools", air_weights=AIR, temperature=0,
+                                  max_tokens=48)
         try:
             runs[agent] = play(env, calculator_policy)
         finally:
@@ -50,6 +51,8 @@ def test_autogen_agent_matches_the_from_scratch_tools_agent():
         assert [m.get("content") for m in a.messages if m["role"] in ("system", "user", "tool")] == \
                [m.get("content") for m in b.messages if m["role"] in ("system", "user", "tool")]
         assert b.tools[0]["function"]["name"] == "calculator"
+        # ...asked for the same way (AutoGen once sent no temperature: "greedy" evals sampled)
+        assert (b.sampling.temperature, b.sampling.max_tokens) == (a.sampling.temperature, a.sampling.max_tokens) == (0, 48)
 
 
 def test_autogen_runs_gsm8k_and_refuses_the_text_protocol():
