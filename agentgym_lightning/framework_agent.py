@@ -75,10 +75,16 @@ class FrameworkAgent:
             ) from None
         except ValueError:  # no signature to check
             pass
-        if self.modules:
-            require_extra(self.extra, *self.modules)
+        self.check_installed()
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """Raise :class:`ImportError` naming the extra to install when the framework is missing
+        (an env calls it before loading its data, so a run fails in a second, not after it)."""
+        if cls.modules:
+            require_extra(cls.extra, *cls.modules)
 
     @property
     def is_async(self) -> bool:

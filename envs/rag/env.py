@@ -141,6 +141,10 @@ def make_env(
         raise ValueError(f"unknown data set {dataset!r}; choose one of {', '.join(DATASETS)}")
     if reward not in METRICS:
         raise ValueError(f"unknown answer reward {reward!r}; choose one of {', '.join(METRICS)}")
+    if agent == "openai-agents":
+        from agentgym_lightning.plugins.openai_agents_adapter import OpenAIAgentsAgent
+
+        OpenAIAgentsAgent.check_installed()
     data = load_rag_dataset(dataset, split, data_dir)
     tasks = data.tasks()
     if limit is not None:

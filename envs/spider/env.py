@@ -215,6 +215,10 @@ def make_env(
     """
     if reward not in VARIANTS:
         raise ValueError(f"unknown Spider reward {reward!r}; choose one of {', '.join(VARIANTS)}")
+    if agent == "langgraph":
+        from agentgym_lightning.plugins.langchain_adapter import LangChainAgent
+
+        LangChainAgent.check_installed()
     dataset = load_spider(split, data_dir)
     tasks = dataset.tasks()
     if limit is not None:
