@@ -16,6 +16,7 @@ socket when the agent runs in-process). Nothing else about the agent changes::
 from __future__ import annotations
 
 import contextvars
+import inspect
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -27,10 +28,24 @@ if TYPE_CHECKING:
     from agentgym_lightning.episode import Episode
     from agentgym_lightning.llm import Completion
 
-__all__ = ["AgentContext", "AgentFn", "emit_variable", "emit_reward", "current_context", "AgentCancelled"]
+__all__ = ["AgentContext", "AgentFn", "emit_variable", "emit_reward", "current_context", "AgentCancelled", "takes_two_arguments"]
 
 #: An agent: ``fn(task, ctx) -> result``, or an ``async def`` of the same shape.
 AgentFn = Callable[[Any, "AgentContext"], Any]
+
+
+
+def takes_two_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn(a, b)`` binds: the shape of an agent ``(task, ctx)`` and of a framework agent
+    ``(task, client)``. True for a callable without a signature to inspect (a builtin): trust it."""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
 
 _current: contextvars.ContextVar[AgentContext | None] = contextvars.ContextVar("agentgym_context", default=None)
 

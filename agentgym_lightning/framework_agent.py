@@ -21,6 +21,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agentgym_lightning.agent import takes_two_arguments
+
 if TYPE_CHECKING:
     from agentgym_lightning.agent import AgentContext
 
@@ -66,15 +68,11 @@ class FrameworkAgent:
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"{type(self).__name__} wraps a function fn(task, client), got {type(fn).__name__}")
-        try:
-            inspect.signature(fn).bind(None, None)
-        except TypeError:
+        if not takes_two_arguments(fn):
             raise TypeError(
                 f"{type(self).__name__}: {getattr(fn, '__name__', fn)!r} must accept two arguments (task, client); "
                 "client is the framework's model client pointed at the episode"
-            ) from None
-        except ValueError:  # no signature to check
-            pass
+            )
         self.check_installed()
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
+from agentgym_lightning.agent import takes_two_arguments
 from agentgym_lightning.hookspecs import hookimpl
 
 
@@ -13,13 +13,9 @@ from agentgym_lightning.hookspecs import hookimpl
 def agentgym_adapt_agent(agent: object) -> Callable[..., Any] | None:
     if not callable(agent):
         return None
-    try:
-        inspect.signature(agent).bind(None, None)
-    except TypeError:
+    if not takes_two_arguments(agent):
         raise TypeError(
             f"agent {getattr(agent, '__name__', agent)!r} must accept two arguments (task, ctx); "
             "ctx is the AgentContext with the episode's base_url and clients"
-        ) from None
-    except ValueError:  # builtins without a signature: trust the caller
-        pass
+        )
     return agent
