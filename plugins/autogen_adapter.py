@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentgym_lightning.framework_agent import FrameworkAgent, require_extra
+from agentgym_lightning.framework_agent import FrameworkAgent
 from agentgym_lightning.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def episode_model_client(ctx: AgentContext, **options: Any) -> Any:
     ``options`` are the client's own (``temperature``, ``max_tokens``, ``metadata``,
     ``model_info``...). Retries are off: a refused call is a signal, not a glitch.
     """
-    require_extra("autogen", "autogen_agentchat", "autogen_ext")
+    AutoGenAgent.check_installed()
     from autogen_ext.models.openai import OpenAIChatCompletionClient
 
     options.setdefault("model_info", MODEL_INFO)

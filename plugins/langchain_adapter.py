@@ -96,7 +96,7 @@ def episode_chat_model(ctx: AgentContext, *, asynchronous: bool = True, **kwargs
     Retries are off (a refused call is a signal, not a glitch) and the Chat Completions API is
     used (the gateway serves no Responses API).
     """
-    require_extra("langchain", "langchain_openai")
+    LangChainAgent.check_installed()
     kwargs.setdefault("max_retries", 0)
     kwargs.setdefault("timeout", None)
     kwargs.setdefault("use_responses_api", False)

@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentgym_lightning.framework_agent import FrameworkAgent, require_extra
+from agentgym_lightning.framework_agent import FrameworkAgent
 from agentgym_lightning.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def _episode_model_class() -> type:
 
 def episode_model(ctx: AgentContext) -> Any:
     """An Agents SDK ``Model`` (Chat Completions) pointed at ``ctx``'s episode."""
-    require_extra("openai-agents", "agents")
+    OpenAIAgentsAgent.check_installed()
     return _episode_model_class()(model=ctx.model, openai_client=ctx.async_openai_client())
 
 

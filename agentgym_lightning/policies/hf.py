@@ -36,8 +36,8 @@ from typing import Any
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
-from agentgym_lightning.policies.tool_calls import TOOL_PROMPTS
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
+from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
 __all__ = ["HFPolicy"]
 
@@ -121,9 +121,7 @@ class HFPolicy(Policy):
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        if tool_prompt not in TOOL_PROMPTS:
-            raise ValueError(f"tool_prompt must be one of {', '.join(TOOL_PROMPTS)}; got {tool_prompt!r}")
-        self.tool_prompt = tool_prompt
+        self.tool_prompt = check_tool_prompt(tool_prompt)
         self.model = str(model)
         self.path = resolve_model(model, progress=progress)
         if device == "auto":

@@ -38,6 +38,7 @@ __all__ = [
     "render_tools_system_prompt",
     "render_tool_result",
     "TOOL_PROMPTS",
+    "check_tool_prompt",
 ]
 
 #: How :func:`render_tools_system_prompt` describes tools: ``"full"`` (Qwen2.5's wording: the JSON
@@ -45,6 +46,13 @@ __all__ = [
 #: result comes back). SmolLM2-135M follows the compact one and not the full one (greedy,
 #: Arithmetic level 4 with three worked examples: 14/16 vs 0/16; envs/math/README.md).
 TOOL_PROMPTS: tuple[str, ...] = ("full", "compact")
+
+
+def check_tool_prompt(style: str) -> str:
+    """``style`` when it is one of :data:`TOOL_PROMPTS`, else :class:`ValueError` naming them."""
+    if style not in TOOL_PROMPTS:
+        raise ValueError(f"tool_prompt must be one of {', '.join(TOOL_PROMPTS)}; got {style!r}")
+    return style
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -189,9 +197,7 @@ def render_tools_system_prompt(tools: Sequence[Mapping[str, Any]], system: str |
 
         To use the calculator, write <tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call> and its result comes back in <tool_response></tool_response>.
     """
-    if style not in TOOL_PROMPTS:
-        raise ValueError(f"tool prompt style must be one of {', '.join(TOOL_PROMPTS)}; got {style!r}")
-    if style == "compact":
+    if check_tool_prompt(style) == "compact":
         prompt = "\n".join(_compact_tool_line(_tool_function(t)) for t in tools)
         return f"{system}\n{prompt}" if system else prompt
     specs = [json.dumps(dict(_tool_function(t)), ensure_ascii=False) for t in tools]

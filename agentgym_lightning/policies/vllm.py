@@ -39,8 +39,8 @@ from typing import Any
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
-from agentgym_lightning.policies.tool_calls import TOOL_PROMPTS
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
+from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
 __all__ = ["VLLMPolicy", "DEFAULT_CPU_KV_CACHE_GIB"]
 
@@ -129,9 +129,7 @@ class VLLMPolicy(Policy):
     ) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
-        if tool_prompt not in TOOL_PROMPTS:
-            raise ValueError(f"tool_prompt must be one of {', '.join(TOOL_PROMPTS)}; got {tool_prompt!r}")
-        self.tool_prompt = tool_prompt
+        self.tool_prompt = check_tool_prompt(tool_prompt)
         # Read by vLLM's CPU platform, in this process and the engine's (it inherits them).
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         # load_weights sends a function of ours to the engine process (collective_rpc with a

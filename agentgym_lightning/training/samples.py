@@ -20,9 +20,10 @@ does the one translation between them, in three moves:
    re-renders history), a new row starts. Merges and fallbacks are counted.
 
 What never reaches the loss: episodes that ended ``infra_failed`` (or are still running) — they
-are left out of the group statistics too, and counted; calls marked not trainable, by the agent, the env's ``agent_match`` or the trainer's (their tokens
-stay as context in a merged row, masked); calls without token ids (an API backend); empty
-completions; with ``mask_truncated_completions``, completions cut by the token limit.
+are left out of the group statistics too, and counted; calls marked not trainable by the agent,
+the env's ``agent_match`` or the trainer's (their tokens stay as context in a merged row,
+masked); calls without token ids (an API backend); empty completions; with
+``mask_truncated_completions``, completions cut by the token limit.
 
 Groups in which every value is the same carry no learning signal. ``zero_variance_groups="skip"``
 (default) drops their rows (saving the compute); ``"keep"`` trains them with advantage 0, so they
