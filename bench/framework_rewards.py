@@ -44,7 +44,7 @@ def pairs(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, Any]]
     greedy = {"time_limit": None}
     math = {**greedy, "split": "test", "difficulty": args.math_difficulty, "examples": args.math_examples}
     spider = {**greedy, "split": "dev", "max_tokens": args.max_tokens, **({"data_dir": args.spider_dir} if args.spider_dir else {})}
-    rag = {**greedy, "max_turns": 3, "tool_mode": "tools",
+    rag = {**greedy, "max_turns": args.rag_turns, "tool_mode": "tools", "examples": args.rag_examples,
            **({"data_dir": args.musique_dir} if args.musique_dir else {})}
     found = [
         ("lightning/Arithmetic-v0", "scratch (text)", "full", {**math, "protocol": "text"}),
@@ -71,6 +71,8 @@ def main() -> None:
     p.add_argument("--math-examples", type=int, default=3)
     p.add_argument("--spider-dir", default=None)
     p.add_argument("--musique-dir", default=None)
+    p.add_argument("--rag-examples", type=int, default=0, help="worked examples before each MuSiQue question (0 to 2)")
+    p.add_argument("--rag-turns", type=int, default=3, help="most calls of a MuSiQue episode")
     p.add_argument("--max-tokens", type=int, default=160, help="max_tokens of each Spider call (its agent asks for 384; MuSiQue keeps its 96)")
     p.add_argument("--only", nargs="*", default=[], help="run only the rows whose 'env agent tool-prompt' contains one of these")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")

@@ -10,6 +10,10 @@ knows about reinforcement learning; inside :class:`~agentgym_lightning.env.Agent
 what followed it (tool results, a nudge), so every prompt extends the last: a trainer can merge
 an episode's calls into one sequence.
 
+**Worked examples.** ``examples=N`` (0 by default, at most 2) puts N made-up two-hop questions
+before the real one as real turns of the conversation (:data:`EXAMPLES`: the question, one
+search per fact with its results, ``Answer: ...``), in the agent's own protocol.
+
 **Searching.** With ``tool_mode="tools"`` (default) the request carries an OpenAI tool,
 ``search(query)``; each call gets a ``tool`` message with the results. Backends whose chat
 template has no tool support (SmolLM2's) render the tool into the system prompt and parse the
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
 
     from agentgym_lightning.agent import AgentContext
 
-__all__ = ["RagAgentConfig", "RagAgent", "SEARCH_TOOL", "parse_reply", "format_hits", "TOOL_MODES", "ANSWER_STATUSES"]
+__all__ = ["RagAgentConfig", "RagAgent", "SEARCH_TOOL", "EXAMPLES", "parse_reply", "format_hits", "example_messages", "TOOL_MODES",
+           "ANSWER_STATUSES"]
 
 TOOL_MODES = ("tools", "text")
 ANSWER_STATUSES = ("ok", "malformed", "missing")
@@ -86,6 +91,22 @@ NO_DIRECTIVE_TOOLS = "Use the search tool, or reply with one line: Answer: <shor
 NO_DIRECTIVE_TEXT = "Reply with one line: Search: <query> or Answer: <short answer>"
 BAD_TOOL_CALL = 'Your tool call could not be read. Call search with {"query": "..."}, or reply: Answer: <short answer>'
 
+#: Worked examples shown before the question as real turns of the conversation (``examples=N``):
+#: ``(question, ((query, results), ...), answer)``. The facts are made up, so no answer of the
+#: data leaks into the prompt; each is two hops, one search per fact, then a short answer. Small
+#: models follow a format they just saw far better than one described to them (measured for math
+#: in envs/math/README.md, for search in envs/rag/README.md).
+EXAMPLES: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
+    ("Which river flows through the capital of Norland?",
+     (("capital of Norland", "[1] Norland: Norland is a small country in the north. Its capital is Vessby."),
+      ("Vessby river", "[1] Vessby: Vessby is the capital of Norland. The river Alda flows through the city.")),
+     "Alda"),
+    ("When was the founder of Brightwater Records born?",
+     (("Brightwater Records founder", "[1] Brightwater Records: Brightwater Records is a record label founded in 1971 by Ellen Marsh."),
+      ("Ellen Marsh born", "[1] Ellen Marsh: Ellen Marsh (born 3 May 1940) is an American music producer.")),
+     "3 May 1940"),
+)
+
 Search = Callable[[str, int], Sequence[Hit]]
 Emit = Callable[[str, Any], None]
 
@@ -109,6 +130,8 @@ class RagAgentConfig:
     temperature: float | None = None
     #: Characters of a query that are searched (longer ones are cut).
     max_query_chars: int = 300
+    #: Worked examples (:data:`EXAMPLES`) shown before the question, 0 to 2.
+    examples: int = 0
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -119,6 +142,8 @@ class RagAgentConfig:
             raise ValueError(f"max_passage_chars must be at least 20, got {self.max_passage_chars}")
         if self.tool_mode not in TOOL_MODES:
             raise ValueError(f"tool_mode must be one of {', '.join(TOOL_MODES)}, got {self.tool_mode!r}")
+        if not 0 <= self.examples <= len(EXAMPLES):
+            raise ValueError(f"examples must be 0 to {len(EXAMPLES)}, got {self.examples}")
 
 
 _DIRECTIVE = re.compile(r"^\W*(search|answer)\W*?\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)
@@ -159,6 +184,26 @@ def format_hits(hits: Sequence[Hit], max_chars: int) -> str:
     return "\n".join(f"[{i}] {h.passage.title}: {_clip(h.passage.text, max_chars)}" for i, h in enumerate(hits, 1))
 
 
+def example_messages(examples: int, tools: bool) -> list[dict[str, Any]]:
+    """The first ``examples`` worked examples as OpenAI chat messages: the question, each search
+    (a ``search`` tool call and its ``tool`` result, or ``Search: ...`` and a ``user`` message of
+    results), then ``Answer: ...``."""
+    messages: list[dict[str, Any]] = []
+    for i, (question, searches, answer) in enumerate(EXAMPLES[:examples]):
+        messages.append({"role": "user", "content": USER.format(question=question)})
+        for j, (query, results) in enumerate(searches):
+            if tools:
+                call_id = f"call_example_{i}_{j}"
+                call = {"id": call_id, "type": "function", "function": {"name": "search", "arguments": json.dumps({"query": query})}}
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": results})
+            else:
+                messages.append({"role": "assistant", "content": f"Search: {query}"})
+                messages.append({"role": "user", "content": results})
+        messages.append({"role": "assistant", "content": f"Answer: {answer}"})
+    return messages
+
+
 def _normalize_query(query: str) -> str:
     return " ".join(query.lower().split())
 
@@ -185,6 +230,7 @@ class RagAgent:
         supporting = set(task.get("supporting_ids") or [])
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_TOOLS if tools else SYSTEM_TEXT},
+            *example_messages(cfg.examples, tools),
             {"role": "user", "content": USER.format(question=task["question"])},
         ]
         seen_queries: set[str] = set()

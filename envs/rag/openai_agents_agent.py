@@ -10,20 +10,41 @@ One ``Agent(name="searcher")`` with one ``@function_tool`` ``search(query)``, ru
 ``answer_status``) are the from-scratch agent's (:mod:`.agent`), so its AIR plugin and reward
 apply unchanged. What the SDK does its own way: there is no ``Search:`` text protocol and no
 "no searches left" nudge on the last call (a run that is still searching when its turns run out
-ends with ``answer_status="missing"``, the SDK's ``MaxTurnsExceeded``).
+ends with ``answer_status="missing"``, the SDK's ``MaxTurnsExceeded``; a call of a tool the agent
+does not have ends it with no answer, ``action="bad_tool_call"`` and ``answer_status="malformed"``,
+the SDK's ``ModelBehaviorError``, where the from-scratch agent would have told the model and
+gone on). The worked examples
+(``examples=N``) are the run's input items (the SDK's way to seed a conversation:
+``function_call`` and ``function_call_output`` items), so the model sees the from-scratch
+agent's ``tools`` conversation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from agentgym_lightning.agent import emit_variable
 
-from .agent import SEARCH_TOOL, SYSTEM_TOOLS, USER, RagAgent, RagAgentConfig, Search, _final_answer, parse_reply
+from .agent import EXAMPLES, SEARCH_TOOL, SYSTEM_TOOLS, USER, RagAgent, RagAgentConfig, Search, _final_answer, parse_reply
 
-__all__ = ["AgentsSDKRagAgent"]
+__all__ = ["AgentsSDKRagAgent", "example_items"]
+
+
+def example_items(examples: int) -> list[dict[str, Any]]:
+    """The first ``examples`` worked examples (:data:`~.agent.EXAMPLES`) as Agents SDK input items:
+    the question, a ``function_call`` and its ``function_call_output`` per search, the answer."""
+    items: list[dict[str, Any]] = []
+    for i, (question, searches, answer) in enumerate(EXAMPLES[:examples]):
+        items.append({"role": "user", "content": USER.format(question=question)})
+        for j, (query, results) in enumerate(searches):
+            call_id = f"call_example_{i}_{j}"
+            items.append({"type": "function_call", "call_id": call_id, "name": "search", "arguments": json.dumps({"query": query})})
+            items.append({"type": "function_call_output", "call_id": call_id, "output": results})
+        items.append({"role": "assistant", "content": f"Answer: {answer}"})
+    return items
 
 
 class AgentsSDKRagAgent:
@@ -35,7 +56,7 @@ class AgentsSDKRagAgent:
         self._pieces = RagAgent(search, self.config)
 
     async def __call__(self, task: Mapping[str, Any], model: Any) -> dict[str, Any]:
-        from agents import Agent, MaxTurnsExceeded, ModelSettings, Runner, function_tool
+        from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, Runner, function_tool
 
         cfg, pieces = self.config, self._pieces
         supporting = set(task.get("supporting_ids") or [])
@@ -62,10 +83,20 @@ class AgentsSDKRagAgent:
             model_settings=ModelSettings(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
         )
         try:
-            result = await Runner.run(searcher, USER.format(question=task["question"]), max_turns=cfg.max_turns)
+            question = USER.format(question=task["question"])
+            run_input: Any = [*example_items(cfg.examples), {"role": "user", "content": question}] if cfg.examples else question
+            result = await Runner.run(searcher, run_input, max_turns=cfg.max_turns)
         except MaxTurnsExceeded:
             emit_variable("answer_status", "missing")
             return RagAgent._result(None, "missing", cfg.max_turns, retrieved, found, supporting)
+        except ModelBehaviorError as error:
+            # The model called a tool the agent does not have: the SDK ends the run. That is the
+            # model's doing (an answer it did not give), not a broken episode.
+            # run_data holds the responses before the one that failed.
+            calls = len(error.run_data.raw_responses) + 1 if error.run_data is not None else 1
+            emit_variable("action", "bad_tool_call")
+            emit_variable("answer_status", "malformed")
+            return RagAgent._result(None, "malformed", calls, retrieved, found, supporting)
         answer, status = _final_answer(parse_reply(str(result.final_output or "")))
         emit_variable("action", "answer")
         emit_variable("answer", answer)

@@ -39,10 +39,15 @@ def play(env, actions):
     raise AssertionError("the episode did not end")
 
 
-def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder):
+def calls_of(message):
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+
+
+@pytest.mark.parametrize("examples", [0, 2])
+def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder, examples):
     results = {}
     for agent in ("scratch", "openai-agents"):
-        env = build(agent, hash_embedder, air_weights={"rag.supporting": 0.1})
+        env = build(agent, hash_embedder, air_weights={"rag.supporting": 0.1}, examples=examples)
         try:
             hop1, hop2 = (s["question"] for s in env.tasks[0]["sub_questions"])
             results[agent] = play(env, [search(hop1, "c1"), search(hop2, "c2"), "Answer: Aldric Vane"])
@@ -60,6 +65,7 @@ def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder):
         assert [m["role"] for m in a.messages] == [m["role"] for m in b.messages]
         assert [m.get("content") for m in a.messages if m["role"] != "assistant"] == \
                [m.get("content") for m in b.messages if m["role"] != "assistant"]
+        assert [calls_of(m) for m in a.messages] == [calls_of(m) for m in b.messages]
         assert b.tools[0]["function"]["name"] == "search"
         assert b.tools[0]["function"]["parameters"]["required"] == ["query"]
 
@@ -74,6 +80,54 @@ def test_out_of_turns_is_a_missing_answer(hash_embedder):
     assert trajectory.result["answer_status"] == "missing" and len(trajectory.steps) == 2
 
 
+def test_a_call_of_a_tool_it_does_not_have_ends_the_run_without_an_answer(hash_embedder):
+    # The SDK raises ModelBehaviorError; the episode is the model's failure, scored 0, not a crash.
+    env = build("openai-agents", hash_embedder, air_weights={"rag.answer_malformed": -0.5})
+    try:
+        bad = Completion(text="", tool_calls=[ToolCall("c1", "JPJ", "{}")], finish_reason="tool_calls")
+        trajectory, rewards, _ = play(env, [search("Dunmere", "c0"), bad])
+    finally:
+        env.close()
+    assert trajectory.status is Status.SUCCEEDED, trajectory.error
+    assert trajectory.final_reward == 0.0 and rewards[-1] == -0.5
+    assert trajectory.result["answer"] is None and trajectory.result["answer_status"] == "malformed"
+    assert trajectory.result["calls"] == len(trajectory.steps) == 2
+    assert trajectory.steps[-1].outcome["action"] == "bad_tool_call"
+
+
 def test_text_protocol_is_refused_for_the_sdk_agent(hash_embedder):
     with pytest.raises(ValueError, match="tool_mode must be 'tools'"):
         build("openai-agents", hash_embedder, tool_mode="text")
+
+
+def test_worked_examples_are_real_turns_before_the_question(hash_embedder):
+    from agentgym_lightning.envs.rag.agent import EXAMPLES
+    from agentgym_lightning.policies.chat import prepare_messages
+
+    firsts = {}
+    for agent in ("scratch", "openai-agents"):
+        env = build(agent, hash_embedder, examples=1)
+        try:
+            obs, _ = env.reset(seed=0, options={"task_index": 0})
+            firsts[agent] = obs.request
+            question = env.tasks[0]["question"]
+        finally:
+            env.close()
+    messages = firsts["scratch"].messages
+    # system, then the example: question, two searches with their results, the answer; then the question
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant", "user"]
+    (example_question, searches, answer) = EXAMPLES[0]
+    assert example_question in messages[1]["content"] and messages[-1]["content"] == f"Question: {question}"
+    assert [calls_of(m) for m in messages[2:6:2]] == [[("search", {"query": q})] for q, _ in searches]
+    assert [m["content"] for m in messages[3:7:2]] == [r for _, r in searches]
+    assert messages[6]["content"] == f"Answer: {answer}"
+    # With the compact tool prompt a model without template tools reads the SDK's conversation
+    # exactly as the from-scratch one's (the full prompt pastes each tool's JSON schema, and the
+    # SDK's has a "title" the hand-written one lacks).
+    assert prepare_messages(firsts["openai-agents"], native_tools=False, tool_prompt="compact") == \
+           prepare_messages(firsts["scratch"], native_tools=False, tool_prompt="compact")
+
+
+def test_examples_out_of_range_are_refused(hash_embedder):
+    with pytest.raises(ValueError, match="examples must be 0 to 2, got 3"):
+        build("scratch", hash_embedder, examples=3)
