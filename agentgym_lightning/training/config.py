@@ -211,6 +211,11 @@ class LightningRLConfig:
     per_device_train_batch_size: int = field(
         default=8, metadata={"help": "Rows per forward/backward (micro-batch); gradients accumulate over the step's rows."}
     )
+    micro_batch_tokens: int | None = field(
+        default=4096,
+        metadata={"help": "Padded tokens per micro-batch at most (rows x longest row; a longer row goes alone; None: rows only). "
+                          "Memory grows with it: multi-call episodes' long rows would otherwise run out of it."},
+    )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory (off: slower on CPU)."})
     dtype: str = field(default="float32", metadata={"help": "Weights dtype: float32 (CPU default), bfloat16, float16, auto."})
     device: str = field(default="auto", metadata={"help": "`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."})
@@ -281,6 +286,9 @@ class LightningRLConfig:
                 f"same task, so one episode per task learns nothing; got {self.num_generations!r}"
             )
         at_least("concurrency", 1, allow_none=True)
+        at_least("micro_batch_tokens", 1, allow_none=True)
+        if self.micro_batch_tokens is not None and not isinstance(self.micro_batch_tokens, int):
+            raise ValueError(f"micro_batch_tokens must be an integer or None; got {self.micro_batch_tokens!r}")
         at_least("rollout_workers", 0)
         if not isinstance(self.rollout_workers, int):
             raise ValueError(f"rollout_workers must be an integer; got {self.rollout_workers!r}")

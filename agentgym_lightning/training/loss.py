@@ -29,7 +29,7 @@ import torch
 
 from agentgym_lightning.training.samples import Sample
 
-__all__ = ["PaddedBatch", "pad_samples", "per_token_logps", "loss_normalizer", "policy_loss", "LossTerms"]
+__all__ = ["PaddedBatch", "pad_samples", "micro_batches", "per_token_logps", "loss_normalizer", "policy_loss", "LossTerms"]
 
 
 @dataclass
@@ -79,6 +79,35 @@ def pad_samples(samples: Sequence[Sample], pad_token_id: int) -> PaddedBatch:
         slp[i, :lc] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
     weights = torch.tensor([s.weight for s in samples], dtype=torch.float32)
     return PaddedBatch(input_ids, attention, mask, adv, slp, weights, c)
+
+
+def micro_batches(samples: Sequence[Sample], max_rows: int, max_tokens: int | None = None) -> list[list[Sample]]:
+    """Split ``samples`` (in order) into micro-batches of at most ``max_rows`` rows whose padded
+    size, rows times the longest prompt plus the longest completion, stays within ``max_tokens``
+    (``None``: no token limit). A row longer than ``max_tokens`` is a micro-batch of its own.
+
+    Rows are cut by tokens because a forward/backward's memory grows with the padded tokens (and
+    faster, with attention): eight 1,500-token rows of a multi-call episode need ~25 GB on CPU
+    where eight 400-token rows need ~2 GB. Sort ``samples`` by length first so that long rows
+    are not padded with short ones."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1 or None, got {max_tokens}")
+    batches: list[list[Sample]] = []
+    current: list[Sample] = []
+    prompt = completion = 0
+    for sample in samples:
+        p, c = max(prompt, len(sample.prompt_ids)), max(completion, len(sample.completion_ids))
+        full = len(current) >= max_rows or (max_tokens is not None and (len(current) + 1) * (p + c) > max_tokens)
+        if current and full:
+            batches.append(current)
+            current, p, c = [], len(sample.prompt_ids), len(sample.completion_ids)
+        current.append(sample)
+        prompt, completion = p, c
+    if current:
+        batches.append(current)
+    return batches
 
 
 def per_token_logps(

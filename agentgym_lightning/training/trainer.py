@@ -13,7 +13,8 @@ Each training step:
    task's group at the level of episodes, and the calls become rows (``transition`` or
    ``trajectory`` aggregation; :mod:`.samples`). Infrastructure failures never reach the update.
 4. **Update.** One AdamW step on TRL's GRPO-family loss (:mod:`.loss`), gradients accumulated
-   over micro-batches of ``per_device_train_batch_size`` rows (``num_iterations`` steps when > 1).
+   over micro-batches of at most ``per_device_train_batch_size`` rows and ``micro_batch_tokens``
+   padded tokens (``num_iterations`` steps when > 1).
 5. **Sync.** The generator gets the new weights (``hf`` shares the model: nothing to do; ``vllm``
    reloads them).
 6. **Log, evaluate, checkpoint.** Metrics go to the ``agentgym_log_metrics`` hook (W&B and the
@@ -55,7 +56,7 @@ from agentgym_lightning.rollout import make_env_factory, rollout
 from agentgym_lightning.training.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
-from agentgym_lightning.training.loss import loss_normalizer, pad_samples, per_token_logps, policy_loss
+from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import SampleBatch, build_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
@@ -313,8 +314,10 @@ class LightningRLTrainer:
             return {"update/skipped": 1.0}
         samples = sorted(batch.samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         normalizer = loss_normalizer(samples, cfg.loss_type, cfg.max_completion_length)
-        size = cfg.per_device_train_batch_size
-        micro = [pad_samples(samples[i : i + size], self.pad_token_id).to(self.device) for i in range(0, len(samples), size)]
+        micro = [
+            pad_samples(rows, self.pad_token_id).to(self.device)
+            for rows in micro_batches(samples, cfg.per_device_train_batch_size, cfg.micro_batch_tokens)
+        ]
         old = ref = None
         with torch.no_grad():
             if cfg.num_iterations > 1:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from agentgym_lightning.training.loss import PaddedBatch, loss_normalizer, pad_samples, per_token_logps, policy_loss
+from agentgym_lightning.training.loss import PaddedBatch, loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import Sample
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the train extra (make setup)")
@@ -83,6 +83,30 @@ def test_the_normaliser_makes_micro_batching_exact():
             lp = logps[i : i + 1, : part.completion_width]
             parts += float(policy_loss(lp, part, loss_type=loss_type, normalizer=norm, sampling_correction=False).loss)
         assert parts == pytest.approx(float(whole), abs=1e-6), loss_type
+
+
+def row(prompt: int, completion: int, name: str) -> Sample:
+    return Sample([1] * prompt, [2] * completion, [1] * completion, [-1.0] * completion, [0.0] * completion, 1.0, name, None)
+
+
+def test_micro_batches_are_cut_by_rows_and_by_padded_tokens():
+    short = [row(100, 20, f"s{i}") for i in range(5)]  # 120 tokens each
+    long = [row(1400, 90, f"l{i}") for i in range(3)]  # 1,490 each: a multi-call episode's late call
+    rows = short + long
+    names = lambda batches: [[s.episode_id for s in b] for b in batches]  # noqa: E731
+    # Rows only (the old behaviour): the three long rows share a micro-batch with two short ones.
+    assert names(micro_batches(rows, 8)) == [[s.episode_id for s in rows]]
+    # By tokens: padded size (rows x longest) stays within 3,000; every row is kept, in order.
+    cut = micro_batches(rows, 8, 3000)
+    assert names(cut) == [["s0", "s1", "s2", "s3", "s4"], ["l0", "l1"], ["l2"]]
+    assert all(len(b) * max(len(s.prompt_ids) + len(s.completion_ids) for s in b) <= 3000 for b in cut)
+    assert names(micro_batches(rows, 2, 3000)) == [["s0", "s1"], ["s2", "s3"], ["s4", "l0"], ["l1", "l2"]]
+    # A row longer than the budget goes alone; the padded width counts the longest prompt and the
+    # longest completion, even from different rows.
+    assert names(micro_batches([row(10, 90, "a"), row(90, 10, "b"), row(5000, 1, "c")], 8, 150)) == [["a"], ["b"], ["c"]]
+    assert micro_batches([], 8, 100) == []
+    with pytest.raises(ValueError, match="max_tokens must be at least 1"):
+        micro_batches(rows, 8, 0)
 
 
 def test_padding_layout():

@@ -170,6 +170,7 @@ def _cli(*args, cwd, timeout=600):
         (["--resume", "nowhere"], "no checkpoint in nowhere"),
         (["--output-dir", "/proc/forbidden"], "is not writable"),
         (["--loss-type", "dr_grpo"], "'dr_grpo' normalises by max_completion_length"),
+        (["--set", "micro_batch_tokens=0"], "micro_batch_tokens must be"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_model_loads(tmp_path, monkeypatch, capsys, args, message):
