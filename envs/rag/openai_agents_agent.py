@@ -13,10 +13,9 @@ apply unchanged. What the SDK does its own way: there is no ``Search:`` text pro
 ends with ``answer_status="missing"``, the SDK's ``MaxTurnsExceeded``; a call of a tool the agent
 does not have ends it with no answer, ``action="bad_tool_call"`` and ``answer_status="malformed"``,
 the SDK's ``ModelBehaviorError``, where the from-scratch agent would have told the model and
-gone on). The worked examples
-(``examples=N``) are the run's input items (the SDK's way to seed a conversation:
-``function_call`` and ``function_call_output`` items), so the model sees the from-scratch
-agent's ``tools`` conversation.
+gone on). The worked examples (``examples=N``) are the run's input items (the SDK's way to seed
+a conversation: ``function_call`` and ``function_call_output`` items), so the model sees the
+from-scratch agent's ``tools`` conversation.
 """
 
 from __future__ import annotations
