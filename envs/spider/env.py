@@ -181,6 +181,7 @@ def make_env(
     max_turns: int = 3,
     *,
     limit: int | None = None,
+    offset: int = 0,
     sql_timeout_s: float = 5.0,
     max_rows: int = 100_000,
     sql_limits: Mapping[str, Any] | None = None,
@@ -198,7 +199,10 @@ def make_env(
             (sources ``spider.no_sql``, ``spider.parse_error``, ``spider.exec_error``,
             ``spider.executes``); AIR is off without them.
         max_turns: Most queries the agent writes per episode (write + rewrites).
-        limit: Keep only the first ``limit`` questions of the split.
+        limit: Keep only the first ``limit`` questions of the split (after ``offset``).
+        offset: Skip the split's first ``offset`` questions, e.g. to train on one database's
+            questions (Spider's train split is grouped by database: ``offset=16, limit=18`` is
+            ``farm``'s).
         sql_timeout_s: Time limit of each predicted query.
         max_rows: Rows a query may return before it fails.
         sql_limits: Any other :class:`~.sandbox.SandboxLimits` field, e.g.
@@ -221,6 +225,9 @@ def make_env(
         LangChainAgent.check_installed()
     dataset = load_spider(split, data_dir)
     tasks = dataset.tasks()
+    if not 0 <= offset < len(tasks):
+        raise ValueError(f"offset must be 0 to {len(tasks) - 1} ({len(tasks)} questions in {split}), got {offset}")
+    tasks = tasks[offset:]
     if limit is not None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")

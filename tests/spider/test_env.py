@@ -224,6 +224,17 @@ def test_sql_limits_reach_the_sandbox(sample_env):
         make_env(sql_limits={"max_result_megabytes": 1})
 
 
+def test_offset_and_limit_pick_a_slice_of_the_split(sample_env):
+    ids = [t["id"] for t in sample_env().tasks]
+    assert [t["id"] for t in sample_env(limit=3).tasks] == ids[:3]
+    assert [t["id"] for t in sample_env(offset=2, limit=3).tasks] == ids[2:5]
+    assert [t["id"] for t in sample_env(offset=len(ids) - 1).tasks] == ids[-1:]
+    with pytest.raises(ValueError, match=rf"offset must be 0 to {len(ids) - 1} \({len(ids)} questions in dev\), got {len(ids)}"):
+        sample_env(offset=len(ids))
+    with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
+        sample_env(limit=0)
+
+
 @pytest.mark.spider
 def test_eval_announces_the_skipped_dev_questions_once(spider_dir: Path, monkeypatch, capsys):
     """62 dev questions need the missing wta_1 database: said once, with count and reason, even
