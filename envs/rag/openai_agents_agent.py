@@ -8,12 +8,13 @@ One ``Agent(name="searcher")`` with one ``@function_tool`` ``search(query)``, ru
 (``plugins/openai_agents_adapter.py``). Instructions, results format and the emitted signals
 (``action``, ``queries``, ``retrieved``, ``new_supporting``... then ``answer``,
 ``answer_status``) are the from-scratch agent's (:mod:`.agent`), so its AIR plugin and reward
-apply unchanged. What the SDK does its own way: there is no ``Search:`` text protocol and no
-"no searches left" nudge on the last call (a run that is still searching when its turns run out
-ends with ``answer_status="missing"``, the SDK's ``MaxTurnsExceeded``; a call of a tool the agent
-does not have ends it with no answer, ``action="bad_tool_call"`` and ``answer_status="malformed"``,
-the SDK's ``ModelBehaviorError``, where the from-scratch agent would have told the model and
-gone on). The worked examples (``examples=N``) are the run's input items (the SDK's way to seed
+apply unchanged, and so is the "no searches left" line after the results the model reads
+before its last call (a ``RunHooks.on_llm_end`` counts the calls; the tool sees its call id).
+What the SDK does its own way: there is no ``Search:`` text protocol; a run that is still
+searching when its turns run out ends with ``answer_status="missing"`` (the SDK's
+``MaxTurnsExceeded``); a call of a tool the agent does not have ends it with no answer,
+``action="bad_tool_call"`` and ``answer_status="malformed"`` (the SDK's ``ModelBehaviorError``,
+where the from-scratch agent would have told the model and gone on). The worked examples (``examples=N``) are the run's input items (the SDK's way to seed
 a conversation: ``function_call`` and ``function_call_output`` items), so the model sees the
 from-scratch agent's ``tools`` conversation.
 """
@@ -27,7 +28,12 @@ from typing import Any
 
 from agentgym_lightning.agent import emit_variable
 
-from .agent import EXAMPLES, SEARCH_TOOL, SYSTEM_TOOLS, USER, RagAgent, RagAgentConfig, Search, _final_answer, parse_reply
+try:  # at module level: the SDK reads the tool's type hints from this module's globals
+    from agents.tool_context import ToolContext
+except ImportError:  # no [openai-agents] extra: make_env refuses this agent before it runs
+    ToolContext = Any  # type: ignore[assignment,misc]
+
+from .agent import EXAMPLES, LAST_CALL, SEARCH_TOOL, SYSTEM_TOOLS, USER, RagAgent, RagAgentConfig, Search, _final_answer, parse_reply
 
 __all__ = ["AgentsSDKRagAgent", "example_items"]
 
@@ -55,7 +61,7 @@ class AgentsSDKRagAgent:
         self._pieces = RagAgent(search, self.config)
 
     async def __call__(self, task: Mapping[str, Any], model: Any) -> dict[str, Any]:
-        from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, Runner, function_tool
+        from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, Runner, RunHooks, function_tool
 
         cfg, pieces = self.config, self._pieces
         supporting = set(task.get("supporting_ids") or [])
@@ -63,8 +69,23 @@ class AgentsSDKRagAgent:
         retrieved: list[str] = []
         found: set[str] = set()
 
+        class LastCallNotice(RunHooks):
+            """Finds the tool call whose result the model reads just before its last call."""
+
+            calls = 0
+            call_id: str | None = None
+
+            async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+                self.calls += 1
+                if self.calls == cfg.max_turns - 1:
+                    ids = [item.call_id for item in response.output if getattr(item, "type", None) == "function_call"]
+                    # The from-scratch agent adds the line to the last result of the call.
+                    self.call_id = ids[-1] if ids else None
+
+        notice = LastCallNotice()
+
         @function_tool(name_override="search", description_override=SEARCH_TOOL["function"]["description"])
-        async def search(query: str) -> str:
+        async def search(ctx: ToolContext[Any], query: str) -> str:
             """Search the passages.
 
             Args:
@@ -72,6 +93,8 @@ class AgentsSDKRagAgent:
             """
             text = await asyncio.to_thread(pieces._results, query, retrieved)
             pieces._emit_search(emit_variable, [query], seen, retrieved, found, supporting)
+            if notice.call_id is not None and ctx.tool_call_id == notice.call_id:
+                text += "\n\n" + LAST_CALL
             return text
 
         searcher = Agent(
@@ -84,7 +107,7 @@ class AgentsSDKRagAgent:
         try:
             question = USER.format(question=task["question"])
             run_input: Any = [*example_items(cfg.examples), {"role": "user", "content": question}] if cfg.examples else question
-            result = await Runner.run(searcher, run_input, max_turns=cfg.max_turns)
+            result = await Runner.run(searcher, run_input, max_turns=cfg.max_turns, hooks=notice)
         except MaxTurnsExceeded:
             emit_variable("answer_status", "missing")
             return RagAgent._result(None, "missing", cfg.max_turns, retrieved, found, supporting)

@@ -12,6 +12,7 @@ pytest.importorskip("chromadb", reason="needs the [rag] extra")
 pytest.importorskip("agents", reason="needs the [openai-agents] extra")
 
 from agentgym_lightning import Completion, Status, ToolCall  # noqa: E402
+from agentgym_lightning.envs.rag.agent import LAST_CALL  # noqa: E402
 from agentgym_lightning.envs.rag.data import RagDataWarning  # noqa: E402
 from agentgym_lightning.envs.rag.env import make_env  # noqa: E402
 
@@ -43,11 +44,13 @@ def calls_of(message):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
 
 
-@pytest.mark.parametrize("examples", [0, 2])
-def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder, examples):
+@pytest.mark.parametrize(("examples", "max_turns"), [(0, 4), (2, 4), (0, 3)])
+def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder, examples, max_turns):
+    """With ``max_turns=3`` the third call is the last: the second search's results end with
+    the from-scratch agent's "no searches left" line in both."""
     results = {}
     for agent in ("scratch", "openai-agents"):
-        env = build(agent, hash_embedder, air_weights={"rag.supporting": 0.1}, examples=examples)
+        env = build(agent, hash_embedder, air_weights={"rag.supporting": 0.1}, examples=examples, max_turns=max_turns)
         try:
             hop1, hop2 = (s["question"] for s in env.tasks[0]["sub_questions"])
             results[agent] = play(env, [search(hop1, "c1"), search(hop2, "c2"), "Answer: Aldric Vane"])
@@ -68,6 +71,8 @@ def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder, examples):
         assert [calls_of(m) for m in a.messages] == [calls_of(m) for m in b.messages]
         assert b.tools[0]["function"]["name"] == "search"
         assert b.tools[0]["function"]["parameters"]["required"] == ["query"]
+    last_result = q_sdk[-1].messages[-1]
+    assert last_result["role"] == "tool" and last_result["content"].endswith(LAST_CALL) == (max_turns == 3)
 
 
 def test_out_of_turns_is_a_missing_answer(hash_embedder):
