@@ -14,7 +14,10 @@ What the SDK does its own way: there is no ``Search:`` text protocol; a run that
 searching when its turns run out ends with ``answer_status="missing"`` (the SDK's
 ``MaxTurnsExceeded``); a call of a tool the agent does not have ends it with no answer,
 ``action="bad_tool_call"`` and ``answer_status="malformed"`` (the SDK's ``ModelBehaviorError``,
-where the from-scratch agent would have told the model and gone on). The worked examples (``examples=N``) are the run's input items (the SDK's way to seed
+where the from-scratch agent would have told the model and gone on). Tool arguments the SDK
+cannot read are read as the from-scratch agent reads them, and an error of the index itself ends
+the episode with its message (the SDK's default ``failure_error_function`` would tell the model
+only "An error occurred while running the tool" in both cases). The worked examples (``examples=N``) are the run's input items (the SDK's way to seed
 a conversation: ``function_call`` and ``function_call_output`` items), so the model sees the
 from-scratch agent's ``tools`` conversation.
 """
@@ -33,7 +36,19 @@ try:  # at module level: the SDK reads the tool's type hints from this module's 
 except ImportError:  # no [openai-agents] extra: make_env refuses this agent before it runs
     ToolContext = Any  # type: ignore[assignment,misc]
 
-from .agent import EXAMPLES, LAST_CALL, SEARCH_TOOL, SYSTEM_TOOLS, USER, RagAgent, RagAgentConfig, Search, _final_answer, parse_reply
+from .agent import (
+    EXAMPLES,
+    LAST_CALL,
+    SEARCH_TOOL,
+    SYSTEM_TOOLS,
+    USER,
+    RagAgent,
+    RagAgentConfig,
+    Search,
+    _final_answer,
+    _query_argument,
+    parse_reply,
+)
 
 __all__ = ["AgentsSDKRagAgent", "example_items"]
 
@@ -84,18 +99,31 @@ class AgentsSDKRagAgent:
 
         notice = LastCallNotice()
 
-        @function_tool(name_override="search", description_override=SEARCH_TOOL["function"]["description"])
+        async def run_search(ctx: ToolContext[Any], query: str) -> str:
+            text = await asyncio.to_thread(pieces._results, query, retrieved)
+            pieces._emit_search(emit_variable, [query], seen, retrieved, found, supporting)
+            if notice.call_id is not None and ctx.tool_call_id == notice.call_id:
+                text += "\n\n" + LAST_CALL
+            return text
+
+        async def on_tool_error(ctx: Any, error: Exception) -> str:
+            """Arguments the SDK could not read are the model's doing: read them as the
+            from-scratch agent does (an empty query if nothing is usable) and answer. Any other
+            error (the index failing) is not the model's: it ends the episode with its message,
+            where the SDK's default would have told the model "An error occurred" and gone on."""
+            if isinstance(error, ModelBehaviorError) and isinstance(ctx, ToolContext):
+                return await run_search(ctx, _query_argument(ctx.tool_arguments))
+            raise error
+
+        @function_tool(name_override="search", description_override=SEARCH_TOOL["function"]["description"],
+                       failure_error_function=on_tool_error)
         async def search(ctx: ToolContext[Any], query: str) -> str:
             """Search the passages.
 
             Args:
                 query: what to look for
             """
-            text = await asyncio.to_thread(pieces._results, query, retrieved)
-            pieces._emit_search(emit_variable, [query], seen, retrieved, found, supporting)
-            if notice.call_id is not None and ctx.tool_call_id == notice.call_id:
-                text += "\n\n" + LAST_CALL
-            return text
+            return await run_search(ctx, query)
 
         searcher = Agent(
             name="searcher",

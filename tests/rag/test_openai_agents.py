@@ -136,3 +136,40 @@ def test_worked_examples_are_real_turns_before_the_question(hash_embedder):
 def test_examples_out_of_range_are_refused(hash_embedder):
     with pytest.raises(ValueError, match="examples must be 0 to 2, got 3"):
         build("scratch", hash_embedder, examples=3)
+
+
+@pytest.mark.parametrize("arguments", ['{"q": "Dunmere"}', "Dunmere, please", '{"query": 7}'])
+def test_arguments_the_sdk_cannot_read_are_answered_as_the_from_scratch_agent_does(hash_embedder, arguments):
+    # The SDK's default would tell the model only "An error occurred while running the tool".
+    results = {}
+    for agent in ("scratch", "openai-agents"):
+        env = build(agent, hash_embedder, air_weights={"rag.empty_query": -0.1, "rag.supporting": 0.1})
+        try:
+            bad = Completion(text="", tool_calls=[ToolCall("c1", "search", arguments)], finish_reason="tool_calls")
+            results[agent] = play(env, [bad, "Answer: Aldric Vane"])
+        finally:
+            env.close()
+    (scratch, r_scratch, q_scratch), (sdk, r_sdk, q_sdk) = results["scratch"], results["openai-agents"]
+    assert sdk.status is Status.SUCCEEDED, sdk.error
+    assert r_sdk == pytest.approx(r_scratch)
+    assert q_sdk[1].messages[-1]["role"] == "tool"
+    assert q_sdk[1].messages[-1]["content"] == q_scratch[1].messages[-1]["content"]
+    assert sdk.result["retrieved"] == scratch.result["retrieved"]
+
+
+def test_a_failing_index_fails_the_episode_with_its_message(hash_embedder):
+    # Not the model's fault: the episode must not go on as if the search had answered.
+    class BrokenIndex:
+        def search(self, query, k):
+            raise RuntimeError("the index is gone")
+
+        def close(self):
+            pass
+
+    env = build("openai-agents", hash_embedder, retriever=BrokenIndex())
+    try:
+        trajectory, _, _ = play(env, [search("Dunmere", "c1"), "Answer: Aldric Vane"])
+    finally:
+        env.close()
+    assert trajectory.status is not Status.SUCCEEDED
+    assert "the index is gone" in (trajectory.error or "")
