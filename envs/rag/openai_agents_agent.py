@@ -17,9 +17,10 @@ searching when its turns run out ends with ``answer_status="missing"`` (the SDK'
 where the from-scratch agent would have told the model and gone on). Tool arguments the SDK
 cannot read are read as the from-scratch agent reads them, and an error of the index itself ends
 the episode with its message (the SDK's default ``failure_error_function`` would tell the model
-only "An error occurred while running the tool" in both cases). The worked examples (``examples=N``) are the run's input items (the SDK's way to seed
-a conversation: ``function_call`` and ``function_call_output`` items), so the model sees the
-from-scratch agent's ``tools`` conversation.
+only "An error occurred while running the tool" in both cases). The worked examples
+(``examples=N``) are the run's input items (the SDK's way to seed a conversation:
+``function_call`` and ``function_call_output`` items), so the model sees the from-scratch
+agent's ``tools`` conversation.
 """
 
 from __future__ import annotations
