@@ -29,6 +29,7 @@ from typing import Any
 
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.envs.tasks import slice_tasks
 from agentgym_lightning.llm import Completion, ToolCall
 from agentgym_lightning.policies.tool_calls import new_tool_call_id
 
@@ -172,11 +173,7 @@ def _build(
 def _dataset_env(name: str, split: str, data_dir: str | None, limit: int | None, **build: Any) -> AgentEnv:
     """An env over the tasks of a loaded data set (``env.math_dataset`` says which)."""
     dataset = load_math(name, split, data_dir)
-    tasks = dataset.tasks()
-    if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        tasks = tasks[:limit]
+    tasks = slice_tasks(dataset.tasks(), split, limit=limit)
     env = _build(tasks, **build)
     env.math_dataset = dataset  # type: ignore[attr-defined]
     return env

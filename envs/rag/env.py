@@ -22,6 +22,7 @@ from typing import Any
 
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.envs.tasks import slice_tasks
 
 from .agent import RagAgent, RagAgentConfig
 from .openai_agents_agent import AgentsSDKRagAgent
@@ -150,14 +151,7 @@ def make_env(
 
         OpenAIAgentsAgent.check_installed()
     data = load_rag_dataset(dataset, split, data_dir)
-    tasks = data.tasks()
-    if not 0 <= offset < len(tasks):
-        raise ValueError(f"offset must be 0 to {len(tasks) - 1} ({len(tasks)} questions in {data.split}), got {offset}")
-    tasks = tasks[offset:]
-    if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        tasks = tasks[:limit]
+    tasks = slice_tasks(data.tasks(), data.split, offset, limit)
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = RagAgentConfig(max_turns=max_turns, **agent_options)
     if agent not in AGENTS:

@@ -27,6 +27,7 @@ from typing import Any
 
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.envs.tasks import slice_tasks
 
 from .agent import SpiderAgent, SpiderAgentConfig, SpiderAnswer
 from .data import load_spider
@@ -224,14 +225,7 @@ def make_env(
 
         LangChainAgent.check_installed()
     dataset = load_spider(split, data_dir)
-    tasks = dataset.tasks()
-    if not 0 <= offset < len(tasks):
-        raise ValueError(f"offset must be 0 to {len(tasks) - 1} ({len(tasks)} questions in {split}), got {offset}")
-    tasks = tasks[offset:]
-    if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        tasks = tasks[:limit]
+    tasks = slice_tasks(dataset.tasks(), split, offset, limit)
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = SpiderAgentConfig(max_turns=max_turns, sql_timeout_s=sql_timeout_s, **agent_options)
     try:
