@@ -40,6 +40,19 @@ def play(env, actions):
     raise AssertionError("the episode did not end")
 
 
+def play_both(embedder, actions, **kwargs):
+    """The same actions (a list, or ``fn(env) -> list``) played with the from-scratch agent and
+    with the SDK agent: ``[(trajectory, rewards, requests)] * 2``, in that order."""
+    results = []
+    for agent in ("scratch", "openai-agents"):
+        env = build(agent, embedder, **kwargs)
+        try:
+            results.append(play(env, actions(env) if callable(actions) else actions))
+        finally:
+            env.close()
+    return results
+
+
 def calls_of(message):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
 
@@ -48,15 +61,12 @@ def calls_of(message):
 def test_sdk_searcher_matches_the_from_scratch_one(hash_embedder, examples, max_turns):
     """With ``max_turns=3`` the third call is the last: the second search's results end with
     the from-scratch agent's "no searches left" line in both."""
-    results = {}
-    for agent in ("scratch", "openai-agents"):
-        env = build(agent, hash_embedder, air_weights={"rag.supporting": 0.1}, examples=examples, max_turns=max_turns)
-        try:
-            hop1, hop2 = (s["question"] for s in env.tasks[0]["sub_questions"])
-            results[agent] = play(env, [search(hop1, "c1"), search(hop2, "c2"), "Answer: Aldric Vane"])
-        finally:
-            env.close()
-    (scratch, r_scratch, q_scratch), (sdk, r_sdk, q_sdk) = results["scratch"], results["openai-agents"]
+    def two_searches_then_the_answer(env):
+        hop1, hop2 = (s["question"] for s in env.tasks[0]["sub_questions"])
+        return [search(hop1, "c1"), search(hop2, "c2"), "Answer: Aldric Vane"]
+
+    (scratch, r_scratch, q_scratch), (sdk, r_sdk, q_sdk) = play_both(
+        hash_embedder, two_searches_then_the_answer, air_weights={"rag.supporting": 0.1}, examples=examples, max_turns=max_turns)
     assert sdk.status is Status.SUCCEEDED, sdk.error
     assert sdk.variables["metrics"] == scratch.variables["metrics"] and sdk.final_reward == 1.0
     assert r_sdk == pytest.approx(r_scratch)  # AIR and the final reward land on the same calls
@@ -141,15 +151,9 @@ def test_examples_out_of_range_are_refused(hash_embedder):
 @pytest.mark.parametrize("arguments", ['{"q": "Dunmere"}', "Dunmere, please", '{"query": 7}'])
 def test_arguments_the_sdk_cannot_read_are_answered_as_the_from_scratch_agent_does(hash_embedder, arguments):
     # The SDK's default would tell the model only "An error occurred while running the tool".
-    results = {}
-    for agent in ("scratch", "openai-agents"):
-        env = build(agent, hash_embedder, air_weights={"rag.empty_query": -0.1, "rag.supporting": 0.1})
-        try:
-            bad = Completion(text="", tool_calls=[ToolCall("c1", "search", arguments)], finish_reason="tool_calls")
-            results[agent] = play(env, [bad, "Answer: Aldric Vane"])
-        finally:
-            env.close()
-    (scratch, r_scratch, q_scratch), (sdk, r_sdk, q_sdk) = results["scratch"], results["openai-agents"]
+    bad = Completion(text="", tool_calls=[ToolCall("c1", "search", arguments)], finish_reason="tool_calls")
+    (scratch, r_scratch, q_scratch), (sdk, r_sdk, q_sdk) = play_both(
+        hash_embedder, [bad, "Answer: Aldric Vane"], air_weights={"rag.empty_query": -0.1, "rag.supporting": 0.1})
     assert sdk.status is Status.SUCCEEDED, sdk.error
     assert r_sdk == pytest.approx(r_scratch)
     assert q_sdk[1].messages[-1]["role"] == "tool"
