@@ -61,6 +61,21 @@ class _Group:
     rows: list[_Row] = field(default_factory=list)
 
 
+#: Shared prefixes shorter than this are not worth a forward pass of their own.
+_MIN_SHARED_PREFIX = 16
+
+
+def _shared_prefix_length(rows: Sequence[_Row]) -> int:
+    """Length of the longest common prefix of the rows' prompts, leaving every row at least one
+    token of its own (the one whose logits start its completion)."""
+    first = rows[0].prompt_ids
+    limit = min(len(r.prompt_ids) for r in rows) - 1
+    length = 0
+    while length < limit and all(r.prompt_ids[length] == first[length] for r in rows):
+        length += 1
+    return length
+
+
 def _logits_processor_base() -> type:
     from transformers import LogitsProcessor
 
@@ -94,6 +109,10 @@ class HFPolicy(Policy):
             tool support (SmolLM2's): ``"full"`` (Qwen2.5's wording with the JSON schemas) or
             ``"compact"`` (one sentence per tool, which small models follow far better; see
             :data:`~agentgym_lightning.policies.tool_calls.TOOL_PROMPTS`).
+        prefix_caching: compute the prompt tokens every row of a batch shares (the G episodes of
+            a task share their first prompt; agents share system prompts and examples) once per
+            batch and reuse their keys and values, instead of once per row. The same completion
+            tokens as without it; logprobs agree to fp32 rounding (~1e-6).
     """
 
     backend = "hf"
@@ -111,6 +130,7 @@ class HFPolicy(Policy):
         num_threads: int | None = None,
         progress: bool = True,
         tool_prompt: str = "full",
+        prefix_caching: bool = True,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -136,6 +156,7 @@ class HFPolicy(Policy):
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
         self.default_temperature = default_temperature
+        self.prefix_caching = prefix_caching
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.hf_model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype).to(self.device)
@@ -258,14 +279,8 @@ class HFPolicy(Policy):
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-        width = max(len(r.prompt_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):  # left padding: every row's last prompt token is aligned
-            input_ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attention_mask[b, width - len(r.prompt_ids) :] = 1
-        input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
+        input_ids, attention_mask, prefix_cache = self._prompt_inputs(rows)
+        width = input_ids.shape[1]
 
         generators = None
         if group.do_sample and any(r.request.sampling.seed is not None for r in rows):
@@ -296,6 +311,7 @@ class HFPolicy(Policy):
             sequences = self.hf_model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                past_key_values=prefix_cache,
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
                 stopping_criteria=StoppingCriteriaList([tracker]),
@@ -322,6 +338,45 @@ class HFPolicy(Policy):
                 end, reason = limit, "length"
             out.append((r, self._finish(r, tokens[:end], logprobs[b][:end], reason, text)))
         return out
+
+    def _prompt_inputs(self, rows: list[_Row]) -> tuple[Any, Any, Any]:
+        """The batch's ``input_ids`` and ``attention_mask`` and, with prefix caching, the KV cache
+        of the prompts' shared prefix (else ``None``).
+
+        Without a shared prefix the rows are left-padded. With one, each row is
+        ``prefix + padding + rest``: the prefix sits at the same positions in every row, so its
+        keys and values are computed once (batch 1) and repeated to the rows; ``generate`` then
+        runs only the rests. Padding is masked out and position ids count unmasked tokens only
+        (transformers derives them from the mask), so each row sees exactly its own prompt at its
+        own positions, as with left padding. Every row keeps at least one token outside the
+        prefix: the logits of the first completion token come from that forward pass.
+        """
+        import torch
+
+        prefix = _shared_prefix_length(rows) if self.prefix_caching and len(rows) > 1 else 0
+        if prefix < _MIN_SHARED_PREFIX:
+            prefix = 0
+        rest_width = max(len(r.prompt_ids) - prefix for r in rows)
+        width = prefix + rest_width
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        input_ids[:, :prefix] = torch.tensor(rows[0].prompt_ids[:prefix], dtype=torch.long)
+        attention_mask[:, :prefix] = 1
+        for b, r in enumerate(rows):  # every row's last prompt token is aligned at the end
+            input_ids[b, width - (len(r.prompt_ids) - prefix) :] = torch.tensor(r.prompt_ids[prefix:])
+            attention_mask[b, width - (len(r.prompt_ids) - prefix) :] = 1
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+        if not prefix:
+            return input_ids, attention_mask, None
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.hf_model.config)
+        with torch.inference_mode():
+            # logits_to_keep=1: the prefix's own logits are never used, so skip most of the LM head.
+            self.hf_model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(len(rows))
+        return input_ids, attention_mask, cache
 
     def _finish(self, row: _Row, ids: list[int], logprobs: list[float], reason: str, text: str | None) -> Completion:
         return decode_completion(

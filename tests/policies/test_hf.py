@@ -237,3 +237,95 @@ def test_an_unknown_tool_prompt_is_refused_before_the_model_loads(monkeypatch):
     monkeypatch.setattr(hf, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="tool_prompt must be one of full, compact; got 'short'"):
         hf.HFPolicy(tool_prompt="short")
+
+
+# ------------------------------------------------------------------------------ prefix caching
+
+SYSTEM = "You answer arithmetic questions. Use the calculator for every calculation, then reply: Answer: <number>."
+
+
+def _shared_prompt_batch(max_tokens: int) -> list[ChatRequest]:
+    """The rollout's shape: a system prompt every row shares, G rows per question (identical
+    prompts), questions of different lengths, per-row max_tokens and seeds, a stop string."""
+    questions = ["What is 12 * 7?", "What is 56 * 34 - 37, and why is it so?", "Name three colors."]
+    requests = []
+    for i in range(7):
+        body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": questions[i % 3]}],
+                "max_tokens": max_tokens - i, "temperature": 1.0, "seed": 100 + i}
+        requests.append(ChatRequest.from_openai(body))
+    return requests
+
+
+def _same_with_and_without_prefix_caching(policy, requests) -> None:
+    # A stop string that will be hit: the text of a token from the middle of one row's answer.
+    policy.prefix_caching = False
+    ids = policy.generate([requests[4]])[0].completion_token_ids
+    requests[4].sampling.stop = [next(t for t in (policy.tokenizer.decode([i]) for i in ids[len(ids) // 2 :]) if t)]
+    counts: list[int] = []  # token positions of each forward pass
+    # A hook, not a wrapper: generate() reads forward's signature (position ids only if it takes them).
+    hook = policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: counts.append(k["input_ids"].numel()), with_kwargs=True)
+    try:
+        policy.prefix_caching = False
+        plain = policy.generate(requests)
+        plain_prefill = counts[0]
+        counts.clear()
+        policy.prefix_caching = True
+        cached = policy.generate(requests)
+    finally:
+        hook.remove()
+        policy.prefix_caching = True
+    for p, c in zip(plain, cached):
+        assert c.completion_token_ids == p.completion_token_ids
+        assert c.finish_reason == p.finish_reason and c.text == p.text
+        assert c.logprobs == pytest.approx(p.logprobs, rel=1e-5, abs=1e-5)  # fp32 rounding
+    assert {c.finish_reason for c in cached} == {"stop", "length"}
+    # The shared prefix ran once (batch 1), then only each row's own tokens.
+    prompts = [p.prompt_token_ids for p in plain]
+    shared = next(i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1)
+    rest = max(len(p) for p in prompts) - shared
+    assert counts[:2] == [shared, len(requests) * rest]
+    assert plain_prefill == len(requests) * max(len(p) for p in prompts)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefix_caching_gives_the_same_completions_tiny(tiny_model_dir, temperature):
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    requests = _shared_prompt_batch(max_tokens=12)
+    for r in requests:
+        r.sampling.temperature = temperature
+    try:
+        _same_with_and_without_prefix_caching(policy, requests)
+    finally:
+        policy.close()
+
+
+@pytest.mark.slow
+def test_prefix_caching_gives_the_same_completions_smollm2(hf_policy):
+    requests = _shared_prompt_batch(max_tokens=12)
+    _same_with_and_without_prefix_caching(hf_policy, requests)
+    for r in requests:
+        r.sampling.temperature = 0.0
+    _same_with_and_without_prefix_caching(hf_policy, requests)
+
+
+def test_no_shared_prefix_means_plain_left_padding(tiny_model_dir):
+    """Rows that share nothing (or one row alone) are batched as before: no extra forward pass."""
+    from agentgym_lightning.policies.hf import HFPolicy, _Row
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", progress=False)
+    try:
+        rows = [_Row(0, None, [1, 2, 3], 4, ()), _Row(1, None, [9, 8], 4, ())]  # type: ignore[arg-type]
+        ids, mask, cache = policy._prompt_inputs(rows)
+        assert cache is None
+        assert ids.tolist() == [[1, 2, 3], [policy.pad_token_id, 9, 8]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+        shared = list(range(100, 120))
+        rows = [_Row(0, None, shared + [1, 2, 3], 4, ()), _Row(1, None, shared + [9], 4, ())]  # type: ignore[arg-type]
+        ids, mask, cache = policy._prompt_inputs(rows)
+        assert cache.get_seq_length() == 20 and ids.shape == (2, 23)
+        # the padding goes between the shared prefix and the row's own tokens
+        assert ids[1].tolist() == shared + [policy.pad_token_id, policy.pad_token_id, 9]
+        assert mask[1].tolist() == [1] * 20 + [0, 0, 1]
+    finally:
+        policy.close()
