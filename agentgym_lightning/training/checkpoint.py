@@ -9,8 +9,13 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
 * ``trainer_state.json`` — the step it was taken after, the config, and the metrics history.
 
 It is written to a temporary sibling and renamed into place, so a run killed while saving leaves
-the previous checkpoint intact and never a half-written one; the task order needs no saving (it is
-a function of the seed and the step, see :mod:`.schedule`).
+the previous checkpoint intact and never a half-written one (so keeping only the newest one, the
+default, is safe); the task order needs no saving (it is a function of the seed and the step, see
+:mod:`.schedule`).
+
+A full fine-tune's ``model.safetensors`` is also a valid Hugging Face weights file, so the run's
+``final/`` model (:func:`save_final_model`) hard-links it instead of writing the same weights a
+second time.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import torch
 
 from agentgym_lightning.metrics import json_metrics
 
-__all__ = ["TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "CHECKPOINT_DIR"]
+__all__ = [
+    "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "save_final_model", "CHECKPOINT_DIR",
+]
 
 CHECKPOINT_DIR = "checkpoints"
 _PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -91,7 +98,8 @@ def save_checkpoint(
     target = root / f"checkpoint-{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
     try:
-        save_file(_trainable_state(model, peft), str(tmp / ("adapter.safetensors" if peft else "model.safetensors")))
+        # format=pt: what transformers writes and expects, so final/ can link this very file.
+        save_file(_trainable_state(model, peft), str(tmp / _weights_name(peft)), metadata={"format": "pt"})
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -109,6 +117,39 @@ def save_checkpoint(
         for old in _checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _weights_name(peft: bool) -> str:
+    return "adapter.safetensors" if peft else "model.safetensors"
+
+
+def save_final_model(folder: str | Path, *, model: Any, tokenizer: Any, peft: bool, checkpoint: Path | None = None) -> Path:
+    """Write the trained model (or LoRA adapter) and its tokenizer to ``folder``, loadable with
+    ``from_pretrained``.
+
+    ``checkpoint``: a checkpoint of these very weights (the run's last one). A full fine-tune's
+    weights are then hard-linked from it (copied where the file system has no hard links) rather
+    than written again: for a 135M model in fp32 that is 540 MB less on disk. Without it, or for
+    an adapter (small, and PEFT's own file layout), ``save_pretrained`` writes them.
+    """
+    folder = Path(folder)
+    if peft or checkpoint is None:
+        model.save_pretrained(folder)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(folder)
+        source, target = checkpoint / _weights_name(peft), folder / _weights_name(peft)
+        tmp = folder / f".{target.name}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:  # no hard links here (another device, a file system without them)
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)  # a final/ from an earlier run is replaced, never written through
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def _checkpoints(root: Path) -> list[Path]:
@@ -147,12 +188,12 @@ def load_checkpoint(
     if peft:
         from peft import set_peft_model_state_dict
 
-        weights = checkpoint / "adapter.safetensors"
+        weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter: resume without use_peft, or from a LoRA run")
         set_peft_model_state_dict(model, load_file(str(weights)))
     else:
-        weights = checkpoint / "model.safetensors"
+        weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds a LoRA adapter, not full weights: resume with use_peft")
         missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)

@@ -53,7 +53,14 @@ import torch
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.rollout import make_env_factory, rollout
-from agentgym_lightning.training.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
+from agentgym_lightning.training.checkpoint import (
+    TrainerState,
+    find_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_final_model,
+)
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
 from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
@@ -440,9 +447,9 @@ class LightningRLTrainer:
         sync_weights(self.policy, self.model, peft=self.config.use_peft)
 
     def _save_final(self) -> None:
-        final = self.output_dir / "final"
-        self.model.save_pretrained(final)
-        self.tokenizer.save_pretrained(final)
+        # The run always checkpoints its last step: final/ links those weights, no second copy.
+        checkpoint = latest_checkpoint(self.output_dir) if self._saved_current_step() else None
+        save_final_model(self.output_dir / "final", model=self.model, tokenizer=self.tokenizer, peft=self.config.use_peft, checkpoint=checkpoint)
 
 
 # ====================================================================== metrics
