@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.chat import render_prompt_ids
@@ -242,15 +243,20 @@ def test_an_unknown_tool_prompt_is_refused_before_the_model_loads(monkeypatch):
 # ------------------------------------------------------------------------------ prefix caching
 
 SYSTEM = "You answer arithmetic questions. Use the calculator for every calculation, then reply: Answer: <number>."
+QUESTIONS_LONG = [
+    "What is 12 * 7? Show the calculator call first, then the answer on a line of its own.",
+    "What is 56 * 34 - 37? Show the calculator call first, then the answer on a line of its own, and say why.",
+    "Name three colors of the rainbow, one per line, and nothing else at all please.",
+]
 
 
 def _shared_prompt_batch(max_tokens: int) -> list[ChatRequest]:
-    """The rollout's shape: a system prompt every row shares, G rows per question (identical
-    prompts), questions of different lengths, per-row max_tokens and seeds, a stop string."""
-    questions = ["What is 12 * 7?", "What is 56 * 34 - 37, and why is it so?", "Name three colors."]
+    """The rollout's shape: a system prompt every row shares, 2-3 rows per question (identical
+    prompts: a GRPO group's first call), questions of different lengths, per-row max_tokens and
+    seeds (and a stop string, set by the test)."""
     requests = []
     for i in range(7):
-        body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": questions[i % 3]}],
+        body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS_LONG[i % 3]}],
                 "max_tokens": max_tokens - i, "temperature": 1.0, "seed": 100 + i}
         requests.append(ChatRequest.from_openai(body))
     return requests
@@ -265,7 +271,6 @@ def _same_with_and_without_prefix_caching(policy, requests) -> None:
     # A hook, not a wrapper: generate() reads forward's signature (position ids only if it takes them).
     hook = policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: counts.append(k["input_ids"].numel()), with_kwargs=True)
     try:
-        policy.prefix_caching = False
         plain = policy.generate(requests)
         plain_prefill = counts[0]
         counts.clear()
@@ -279,12 +284,12 @@ def _same_with_and_without_prefix_caching(policy, requests) -> None:
         assert c.finish_reason == p.finish_reason and c.text == p.text
         assert c.logprobs == pytest.approx(p.logprobs, rel=1e-5, abs=1e-5)  # fp32 rounding
     assert {c.finish_reason for c in cached} == {"stop", "length"}
-    # The shared prefix ran once (batch 1), then only each row's own tokens.
+    # The system prompt ran once (batch 1), each question once (a row per group), then only the
+    # last prompt token of each row (the rows of a group have identical prompts).
     prompts = [p.prompt_token_ids for p in plain]
     shared = next(i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1)
-    rest = max(len(p) for p in prompts) - shared
-    assert counts[:2] == [shared, len(requests) * rest]
     assert plain_prefill == len(requests) * max(len(p) for p in prompts)
+    assert counts[:3] == [shared, 3 * (max(len(p) for p in prompts) - 1 - shared), len(requests)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -310,22 +315,37 @@ def test_prefix_caching_gives_the_same_completions_smollm2(hf_policy):
     _same_with_and_without_prefix_caching(hf_policy, requests)
 
 
-def test_no_shared_prefix_means_plain_left_padding(tiny_model_dir):
-    """Rows that share nothing (or one row alone) are batched as before: no extra forward pass."""
-    from agentgym_lightning.policies.hf import HFPolicy, _Row
+def test_prefix_layout_pads_each_segment_on_its_left(tiny_model_dir):
+    """The batch prefix, then each prefix group's segment, then each row's rest; rows that share
+    nothing are plain left padding with no extra forward pass."""
+    from agentgym_lightning.policies.hf import HFPolicy, _prefix_layout, _Row
 
     policy = HFPolicy(str(tiny_model_dir), device="cpu", progress=False)
+    pad = policy.pad_token_id
     try:
         rows = [_Row(0, None, [1, 2, 3], 4, ()), _Row(1, None, [9, 8], 4, ())]  # type: ignore[arg-type]
         ids, mask, cache = policy._prompt_inputs(rows)
         assert cache is None
-        assert ids.tolist() == [[1, 2, 3], [policy.pad_token_id, 9, 8]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
-        shared = list(range(100, 120))
-        rows = [_Row(0, None, shared + [1, 2, 3], 4, ()), _Row(1, None, shared + [9], 4, ())]  # type: ignore[arg-type]
+        assert ids.tolist() == [[1, 2, 3], [pad, 9, 8]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+
+        shared, a, b = list(range(100, 120)), list(range(200, 218)), list(range(300, 330))
+        prompts = [shared + a + [401, 402], shared + a + [403], shared + b + [404], shared + b + [404], shared + [405, 406]]
+        assert _prefix_layout(prompts) == (20, [[0, 1], [2, 3]])
+        rows = [_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)]  # type: ignore[arg-type]
         ids, mask, cache = policy._prompt_inputs(rows)
-        assert cache.get_seq_length() == 20 and ids.shape == (2, 23)
-        # the padding goes between the shared prefix and the row's own tokens
-        assert ids[1].tolist() == shared + [policy.pad_token_id, policy.pad_token_id, 9]
-        assert mask[1].tolist() == [1] * 20 + [0, 0, 1]
+        # rows 2 and 3 are identical: their group's segment is all but their last token
+        assert cache.get_seq_length() == 20 + 30 and ids.shape == (5, 20 + 30 + 2)
+        assert ids[0].tolist() == shared + [pad] * 12 + a + [401, 402]
+        assert ids[1].tolist() == shared + [pad] * 12 + a + [pad, 403]
+        assert ids[2].tolist() == shared + b + [pad, 404] and ids[3].tolist() == ids[2].tolist()
+        assert ids[4].tolist() == shared + [pad] * 30 + [405, 406]
+        assert (mask == (ids != pad)).all(), pad  # (no prompt token here is the pad token)
+        # the same logits for each row as alone, unpadded (positions count unmasked tokens, as generate() does)
+        with torch.inference_mode():
+            positions = (mask.cumsum(-1) - 1)[:, 50:]
+            batched = policy.hf_model(input_ids=ids[:, 50:], attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]
+            for r, p in enumerate(prompts):
+                alone = policy.hf_model(input_ids=torch.tensor([p])).logits[0, -1]
+                assert torch.allclose(batched[r], alone, atol=1e-5), r
     finally:
         policy.close()
