@@ -98,10 +98,13 @@ def test_the_live_app_draws_charts_and_opens_an_episode(browser, live):
     calls = browser.find_elements(By.CSS_SELECTOR, ".call")
     assert len(calls) == 3 and calls[0].is_displayed()  # 2 calls and the end
     assert "call 0" in calls[0].text and "advantage" in calls[0].text
-    # the page refreshes by itself when the run writes
+    # the page refreshes by itself when the run writes to the file it shows
     marker = browser.execute_script("window.__before = 1; return window.__before")
     assert marker == 1
-    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 5, "train/reward/mean": 1.0}\n')
+    from agentgym_lightning import Trajectory, TrajectoryWriter
+
+    with TrajectoryWriter(run / "trajectories" / "step-000004.jsonl", append=True) as writer:
+        writer.write(Trajectory(episode_id="late", group_id="s4-t0"))
     deadline = time.monotonic() + 20
     while browser.execute_script("return window.__before") == 1 and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -11,8 +11,9 @@ Routes: ``/`` (overview), ``/runs/{i}/{train|eval}/{step}`` (a step's episodes),
 from __future__ import annotations
 
 import asyncio
+import html
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
-from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,50 +37,71 @@ def _links() -> Links:
 def make_app(runs: Sequence[RunFolder], refresh_ms: int = 3000) -> Starlette:
     """The app serving ``runs``; pages poll for changes every ``refresh_ms``."""
     links = _links()
-    # Rendering reads files and draws charts: one page at a time, off the event loop.
+    # Rendering reads files and draws charts: one page at a time, off the event loop; a page is
+    # drawn again only when the files it shows changed (a live page polls and reloads often).
     lock = asyncio.Lock()
+    rendered: dict[str, tuple[int, str]] = {}
 
-    def version() -> int:
-        return sum(r.version() for r in runs)
+    def version(scope: tuple[int, EpisodeFile] | None) -> int:
+        if scope is None:
+            return sum(r.version() for r in runs)
+        return runs[scope[0]].version(scope[1])
 
-    async def render(title: str, body) -> HTMLResponse:  # type: ignore[no-untyped-def]
+    async def render(request: Request, title: str, body, scope: tuple[int, EpisodeFile] | None = None) -> HTMLResponse:  # type: ignore[no-untyped-def]
         async with lock:
-            live = version()
-            text = await asyncio.to_thread(body)
-        return HTMLResponse(page(title, text, live_version=live, refresh_ms=refresh_ms, home="/"))
+            live = version(scope)
+            cached = rendered.get(request.url.path)
+            if cached is None or cached[0] != live:
+                if len(rendered) > 256:
+                    rendered.clear()
+                cached = rendered[request.url.path] = (live, await asyncio.to_thread(body))
+        url = "/version" if scope is None else f"/version?run={scope[0]}&kind={scope[1].kind}&step={scope[1].step}"
+        return HTMLResponse(page(title, cached[1], live_version=live, version_url=url, refresh_ms=refresh_ms, home="/"))
 
-    def file_of(request: Request) -> tuple[int, RunFolder, EpisodeFile]:
-        index = int(request.path_params["run"])
+    def file_of(params: Mapping[str, str]) -> tuple[int, RunFolder, EpisodeFile]:
+        try:
+            index, step = int(params["run"]), int(params["step"])
+        except (KeyError, ValueError):
+            raise KeyError("give run, kind and step") from None
         if not 0 <= index < len(runs):
             raise KeyError(f"no run {index}")
         run = runs[index]
-        return index, run, run.episode_file(request.path_params["kind"], int(request.path_params["step"]))
+        return index, run, run.episode_file(params.get("kind", ""), step)
+
+    def not_found(exc: KeyError) -> HTMLResponse:
+        return HTMLResponse(page("not found", f"<p>{html.escape(str(exc.args[0] if exc.args else exc))}</p>", home="/"), status_code=404)
 
     async def home(request: Request) -> HTMLResponse:
-        return await render(", ".join(r.name for r in runs), lambda: overview(runs, links))
+        return await render(request, ", ".join(r.name for r in runs), lambda: overview(runs, links))
 
     async def episodes(request: Request) -> HTMLResponse:
         try:
-            index, run, f = file_of(request)
+            index, run, f = file_of(request.path_params)
         except KeyError as exc:
-            return HTMLResponse(page("not found", f"<p>{exc}</p>", home="/"), status_code=404)
+            return not_found(exc)
         what = f"step {f.step}" if f.kind == "train" else f"held-out eval after step {f.step}"
-        return await render(f"{run.name} · episodes of {what}", lambda: episode_list(index, run, f, links))
+        return await render(request, f"{run.name} · episodes of {what}", lambda: episode_list(index, run, f, links), (index, f))
 
     async def episode(request: Request) -> HTMLResponse:
         try:
-            index, run, f = file_of(request)
+            index, run, f = file_of(request.path_params)
             wanted = request.path_params["episode"]
             found = next((t for t in run.episodes(f) if t.episode_id == wanted), None)
             if found is None:
                 raise KeyError(f"no episode {wanted} in {f.path}")
         except KeyError as exc:
-            return HTMLResponse(page("not found", f"<p>{exc}</p>", home="/"), status_code=404)
+            return not_found(exc)
         back = f"<p><a href='{links.episodes(index, f)}'>← all episodes of this step</a></p>"
-        return await render(f"{run.name} · episode {found.episode_id}", lambda: back + episode_detail(index, run, f, found))
+        return await render(request, f"{run.name} · episode {found.episode_id}", lambda: back + episode_detail(index, run, f, found), (index, f))
 
     async def version_route(request: Request) -> JSONResponse:
-        return JSONResponse({"version": version()})
+        if not request.query_params:
+            return JSONResponse({"version": version(None)})
+        try:
+            index, _, f = file_of(request.query_params)
+        except KeyError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return JSONResponse({"version": version((index, f))})
 
     return Starlette(routes=[
         Route("/", home),

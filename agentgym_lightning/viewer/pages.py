@@ -42,7 +42,7 @@ header{background:#1d2330;color:#fff;padding:10px 20px}header a{color:#9cc3ff}
 main{padding:12px 20px;max-width:1400px}h2{margin:22px 0 8px;font-size:18px}h3{font-size:15px;margin:14px 0 6px}
 a{color:#1559c0;text-decoration:none}a:hover{text-decoration:underline}
 .charts{display:flex;flex-wrap:wrap;gap:8px}.chart{background:#fff;border:1px solid #dde1e6;border-radius:6px}
-.chart svg{display:block;width:460px;height:auto}
+.chart svg{display:block;width:430px;height:auto}
 table{border-collapse:collapse;background:#fff;margin:4px 0 10px}td,th{border:1px solid #dde1e6;padding:3px 7px;text-align:left;font-size:13px}
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .alarm{padding:4px 10px;margin:3px 0;border-radius:4px;background:#e7f5ea}.alarm.firing{background:#fde2e1;font-weight:600}
@@ -57,7 +57,7 @@ th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 
 _LIVE_JS = """
 <script>
-(function(){var v=%s;setInterval(function(){fetch('/version').then(function(r){return r.json()})
+(function(){var v=%s;setInterval(function(){fetch(%s).then(function(r){return r.json()})
 .then(function(d){if(d.version!==v){location.reload()}}).catch(function(){})},%d)})();
 </script>
 """
@@ -99,10 +99,10 @@ def _num(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def page(title: str, body: str, *, live_version: int | None = None, refresh_ms: int = 3000, home: str = "#") -> str:
-    """A whole HTML document; ``live_version`` adds the live view's refresh (reload when the run's
-    ``/version`` changes)."""
-    script = _LIVE_JS % (json.dumps(live_version), refresh_ms) if live_version is not None else ""
+def page(title: str, body: str, *, live_version: int | None = None, version_url: str = "/version", refresh_ms: int = 3000, home: str = "#") -> str:
+    """A whole HTML document; ``live_version`` adds the live view's refresh: the page reloads
+    when what ``version_url`` answers changes (the files it shows were written)."""
+    script = _LIVE_JS % (json.dumps(live_version), json.dumps(version_url), refresh_ms) if live_version is not None else ""
     return (
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{e(title)}</title>"
         f"<meta name=viewport content='width=device-width'><style>{_CSS}</style></head><body>"

@@ -120,10 +120,12 @@ class RunFolder:
         self._cache[file.path] = (key, episodes)
         return episodes
 
-    def version(self) -> int:
-        """Changes whenever the run writes something the views show (for live refresh)."""
+    def version(self, file: EpisodeFile | None = None) -> int:
+        """Changes whenever the run writes something the views show (for live refresh); with
+        ``file``, only when that file changes."""
         newest = 0
-        for path in [self.path / "metrics.jsonl", *(f.path for f in self.episode_files())]:
+        paths = [file.path] if file is not None else [self.path / "metrics.jsonl", *(f.path for f in self.episode_files())]
+        for path in paths:
             try:
                 newest = max(newest, path.stat().st_mtime_ns)
             except OSError:
