@@ -309,6 +309,8 @@ def episode_detail(
     config = run.config() if config is None else config
     if credit is None:
         credit = _credit(file, run.episodes(file), config)
+    if decode is None:
+        decode = run.token_decoder()
     match = as_agent_match(config.get("agent_match")) if config.get("agent_match") else None
     mask_truncated = bool(config.get("mask_truncated_completions", False))
     values = credit.values.get(episode.episode_id)

@@ -17,6 +17,7 @@ import json
 import re
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ class RunFolder:
             raise FileNotFoundError(f"{self.path}: no such run folder (give the --output-dir of a train run)")
         self.name = name or self.path.name
         self._cache: dict[Path, tuple[tuple[int, int], list[Trajectory]]] = {}
+        self._decoder: tuple[Callable[[list[int]], list[str]] | None] | None = None
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every record of ``metrics.jsonl``, in order (a half-written last line is left out)."""
@@ -119,6 +121,21 @@ class RunFolder:
             episodes = list(load_trajectories(file.path, on_error="skip"))
         self._cache[file.path] = (key, episodes)
         return episodes
+
+    def token_decoder(self) -> Callable[[list[int]], list[str]] | None:
+        """Token ids to their text, with the tokenizer the run saved in ``final/`` (once the run
+        ended, and when transformers is installed); ``None`` otherwise (the views show ids)."""
+        if self._decoder is None:
+            self._decoder = (None,)
+            if (self.path / "final" / "tokenizer_config.json").is_file():
+                try:
+                    from transformers import AutoTokenizer
+
+                    tokenizer = AutoTokenizer.from_pretrained(self.path / "final")
+                except (ImportError, OSError, ValueError):
+                    return None
+                self._decoder = (lambda ids: [tokenizer.decode([i]) for i in ids],)
+        return self._decoder[0]
 
     def version(self, file: EpisodeFile | None = None) -> int:
         """Changes whenever the run writes something the views show (for live refresh); with
