@@ -130,6 +130,11 @@ class Step:
         """Sum of this step's reward components."""
         return float(sum(r.value for r in self.rewards))
 
+    def shared_messages(self, previous: Step | None) -> int:
+        """How many leading messages of this call's request repeat ``previous``'s request (all
+        of them when the agent continued its conversation); the rest is what this call added."""
+        return _common_prefix(previous.request.messages, self.request.messages) if previous is not None else 0
+
     def to_dict(self, previous: Step | None = None) -> dict[str, Any]:
         """This step as plain data; given the ``previous`` step of the same episode, only what this
         call adds to it (see the module docstring; :meth:`from_dict` with the same ``previous``
@@ -292,7 +297,7 @@ def _take_from_previous(data: dict[str, Any], step: Step, previous: Step) -> dic
     taken, for :func:`_put_back_previous`."""
     taken: dict[str, Any] = {}
     request = data["request"] = dict(data["request"])
-    shared = _common_prefix(previous.request.messages, step.request.messages)
+    shared = step.shared_messages(previous)
     if shared:
         request["messages"] = step.request.messages[shared:]
         taken["messages"] = shared

@@ -257,17 +257,10 @@ def _message(message: dict[str, Any], limit: int) -> str:
 
 def _new_messages(step: Step, previous: Step | None) -> tuple[int, list[dict[str, Any]]]:
     """How many leading messages the call shares with the previous call, and the rest."""
-    messages = step.request.messages
-    if previous is None:
-        return 0, messages
-    shared = 0
-    for a, b in zip(previous.request.messages, messages):
-        if a != b:
-            break
-        shared += 1
-    new = messages[shared:]
+    shared = step.shared_messages(previous)
+    new = step.request.messages[shared:]
     # The previous answer echoed back by the agent is shown with that call, not again here.
-    if new and previous.completion is not None and new[0].get("role") == "assistant" and (new[0].get("content") or "") == previous.completion.text:
+    if new and previous is not None and previous.completion is not None and new[0].get("role") == "assistant" and (new[0].get("content") or "") == previous.completion.text:
         return shared + 1, new[1:]
     return shared, new
 
