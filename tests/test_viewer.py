@@ -150,3 +150,21 @@ def test_tool_calls_and_tool_results_appear_in_the_call_view(tmp_path):
     text = report([RunFolder(run)])
     assert "→ calculator({&quot;expression&quot;: &quot;6*7&quot;})" in text
     assert "held-out evaluation: not trained" in text
+
+
+def test_view_refuses_a_missing_run_folder_in_one_line(tmp_path, capsys):
+    assert cli.main(["view", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "no such run folder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_long_run_keeps_only_some_episode_files_parsed(run_dir):
+    run = RunFolder(run_dir)
+    run.cached_files = 2
+    files = run.episode_files()
+    first = run.episodes(files[0])
+    assert run.episodes(files[0]) is first  # unchanged: not parsed again
+    for f in files[1:4]:
+        run.episodes(f)
+    assert run.episodes(files[3]) is run.episodes(files[3])
+    assert run.episodes(files[0]) is not first and run.episodes(files[0]) == first  # dropped, parsed again

@@ -215,8 +215,8 @@ def _write_report(output_dir: Path) -> str:
     path = output_dir / "report.html"
     try:
         size = write_report([str(output_dir)], str(path))
-    except (ImportError, OSError, ValueError) as exc:  # no matplotlib (the `view` extra), a full disk...
-        return f"not written ({exc})"
+    except Exception as exc:  # noqa: BLE001 - the run is done and saved: its summary must still print
+        return f"not written ({type(exc).__name__}: {exc}; write it with: agentgym-lightning report {output_dir} -o {path})"
     return f"{path} ({size / 1024:.0f} KB; live: agentgym-lightning view {output_dir})"
 
 

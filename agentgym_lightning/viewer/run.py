@@ -44,6 +44,9 @@ class EpisodeFile:
 class RunFolder:
     """The output folder of one training run (see the module docstring)."""
 
+    #: Episode files kept parsed in memory (a long run's files are not all held at once).
+    cached_files = 16
+
     def __init__(self, path: str | Path, name: str | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
@@ -119,7 +122,10 @@ class RunFolder:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a live run's last line is often half written
             episodes = list(load_trajectories(file.path, on_error="skip"))
+        self._cache.pop(file.path, None)
         self._cache[file.path] = (key, episodes)
+        while len(self._cache) > self.cached_files:  # the least recently parsed go first
+            del self._cache[next(iter(self._cache))]
         return episodes
 
     def token_decoder(self) -> Callable[[list[int]], list[str]] | None:
