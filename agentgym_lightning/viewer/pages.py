@@ -332,7 +332,8 @@ def episode_detail(
     for i, step in enumerate(episode.steps):
         reason = untrained_reason(step, mask_truncated, match)
         trained = reason is None and not episode_note
-        badges = [f"<span class='badge {'good' if trained else ''}'>{'trained' if trained else 'not trained: ' + e(_REASONS.get(reason or '', episode_note))}</span>"]
+        why = _REASONS[reason] if reason else "the episode is not (above)"
+        badges = [f"<span class='badge {'good' if trained else ''}'>{'trained' if trained else 'not trained: ' + e(why)}</span>"]
         if step.agent or step.role:
             badges.append(f"<span class=badge>{e(' · '.join(x for x in (step.agent, step.role) if x))}</span>")
         if step.prompt_rebuilt:
