@@ -127,7 +127,7 @@ def overview(runs: Sequence[RunFolder], links: Links) -> str:
         parts.append("".join(
             f"<div class='alarm{' firing' if a.firing else ''}'>{'⚠' if a.firing else '✓'} <b>{e(a.name)}</b>: {e(a.text)}</div>" for a in alarms
         ) or "<p class=muted>nothing logged yet</p>")
-    charts = [c for c in CHARTS]
+    charts = list(CHARTS)
     air = air_sources(all_series)
     if air is not None:
         charts.insert(1, air)
