@@ -52,7 +52,7 @@ th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .msg{white-space:pre-wrap;font:12px/1.4 ui-monospace,monospace;background:#f3f5f8;border-left:3px solid #b8c2d0;padding:4px 8px;margin:4px 0;overflow-x:auto}
 .msg.assistant{border-color:#1559c0;background:#eef4ff}.msg.tool{border-color:#2e9e4f}.msg.system{border-color:#8a8f98}
 .role{font-weight:600;font-size:12px;color:#555}.tok{font:11px ui-monospace,monospace;padding:0 1px;border-radius:2px;white-space:pre}
-.tokens{line-height:1.9}.masked{opacity:.45;text-decoration:line-through}.muted{color:#777}
+.tokens{line-height:1.9}.p1{background:#fbe3d9}.p2{background:#f6c3ad}.p3{background:#f0a080}.p4{background:#e87c55}.p5{background:#dc5028}.masked{opacity:.45;text-decoration:line-through}.muted{color:#777}
 """
 
 _LIVE_JS = """
@@ -274,10 +274,10 @@ def _tokens(step: Step, trained: bool, decode: Callable[[list[int]], list[str]] 
     logprobs = c.logprobs or [None] * len(ids)
     spans = []
     for token, text, lp in zip(ids, texts, logprobs):
-        # Darker = less likely under the sampling policy.
-        shade = 0.0 if lp is None else min(1.0, -lp / 5)
+        # Darker = less likely under the sampling policy: p0 (logprob > -0.5) ... p5 (< -4.5).
+        shade = 0 if lp is None else min(5, int(-lp + 0.5))
         title = f"id {token}" + (f", logprob {lp:.3f}" if lp is not None else "")
-        spans.append(f"<span class=tok style='background:rgba(220,80,40,{shade:.2f})' title='{e(title)}'>{e(text)}</span>")
+        spans.append(f"<span class='tok p{shade}' title='{e(title)}'>{e(text)}</span>")
     known = [lp for lp in logprobs if lp is not None]
     mean = f", mean logprob {sum(known) / len(known):.3f}" if known else ", no logprobs"
     prompt = len(c.prompt_token_ids or [])
