@@ -143,8 +143,9 @@ class LightningRLConfig:
     zero_variance_groups: str = field(
         default="skip",
         metadata={
-            "help": "Groups whose episodes all got the same values carry no signal: `skip` drops their rows from "
-            "the update (saves compute), `keep` trains them with advantage 0 (they still count in the normaliser)."
+            "help": "Groups whose episodes tie (the same returns, or the same episode-level values) carry no signal, "
+            "whatever values their calls got: `skip` drops their rows from the update (saves compute), `keep` trains "
+            "them with advantage 0 (they still count in the normaliser)."
         },
     )
     episode_weighting: str = field(

@@ -25,9 +25,14 @@ the env's ``agent_match`` or the trainer's (their tokens stay as context in a me
 masked); calls without token ids (an API backend); empty completions; with
 ``mask_truncated_completions``, completions cut by the token limit.
 
-Groups in which every value is the same carry no learning signal. ``zero_variance_groups="skip"``
-(default) drops their rows (saving the compute); ``"keep"`` trains them with advantage 0, so they
-still dilute the token-normalised losses as TRL's GRPOTrainer does. Groups left with fewer than
+**Zero variance.** A group carries no learning signal when its episodes cannot be told apart:
+their returns all tie, or the episode-level values ``mu`` and ``sigma`` are taken over all tie
+(within 1e-9). With ``identical`` both say the same thing; with per-call values (``discounted``,
+``final-only``, a plugin's) calls may differ while the episodes tie, and dividing those
+differences by ``0 + 1e-4`` would blow them up 10,000-fold (advantages of ±500 from rewards of
+±0.05). ``zero_variance_groups="skip"`` (default) drops such groups' rows (saving the compute);
+``"keep"`` trains them with advantage 0, so they still dilute the token-normalised losses as TRL's
+GRPOTrainer does. Groups left with fewer than
 two usable episodes (the rest failed) cannot be compared and are skipped the same way.
 
 ``episode_weighting="equal"`` (default) gives each row the weight ``1 / rows of its episode``, so
@@ -52,6 +57,8 @@ __all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "ADVA
 #: Added to the group's std before dividing (TRL's value).
 ADVANTAGE_EPS = 1e-4
 _NAN = float("nan")
+#: Values closer than this are the same (the zero-variance test).
+_TIE = 1e-9
 
 
 @dataclass
@@ -106,6 +113,10 @@ def _usable(step: Step) -> bool:
     return c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
 
 
+def _tie(xs: list[float]) -> bool:
+    return max(xs) - min(xs) <= _TIE
+
+
 def episode_advantages(
     trajectories: Sequence[Trajectory],
     *,
@@ -152,8 +163,7 @@ def episode_advantages(
         counts["groups"] += 1
         episode_means = [means[t.episode_id] for t in members]
         mu = sum(episode_means) / len(episode_means)
-        every_value = [x for t in members for x in (values[t.episode_id] or [means[t.episode_id]])]
-        flat = max(every_value) - min(every_value) <= 1e-9
+        flat = _tie([t.total_reward for t in members]) or _tie(episode_means)
         zero_variance[key] = flat
         if flat:
             counts["groups/zero_variance"] += 1
