@@ -13,7 +13,6 @@ import asyncio
 import ctypes
 import inspect
 import logging
-import math
 import queue
 import sys
 import sysconfig
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from agentgym_lightning.agent import AgentCancelled, AgentContext, _bind
 from agentgym_lightning.gateway.openai_wire import GatewayError, new_call_id
 from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.trajectory import Reward, Step, StepTimings, Trajectory
 
 if TYPE_CHECKING:
@@ -225,6 +225,8 @@ class Episode:
         self._raise_lock = threading.Lock()
         self._worker_exiting = False
         self._clients: list[httpx.Client | httpx.AsyncClient] = []
+        #: Why a reward of this episode was refused (it must not be trained on), if one was.
+        self.refused_reward: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -508,18 +510,27 @@ class Episode:
                 self._last_answered.outcome[name] = value
 
     def emit_reward(self, value: float, source: str = "agent") -> None:
+        """Add a reward to the call most recently answered. A reward that is not a finite number
+        within ``±MAX_ABS_REWARD`` raises :class:`~agentgym_lightning.reward_bounds.RewardRefused`
+        (a ``ValueError``) and excludes the episode (see :meth:`refuse_reward`)."""
         try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"a reward must be a number, got {value!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"a reward must be a finite number, got {value}")
+            value = checked_reward(value, f"emit_reward(source={str(source)!r})")
+        except RewardRefused as exc:
+            self.refuse_reward(str(exc))
+            raise
         reward = Reward(value=value, source=str(source))
         with self._lock:
             if self._last_answered is not None:
                 self._last_answered.rewards.append(reward)
             else:
                 self.trajectory.rewards.append(reward)
+
+    def refuse_reward(self, message: str) -> None:
+        """Remember that a reward of this episode was refused: the env ends it ``infra_failed``
+        with ``message`` (the first one), whatever else happens (see :mod:`~agentgym_lightning.reward_bounds`)."""
+        with self._lock:
+            if self.refused_reward is None:
+                self.refused_reward = message
 
     @property
     def variables(self) -> dict[str, Any]:

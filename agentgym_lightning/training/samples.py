@@ -20,7 +20,8 @@ does the one translation between them, in three moves:
    re-renders history), a new row starts. Merges and fallbacks are counted.
 
 What never reaches the loss: episodes that ended ``infra_failed`` (or are still running) — they
-are left out of the group statistics too, and counted; calls marked not trainable by the agent,
+are left out of the group statistics too, and counted (those excluded because a reward was
+refused, :mod:`agentgym_lightning.reward_bounds`, also as ``episodes/reward_refused``); calls marked not trainable by the agent,
 the env's ``agent_match`` or the trainer's (their tokens stay as context in a merged row,
 masked); calls without token ids (an API backend); empty completions; with
 ``mask_truncated_completions``, completions cut by the token limit.
@@ -50,6 +51,7 @@ from typing import Any
 
 from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
+from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "ADVANTAGE_EPS"]
@@ -134,6 +136,8 @@ def episode_advantages(
     for t in trajectories:
         if not t.trainable:
             counts["episodes/infra_failed" if t.status is Status.INFRA_FAILED else "episodes/unfinished"] += 1
+            if reward_refused(t):
+                counts["episodes/reward_refused"] += 1
             continue
         groups[t.group_id if t.group_id is not None else f"episode:{t.episode_id}"].append(t)
 

@@ -36,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import random
 import signal
 import sys
 import threading
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +63,7 @@ from agentgym_lightning.training.samples import SampleBatch, build_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
-__all__ = ["EpisodesFailedError", "LightningRLTrainer", "TrainResult", "episode_metrics"]
+__all__ = ["EpisodesFailedError", "LightningRLTrainer", "NonFiniteUpdateWarning", "TrainResult", "episode_metrics"]
 
 #: Config fields that decide what a run computes: a resumed run must not change them.
 _RUN_IDENTITY = (
@@ -69,6 +71,10 @@ _RUN_IDENTITY = (
     "lora_target_modules", "aggregation", "credit", "credit_kwargs", "air_weights", "loss_type", "learning_rate",
     "temperature", "top_p", "max_completion_length", "agent_match",
 )
+
+
+class NonFiniteUpdateWarning(RuntimeWarning):
+    """An update's loss or gradients were not finite: it was skipped, the weights are unchanged."""
 
 
 class EpisodesFailedError(RuntimeError):
@@ -357,6 +363,17 @@ class LightningRLTrainer:
                         totals[name] += getattr(terms, name)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+                if not (math.isfinite(float(grad_norm)) and math.isfinite(totals["loss"])):
+                    # A NaN/inf step would ruin the weights for good: never apply it (counted, warned).
+                    self.optimizer.zero_grad(set_to_none=True)
+                    totals["nonfinite_skipped"] += 1
+                    warnings.warn(
+                        f"step {self.step + 1}: the update's loss ({totals['loss']}) or gradient norm ({float(grad_norm)}) "
+                        "is not finite; it was skipped and the weights are unchanged (update/nonfinite_skipped)",
+                        NonFiniteUpdateWarning,
+                        stacklevel=2,
+                    )
+                    continue
                 totals["grad_norm"] += float(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
@@ -375,6 +392,7 @@ class LightningRLTrainer:
             "ratio/mean": totals["ratio_sum"] / tokens,
             "sampling_ratio/mean": totals["sampling_ratio_sum"] / tokens,
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
+            "update/nonfinite_skipped": totals["nonfinite_skipped"],
         }
 
     # ================================================================== evaluation
