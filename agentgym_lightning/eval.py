@@ -121,6 +121,8 @@ class EvalResult:
     metrics: dict[str, float] = field(default_factory=dict)
     wall_time: float = 0.0
     interrupted: bool = False
+    #: Why ``output`` could not be written (a full disk...), if it could not; the eval went on.
+    output_error: str | None = None
 
 
 def _unscored(t: Trajectory) -> bool:
@@ -196,8 +198,11 @@ def evaluate(
 
     def on_trajectory(trajectory: Trajectory) -> None:
         result.trajectories.append(trajectory)
-        if writer is not None:
-            writer.write(trajectory)
+        if writer is not None and result.output_error is None:
+            try:
+                writer.write(trajectory)
+            except OSError as exc:  # a full disk costs the file, not the eval: stop writing, say so
+                result.output_error = f"could not write {output}: {exc.strerror or exc}"
 
     started = time.perf_counter()
     try:
@@ -218,7 +223,10 @@ def evaluate(
     finally:
         result.wall_time = time.perf_counter() - started
         if writer is not None:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as exc:  # what a failed write left buffered cannot be flushed either
+                result.output_error = result.output_error or f"could not write {output}: {exc.strerror or exc}"
     result.metrics = summarize(result.trajectories, result.wall_time)
     if log_metrics:
         from agentgym_lightning.plugin_manager import get_plugin_manager
@@ -328,8 +336,9 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``eval`` command: check the arguments, build the policy, run, print the summary.
 
-    Exit status: 0, 2 for a bad argument, 1 when every episode was an infrastructure failure,
-    130 if interrupted.
+    Exit status: 0, 2 for a bad argument, 1 when every episode was an infrastructure failure or
+    ``--output`` could not be written (a full disk: the summary is still printed), 130 if
+    interrupted.
     """
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
 
@@ -364,6 +373,9 @@ def run(args: argparse.Namespace) -> int:
         print(_format_summary(args, model, result))
     if result.interrupted:
         return 130
+    if result.output_error is not None:
+        print(f"agentgym-lightning eval: {result.output_error}; the trajectories after it were not saved", file=sys.stderr)
+        return 1
     failed = [t for t in result.trajectories if t.status is Status.INFRA_FAILED]
     if result.trajectories and len(failed) == len(result.trajectories):
         first = (failed[0].error or "").strip().splitlines()

@@ -328,6 +328,11 @@ class TrajectoryWriter:
 
 def save_trajectories(path: str | os.PathLike[str], trajectories: Iterable[Trajectory]) -> int:
     """Write trajectories to ``path`` as JSONL; returns how many were written."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"save_trajectories(path, trajectories): path must be a file path, got {type(path).__name__} "
+            "(were the arguments swapped?)"
+        )
     with TrajectoryWriter(path) as writer:
         for t in trajectories:
             writer.write(t)

@@ -433,3 +433,14 @@ def test_a_recorded_request_is_a_snapshot_not_the_agents_list():
         assert [m["content"] for m in steps[1].request.messages] == ["CHANGED", "ok", "b"]
     finally:
         env.close()
+
+
+def test_a_bare_tool_call_as_an_action_is_a_value_error_that_says_how_to_send_it():
+    env = AgentEnv(echo_agent, [{"prompt": "p", "turns": 1}], exact)
+    env.reset(seed=0)
+    # Before: TypeError (Completion.__init__() got an unexpected keyword argument 'id'); the README promises ValueError.
+    with pytest.raises(ValueError, match=r"that is one tool call; answer with \{'content': None, 'tool_calls': \[it\]\}"):
+        env.step({"id": "call_1", "name": "lookup", "arguments": "{}"})
+    *_, info = env.step({"content": None, "tool_calls": [{"id": "call_1", "name": "lookup", "arguments": "{}"}]})
+    assert info["trajectory"].steps[0].completion.tool_calls[0].name == "lookup"
+    env.close()

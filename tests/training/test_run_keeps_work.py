@@ -140,3 +140,47 @@ def test_a_full_disk_at_a_checkpoint_warns_keeps_the_previous_one_and_the_run_go
     assert result.steps == 2 and not result.interrupted
     assert latest_checkpoint(tmp_path).name == "checkpoint-000001"
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_the_progress_bar_ends_on_the_latest_eval(tiny_model_dir, tmp_path, policy, monkeypatch):
+    from agentgym_lightning.training import LightningRLTrainer, trainer as trainer_module
+
+    bars = []
+
+    class Bar:
+        def __init__(self, *args, **kwargs):
+            self.postfix = {}
+            bars.append(self)
+
+        def set_postfix(self, postfix):
+            self.postfix = dict(postfix)
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(trainer_module, "_progress", lambda cfg, initial: Bar())
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=1), policy=policy)
+    evals = iter([0.125, 0.75])
+    trainer.eval_factory = object()  # evaluate() is replaced below: the bar is what is under test
+    monkeypatch.setattr(trainer, "evaluate", lambda: {"eval/reward/mean": next(evals)})
+    result = trainer.train()
+    assert result.eval_after == {"eval/reward/mean": 0.75}
+    assert bars[0].postfix["eval"] == "0.750"  # before: "0.125", the value before training
+
+
+def test_the_train_summary_shows_the_reward_with_air_beside_the_task_reward(tmp_path):
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.trainer import TrainResult
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=3)
+    history = [{"step": 1.0, "train/reward/mean": 0.0, "train/reward/total": 0.2},
+               {"step": 3.0, "train/reward/mean": 0.0, "train/reward/total": 0.45}]
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=3, history=history), 1.0)
+    assert "train reward      0.000 (step 1) -> 0.000 (step 3)" in text
+    assert "with AIR          0.200 (step 1) -> 0.450 (step 3)" in text  # before: only the task reward
+    plain = [{"step": 1.0, "train/reward/mean": 0.5, "train/reward/total": 0.5}]
+    assert "with AIR" not in _summary(config, TrainResult(output_dir=tmp_path, steps=1, history=plain), 1.0)
