@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="run a policy on an environment; print reward, success rate, turns, tokens/s",
         description=(__doc__ or "").split("\n\n")[0],
     )
-    p.add_argument("--env", required=True, help="environment id, e.g. lightning/GuessNumber-v0")
+    p.add_argument("--env", required=True, help="environment id (lightning/GuessNumber-v0), module:Id (a module that registers Id) or path/to/file.py:make_env (a function returning an AgentEnv)")
     p.add_argument(
         "--model",
         default=None,
@@ -325,8 +325,10 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
     """Build (and close) one env with ``env_kwargs``: an unknown or bad one fails here, cheaply."""
     import gymnasium as gym
 
+    from agentgym_lightning.rollout import make_env_factory
+
     try:
-        env = gym.make(env_id, **env_kwargs)  # its warnings (data skipped...) show here, once
+        env = make_env_factory(env_id, env_kwargs)()  # its warnings (data skipped...) show here, once
     except (TypeError, ValueError, gym.error.Error) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]
         raise _UsageError(f"--env-kwarg: {env_id} does not accept {env_kwargs}: {message}") from None
@@ -389,15 +391,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resolve_env_id(env: str) -> str:
-    """Accept ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``; unknown ids list the known ones."""
+    """Accept ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``, Gymnasium's ``module:Id`` and
+    ``path/to/file.py:make_env`` (checked here: the module imports and registers ``Id``, the file
+    has the function); unknown ids list the known ones and say how to use one's own."""
+    import importlib
+    import os
+
     import gymnasium as gym
 
     import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
-    from agentgym_lightning.registration import lightning_env_ids
+    from agentgym_lightning.registration import file_factory, is_file_factory, lightning_env_ids
 
     if env in gym.registry:
         return env
     if f"lightning/{env}" in gym.registry:
         return f"lightning/{env}"
+    if is_file_factory(env):
+        file_factory(env)
+        return env
+    module, sep, env_id = env.partition(":")
+    if sep:
+        if os.getcwd() not in sys.path:  # as `python -m` does: a module beside you imports
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--env {env}: cannot import {module!r} ({exc})") from None
+        if env_id not in gym.registry:
+            raise ValueError(f"--env {env}: importing {module!r} did not register {env_id!r} (it must call gymnasium.register)")
+        return env
     known = ", ".join(lightning_env_ids()) or "none"
-    raise ValueError(f"unknown environment {env!r} (registered: {known})")
+    raise ValueError(
+        f"unknown environment {env!r} (registered: {known}); for an env of your own, pass --env my_module:{env} "
+        "(a module that calls gymnasium.register on import) or --env path/to/file.py:make_env (a function "
+        "returning an AgentEnv), or register it from a plugin's agentgym_register_envs hook"
+    )

@@ -43,7 +43,13 @@ class LightningRLConfig:
     """
 
     # ------------------------------------------------------------------ what to train
-    env: str = field(default="lightning/Arithmetic-v0", metadata={"help": "Environment id to train on."})
+    env: str = field(
+        default="lightning/Arithmetic-v0",
+        metadata={
+            "help": "Environment to train on: a registered id, `module:Id` (a module that registers `Id` on import) "
+            "or `path/to/file.py:make_env` (a function returning an AgentEnv)."
+        },
+    )
     env_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Keyword arguments for the training env (`gym.make(env, **env_kwargs)`)."}
     )

@@ -54,6 +54,7 @@ import torch
 
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.plugin_manager import get_plugin_manager
+from agentgym_lightning.registration import is_file_factory
 from agentgym_lightning.rollout import make_env_factory, rollout
 from agentgym_lightning.training.checkpoint import (
     CheckpointNotSavedWarning,
@@ -168,12 +169,16 @@ class LightningRLTrainer:
 
         # The envs: every call of a training episode is seeded from its episode (reproducible).
         env_kwargs = dict(cfg.env_kwargs)
-        if cfg.air_weights:
-            env_kwargs["air_weights"] = {**dict(env_kwargs.get("air_weights") or {}), **cfg.air_weights}
-        if env is None or isinstance(env, str):
-            self.env_factory = _seeding(make_env_factory(env or cfg.env, env_kwargs))
-        else:  # a factory of the caller's: its own kwargs are baked in
-            self.env_factory = _seeding(make_env_factory(env))
+        target = env or cfg.env
+        if isinstance(target, str) and not is_file_factory(target):
+            if cfg.air_weights:
+                env_kwargs["air_weights"] = {**dict(env_kwargs.get("air_weights") or {}), **cfg.air_weights}
+            self.env_factory = _seeding(make_env_factory(target, env_kwargs))
+        else:
+            # A factory (the caller's, its kwargs baked in, or a file's) need not take air_weights:
+            # the config's are merged into the env it returns instead.
+            factory = make_env_factory(target, env_kwargs) if isinstance(target, str) else make_env_factory(target)
+            self.env_factory = _seeding(factory, cfg.air_weights)
         self.eval_factory: Callable[[], AgentEnv] | None = None
         if eval_env is not None:
             self.eval_factory = make_env_factory(eval_env)
@@ -558,10 +563,14 @@ def episode_metrics(trajectories: Sequence[Trajectory], wall_s: float, prefix: s
 # ====================================================================== building blocks
 
 
-def _seeding(factory: Callable[[], AgentEnv]) -> Callable[[], AgentEnv]:
+def _seeding(factory: Callable[[], AgentEnv], air_weights: dict[str, float] | None = None) -> Callable[[], AgentEnv]:
+    """``factory`` whose envs seed every call (and get ``air_weights`` over their own, if given)."""
+
     def make() -> AgentEnv:
         env = factory()
         env.seed_calls = True
+        if air_weights:
+            env.air_weights = {**env.air_weights, **{k: float(v) for k, v in air_weights.items()}}
         return env
 
     return make
