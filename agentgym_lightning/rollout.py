@@ -521,6 +521,9 @@ class RolloutStream:
         if the stream ends first."""
         if not self._driver.accepting and self._iterator is not None:
             raise RuntimeError("this stream was ended (end() or close()): submit before ending it")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            # Refused here, in the submitter's thread: in the driver, reset() would raise and stop every episode.
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
         with self._lock:
             default_seed = self._submitted
             self._submitted += 1
