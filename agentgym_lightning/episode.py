@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
+import json
 import logging
 import queue
 import sys
@@ -501,9 +502,23 @@ class Episode:
     # ------------------------------------------------------------------ from the agent
 
     def emit_variable(self, name: str, value: Any) -> None:
+        """Set a semantic variable; raises ``ValueError`` past the gateway's ``max_variables``
+        names or ``max_variable_bytes`` per value (``docs/limits.md``)."""
         if not isinstance(name, str) or not name:
             raise ValueError("a semantic variable needs a non-empty string name")
+        limits = self.gateway.limits
+        size = _json_size(value)
+        if size > limits.max_variable_bytes:
+            raise ValueError(
+                f"semantic variable {name!r} is {size} bytes of JSON, over the limit of {limits.max_variable_bytes} "
+                "(GatewayLimits.max_variable_bytes): keep big data in the agent's own storage and emit a summary"
+            )
         with self._lock:
+            if name not in self._variables and len(self._variables) >= limits.max_variables:
+                raise ValueError(
+                    f"semantic variable {name!r} would be one more than this episode's limit of "
+                    f"{limits.max_variables} (GatewayLimits.max_variables)"
+                )
             self._variables[name] = value
             self.trajectory.variables[name] = value
             if self._last_answered is not None:
@@ -537,3 +552,13 @@ class Episode:
         """A copy of the agent's current semantic variables."""
         with self._lock:
             return dict(self._variables)
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of ``value`` as JSON (strings and bytes by length; ``repr`` for what JSON cannot hold)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    try:
+        return len(json.dumps(value, default=repr, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError):  # a cycle, a non-string key...
+        return len(repr(value))

@@ -11,6 +11,11 @@ written as what those return; non-string dict keys as ``str(key)``; anything els
 cycle, or nesting deeper than 100, as a string: ``repr(obj)`` (``"<unrepresentable T>"`` when
 ``repr`` raises), at most 10,000 characters. A trajectory always writes; what was mapped reads
 back as those strings.
+
+A step's semantic variables are written as what changed since the previous step
+(``variables_changed``, and ``variables_removed`` if a name went away), so a variable is stored
+once rather than once per later step; :func:`load_trajectories` rebuilds every step's full
+``variables`` snapshot, and reads files whose steps hold the whole ``variables`` as before.
 """
 
 from __future__ import annotations
@@ -123,12 +128,27 @@ class Step:
         """Sum of this step's reward components."""
         return float(sum(r.value for r in self.rewards))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, previous_variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The step as JSON values. With ``previous_variables`` (the previous step's, as a
+        trajectory writes its steps) only what changed since is written: ``variables_changed``
+        (and ``variables_removed`` when a name went away), so a big variable is stored once, not
+        once per step; :meth:`Trajectory.from_dict` rebuilds every step's full snapshot."""
+        if previous_variables is None:
+            variables: dict[str, Any] = {"variables": self.variables}
+        else:
+            variables = {
+                "variables_changed": {
+                    k: v for k, v in self.variables.items() if not _same(previous_variables.get(k, _ABSENT), v)
+                }
+            }
+            removed = [k for k in previous_variables if k not in self.variables]
+            if removed:
+                variables["variables_removed"] = removed
         return {
             "index": self.index,
             "request": self.request.to_dict(),
             "completion": self.completion.to_dict() if self.completion is not None else None,
-            "variables": self.variables,
+            **variables,
             "outcome": self.outcome,
             "rewards": [r.to_dict() for r in self.rewards],
             "trainable": self.trainable,
@@ -142,7 +162,12 @@ class Step:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
+        """A step from :meth:`to_dict`; alone, a ``variables_changed`` step has only those
+        variables (a trajectory's steps are rebuilt in full by :meth:`Trajectory.from_dict`)."""
         data = dict(data)
+        if "variables_changed" in data:
+            data["variables"] = data.pop("variables_changed")
+            data.pop("variables_removed", None)
         data["request"] = ChatRequest.from_dict(data["request"])
         if data.get("completion") is not None:
             data["completion"] = Completion.from_dict(data["completion"])
@@ -214,7 +239,7 @@ class Trajectory:
             "episode_id": self.episode_id,
             "task": self.task,
             "env_id": self.env_id,
-            "steps": [s.to_dict() for s in self.steps],
+            "steps": self._steps_dicts(),
             "final_reward": self.final_reward,
             "status": self.status.value,
             "error": self.error,
@@ -227,10 +252,30 @@ class Trajectory:
             "ended_at": self.ended_at,
         }
 
+    def _steps_dicts(self) -> list[dict[str, Any]]:
+        out = []
+        previous: Mapping[str, Any] = {}
+        for step in self.steps:
+            out.append(step.to_dict(previous))
+            previous = step.variables
+        return out
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """A trajectory from :meth:`to_dict`: steps written as changes (``variables_changed``)
+        get their full snapshots back; steps written whole (``variables``, older files) as they are."""
         data = dict(data)
-        data["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
+        steps = []
+        previous: dict[str, Any] = {}
+        for raw in data.get("steps") or []:
+            if "variables_changed" in raw:
+                raw = dict(raw)
+                removed = set(raw.pop("variables_removed", None) or ())
+                raw["variables"] = {**{k: v for k, v in previous.items() if k not in removed}, **raw.pop("variables_changed")}
+            step = Step.from_dict(raw)
+            steps.append(step)
+            previous = step.variables
+        data["steps"] = steps
         data["status"] = Status(data.get("status", Status.RUNNING.value))
         data["rewards"] = [Reward.from_dict(r) for r in data.get("rewards") or []]
         return cls(**data)
@@ -244,6 +289,21 @@ class Trajectory:
             # NaN/Infinity, a non-string key, a cycle, a to_dict() that raises...: map the parts
             # JSON cannot hold (slower, so only when needed).
             return json.dumps(_jsonable(data, 0, set()), ensure_ascii=False, allow_nan=False)
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether a variable kept its value (then it is not written again)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):  # 1, 1.0 and True are equal but not the same JSON
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an array's ambiguous truth value, a user __eq__ that raises
+        return False
 
 
 #: Nesting deeper than this is written as a repr; a repr is cut to this many characters.

@@ -196,7 +196,10 @@ class Gateway:
         if "" in data:
             raise GatewayError(400, "a semantic variable needs a non-empty name; got \"\"")
         for name, value in data.items():
-            episode.emit_variable(name, value)
+            try:
+                episode.emit_variable(name, value)
+            except ValueError as exc:  # over a limit: the client's fault
+                raise GatewayError(400, str(exc)) from None
         return {"ok": True, "variables": sorted(data)}
 
     def _parse(self, body: bytes | Mapping[str, Any]) -> Any:
