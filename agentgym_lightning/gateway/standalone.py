@@ -128,6 +128,7 @@ class StandaloneGateway:
             Route("/episodes", self._guard(self._open), methods=["POST"]),
             Route("/episodes/{episode_id}/done", self._guard(self._done), methods=["POST"]),
             Route("/episodes/{episode_id}/trajectory", self._guard(self._trajectory), methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),  # before the gateway's own: it knows the driver
         ]
         self.gateway = Gateway(host=host, port=port, token=token, extra_routes=routes)
         self.keep = keep
@@ -345,6 +346,12 @@ class StandaloneGateway:
         if trajectory is None:
             raise GatewayError(504, f"episode {episode_id} did not finish within 30 s of done", "timeout")
         return Response(trajectory, media_type="application/json")
+
+    async def _health(self, request: Request) -> Response:
+        """``GET /health`` (no token): 200 while episodes are driven, 503 once the driver stopped."""
+        if self._error is not None:
+            return JSONResponse({"ok": False, "error": f"the gateway stopped driving episodes: {self._error!r}"}, status_code=503)
+        return JSONResponse({"ok": True, "episodes": len(self._running), "finished": self.finished})
 
     def _wait_finished(self, episode_id: str, timeout: float) -> bytes | None:
         with self._finished_changed:

@@ -121,3 +121,12 @@ def test_sigterm_writes_open_episodes_as_truncated(tmp_path):
     (trajectory,) = load_trajectories(out)
     assert trajectory.episode_id == opened["episode_id"] and trajectory.status is Status.TRUNCATED
     assert "served 1 episodes" in err
+
+
+def test_health_says_when_the_driver_has_stopped():
+    with StandaloneGateway(scripted) as server:
+        assert httpx.get(f"{server.url}/health").json()["ok"] is True
+        server._error = RuntimeError("the driver died")  # noqa: SLF001 - what _drive records when it dies
+        # Before: {"ok": true} while every open got 503.
+        r = httpx.get(f"{server.url}/health")
+        assert r.status_code == 503 and r.json() == {"ok": False, "error": "the gateway stopped driving episodes: RuntimeError('the driver died')"}
