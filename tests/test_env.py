@@ -461,7 +461,7 @@ def test_semantic_variables_have_a_size_and_a_count_limit():
             except ValueError as exc:
                 errors.append(str(exc))
         try:  # the HTTP route (POST /episodes/{id}/variables) answers a 400
-            gateway.post_variables(ctx.episode_id, {"huge": "x" * 2_000_000})
+            gateway.post_variables(ctx.episode_id, {"huge": "x" * 5_000_000})
         except GatewayError as exc:
             errors.append(exc.status)
         return None
@@ -471,7 +471,7 @@ def test_semantic_variables_have_a_size_and_a_count_limit():
     env.reset(seed=0)
     *_, info = env.step("a")
     # Before: a 7 MB variable was taken and repeated on every later step (147 MB over 20 calls).
-    assert "'huge' is 7000000 bytes of JSON, over the limit of 1000000" in errors[0]
+    assert "'huge' is 7000000 bytes of JSON, over the limit of 4194304" in errors[0]
     assert "'c' would be one more than this episode's limit of 2" in errors[1] and errors[2:] == [400]
     assert info["trajectory"].variables == {"a": 1, "b": 2}
     gateway.close()

@@ -61,8 +61,9 @@ class GatewayLimits:
     max_variables: int = 256
     #: Largest semantic variable, in bytes of its JSON (``repr`` for what JSON cannot hold); a
     #: larger one raises ``ValueError`` (400 over HTTP). Variables are recorded in every
-    #: trajectory and shown to the policy: big data belongs in the agent's own storage.
-    max_variable_bytes: int = 1_000_000
+    #: trajectory and shown to the policy: big data belongs in the agent's own storage. 4 MiB
+    #: still holds what a model wrote at its longest (Spider's agent emits its SQL).
+    max_variable_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         for f in fields(self):
