@@ -265,7 +265,15 @@ class LightningRLTrainer:
             result.steps = self.step
             result.history = list(self.history)
             if completed:
-                self._save_final()
+                try:
+                    self._save_final()
+                except OSError as exc:  # a full disk: the checkpoints stand, say so instead of a traceback
+                    message = (
+                        f"the final model was not saved in {self.output_dir / 'final'}: {exc.strerror or exc}; "
+                        "the last checkpoint is kept"
+                    )
+                    warnings.warn(message, CheckpointNotSavedWarning, stacklevel=2)
+                    result.messages.append(message)
             final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
             for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
                 result.messages.extend(lines or [])

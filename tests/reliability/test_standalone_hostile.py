@@ -130,3 +130,14 @@ def test_health_says_when_the_driver_has_stopped():
         # Before: {"ok": true} while every open got 503.
         r = httpx.get(f"{server.url}/health")
         assert r.status_code == 503 and r.json() == {"ok": False, "error": "the gateway stopped driving episodes: RuntimeError('the driver died')"}
+
+
+def test_a_posted_reward_beyond_the_bound_is_a_400_and_excludes_the_episode():
+    with StandaloneGateway(scripted) as server:
+        client = httpx.Client(base_url=server.url, timeout=30)
+        opened = client.post("/episodes", json={}).json()
+        with pytest.warns(RewardRefusedWarning, match="emit_reward"):
+            r = client.post(f"/episodes/{opened['episode_id']}/rewards", json={"value": 1e300, "source": "remote-judge"})
+        assert r.status_code == 400 and "reward refused" in r.json()["error"]["message"]
+        done = client.post(f"/episodes/{opened['episode_id']}/done", json={"reward": 1.0}).json()
+        assert done["status"] == "infra_failed" and done["error"].startswith("reward refused")

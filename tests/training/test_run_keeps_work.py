@@ -184,3 +184,23 @@ def test_the_train_summary_shows_the_reward_with_air_beside_the_task_reward(tmp_
     assert "with AIR          0.200 (step 1) -> 0.450 (step 3)" in text  # before: only the task reward
     plain = [{"step": 1.0, "train/reward/mean": 0.5, "train/reward/total": 0.5}]
     assert "with AIR" not in _summary(config, TrainResult(output_dir=tmp_path, steps=1, history=plain), 1.0)
+
+
+def test_a_full_disk_at_the_final_model_warns_and_keeps_the_checkpoint(tiny_model_dir, tmp_path, policy, monkeypatch):
+    import errno
+    import os
+
+    from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.checkpoint import CheckpointNotSavedWarning, latest_checkpoint
+
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=1), policy=policy)
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(trainer.model, "save_pretrained", full)
+    # Before: the OSError escaped train() after the last step (a traceback, no summary).
+    with pytest.warns(CheckpointNotSavedWarning, match="the final model was not saved"):
+        result = trainer.train()
+    assert result.steps == 1 and any("No space left on device" in m for m in result.messages)
+    assert latest_checkpoint(tmp_path).name == "checkpoint-000001"
