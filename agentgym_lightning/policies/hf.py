@@ -395,8 +395,8 @@ class HFPolicy(Policy):
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for b, p in enumerate(prompts):
             end = ends[group_of[b]]
-            for start, stop, tokens in ((0, shared, p[:shared]), (shared, shared + group_width, p[shared:end]), (0, width, p[end:])):
-                if tokens:  # right-aligned in its segment
+            for stop, tokens in ((shared, p[:shared]), (shared + group_width, p[shared:end]), (width, p[end:])):
+                if tokens:  # right-aligned in its segment, which ends at `stop`
                     input_ids[b, stop - len(tokens) : stop] = torch.tensor(tokens)
                     attention_mask[b, stop - len(tokens) : stop] = 1
         input_ids = input_ids.to(self.device)

@@ -340,12 +340,26 @@ def test_prefix_layout_pads_each_segment_on_its_left(tiny_model_dir):
         assert ids[2].tolist() == shared + b + [pad, 404] and ids[3].tolist() == ids[2].tolist()
         assert ids[4].tolist() == shared + [pad] * 30 + [405, 406]
         assert (mask == (ids != pad)).all(), pad  # (no prompt token here is the pad token)
-        # the same logits for each row as alone, unpadded (positions count unmasked tokens, as generate() does)
-        with torch.inference_mode():
-            positions = (mask.cumsum(-1) - 1)[:, 50:]
-            batched = policy.hf_model(input_ids=ids[:, 50:], attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]
-            for r, p in enumerate(prompts):
-                alone = policy.hf_model(input_ids=torch.tensor([p])).logits[0, -1]
-                assert torch.allclose(batched[r], alone, atol=1e-5), r
+        _assert_each_row_sees_its_own_prompt(policy, prompts)
+        # groups without a batch prefix (two tasks' first prompts, no common system prompt),
+        # and a row in no group
+        prompts = [a + [401], a + [402, 403], b + [404], b + [405], [406, 407, 408]]
+        assert _prefix_layout(prompts) == (0, [[0, 1], [2, 3]])
+        _assert_each_row_sees_its_own_prompt(policy, prompts)
     finally:
         policy.close()
+
+
+def _assert_each_row_sees_its_own_prompt(policy, prompts) -> None:
+    """The last position's logits of each laid-out row (cache + rest, positions counting unmasked
+    tokens, as generate() computes them) equal those of the row alone, unpadded."""
+    from agentgym_lightning.policies.hf import _Row
+
+    ids, mask, cache = policy._prompt_inputs([_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)])  # type: ignore[arg-type]
+    cached = cache.get_seq_length()
+    with torch.inference_mode():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]
+        batched = policy.hf_model(input_ids=ids[:, cached:], attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]
+        for r, p in enumerate(prompts):
+            alone = policy.hf_model(input_ids=torch.tensor([p])).logits[0, -1]
+            assert torch.allclose(batched[r], alone, atol=1e-5), r
