@@ -220,7 +220,9 @@ def tree_token_logps(
         logits_to_keep=tree.logit_nodes,
         use_cache=False,
     ).logits[0]
-    logits = logits.float() / temperature  # (m, vocab): one row per needed parent
+    # (m, vocab): one row per needed parent. In place: the vocabulary makes it the biggest tensor of
+    # the update, and the head's backward needs its input, not this output.
+    logits = logits.float().div_(temperature)
     tokens = tree.node_ids[tree.scored_nodes]
     # TRL's selective_log_softmax (the logit minus the logsumexp), each parent's logsumexp once.
     logsumexp = torch.logsumexp(logits, dim=-1)
