@@ -220,17 +220,48 @@ def tree_token_logps(
         logits_to_keep=tree.logit_nodes,
         use_cache=False,
     ).logits[0]
-    # (m, vocab): one row per needed parent. In place: the vocabulary makes it the biggest tensor of
-    # the update, and the head's backward needs its input, not this output.
-    logits = logits.float().div_(temperature)
+    # (m, vocab), one row per needed parent: the update's biggest tensor, so it is kept once (the
+    # autograd graph holds no scaled copy, softmax or index buffers of it) and scanned in chunks.
+    logits = logits.float()
     tokens = tree.node_ids[tree.scored_nodes]
-    # TRL's selective_log_softmax (the logit minus the logsumexp), each parent's logsumexp once.
-    logsumexp = torch.logsumexp(logits, dim=-1)
-    logps = logits[tree.logit_slot, tokens] - logsumexp[tree.logit_slot]
+    logps = _ChildLogprobs.apply(logits, tree.logit_slot, tokens, temperature)
     blank = logps.new_zeros(1)
     per_column = torch.cat([logps, blank])[tree.gather]
     entropy = None
     if compute_entropy:
         with torch.no_grad():
-            entropy = torch.cat([entropy_from_logits(logits)[tree.logit_slot], blank])[tree.gather]
+            per_parent = torch.cat([entropy_from_logits(chunk / temperature) for chunk in logits.split(_CHUNK)])
+            entropy = torch.cat([per_parent[tree.logit_slot], blank])[tree.gather]
     return per_column, entropy
+
+
+#: Rows of logits scanned at a time (each chunk's temporaries are rows x vocabulary).
+_CHUNK = 128
+
+
+class _ChildLogprobs(torch.autograd.Function):
+    """``log_softmax(logits[slot] / T)[token]`` for each (slot, token) pair — TRL's
+    ``selective_log_softmax`` (the scaled logit minus the row's logsumexp) — with a hand-written
+    backward that needs only the logits and the logsumexps: ``d/dlogits = (onehot - softmax) / T``
+    per pair, summed over the pairs of a row. Autograd's own graph would keep the scaled logits
+    and build two more (rows x vocabulary) tensors in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, slot: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+        logsumexp = torch.cat([torch.logsumexp(chunk / temperature, dim=-1) for chunk in logits.split(_CHUNK)])
+        ctx.save_for_backward(logits, logsumexp, slot, tokens)
+        ctx.temperature = temperature
+        return logits[slot, tokens] / temperature - logsumexp[slot]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        logits, logsumexp, slot, tokens = ctx.saved_tensors
+        t = ctx.temperature
+        per_row = torch.zeros_like(logsumexp).index_add_(0, slot, grad)
+        out = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], _CHUNK):
+            rows = slice(start, start + _CHUNK)
+            torch.exp(logits[rows] / t - logsumexp[rows, None], out=out[rows])
+            out[rows].mul_(-per_row[rows, None])
+        out.index_put_((slot, tokens), grad, accumulate=True)
+        return out.div_(t), None, None, None

@@ -291,3 +291,13 @@ def test_auto_falls_back_to_padded_rows_with_one_warning_for_a_model_without_a_4
     trainer.policy.close()
     with pytest.raises(ValueError, match="packed_update=True, but the model cannot run the token-tree update"):
         _trainer(tiny_model_dir, tmp_path, "forced", packed_update=True)
+
+
+def test_the_hand_written_logprob_backward_is_the_gradient():
+    from agentgym_lightning.training.token_tree import _ChildLogprobs
+
+    logits = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    slot, tokens = torch.tensor([0, 0, 2, 1]), torch.tensor([4, 1, 4, 0])  # two children of parent 0
+    assert torch.autograd.gradcheck(lambda x: _ChildLogprobs.apply(x, slot, tokens, 0.7), (logits,))
+    expected = torch.log_softmax(logits / 0.7, dim=-1)[slot, tokens]
+    torch.testing.assert_close(_ChildLogprobs.apply(logits, slot, tokens, 0.7), expected)
