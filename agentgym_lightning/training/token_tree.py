@@ -155,33 +155,39 @@ def tree_micro_batches(samples: Sequence[Sample], max_tokens: int | None) -> lis
     (``None``: one micro-batch; a row longer than ``max_tokens`` goes alone).
 
     Rows are sorted by their token ids first, so rows that share a prefix (a task's group, an
-    episode's calls, identical rows) are neighbours and land in the same tree: a cut only repeats
-    the prefix the rows on both sides of it share. Any partition is exact, since the loss's
-    normaliser is the step's (:func:`~.loss.loss_normalizer`)."""
+    episode's calls, identical rows) are neighbours. When the next row does not fit, the
+    micro-batch is cut between the two neighbours that share the fewest tokens (a cut repeats
+    their shared prefix in the next tree): between two tasks' groups rather than inside one. Any
+    partition is exact, since the loss's normaliser is the step's (:func:`~.loss.loss_normalizer`)."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1 or None, got {max_tokens}")
     rows = sorted(samples, key=_row)
+    tokens = [_row(s) for s in rows]
+    # shared[i]: the tokens row i shares with row i - 1, its longest shared prefix with any earlier row
+    shared = [0] * len(rows)
+    for i in range(1, len(rows)):
+        a, b = tokens[i - 1], tokens[i]
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        shared[i] = n
+    if max_tokens is None:
+        return [rows] if rows else []
+
+    def nodes(first: int, end: int) -> int:  # the tree of rows[first:end]
+        return len(tokens[first]) + sum(len(tokens[j]) - shared[j] for j in range(first + 1, end)) if end > first else 0
+
     batches: list[list[Sample]] = []
-    current: list[Sample] = []
-    nodes = 0
-    previous: list[int] = []
-    for sample in rows:
-        tokens = _row(sample)
-        shared = 0
-        for a, b in zip(previous, tokens):  # in sorted order, a row's longest shared prefix is with its predecessor
-            if a != b:
-                break
-            shared += 1
-        new = len(tokens) - shared
-        if current and max_tokens is not None and nodes + new > max_tokens:
-            batches.append(current)
-            current, new = [], len(tokens)
-            nodes = 0
-        current.append(sample)
-        nodes += new
-        previous = tokens
-    if current:
-        batches.append(current)
+    first = 0  # rows[first:i] is the open micro-batch: within the budget, or one row longer than it
+    for i in range(1, len(rows)):
+        if nodes(first, i + 1) <= max_tokens:
+            continue
+        fits = [k for k in range(first + 1, i + 1) if nodes(k, i + 1) <= max_tokens]
+        cut = min(fits, key=lambda k: (shared[k], -k)) if fits else i
+        batches.append(rows[first:cut])
+        first = cut
+    if rows:
+        batches.append(rows[first:])
     return batches
 
 

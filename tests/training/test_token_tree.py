@@ -187,6 +187,11 @@ def test_micro_batches_keep_shared_prefixes_together_within_the_node_budget():
     assert [[s.prompt_ids[0] for s in b] for b in batches] == [[1, 1, 1], [9, 9, 9]]
     assert [count_unique_tokens(b) for b in batches] == [8, 7]
     assert len(tree_micro_batches(interleaved, max_tokens=None)) == 1
+    # The cut goes where neighbours share least: between two groups, not inside one.
+    system = [1, 1]
+    two = [row(system + [2, 2, 2], [5, i]) for i in range(3)] + [row(system + [3, 3, 3], [5, i]) for i in range(3)]
+    cut = tree_micro_batches(two, max_tokens=14)  # each group: 7 + 1 + 1 = 9 nodes; both: 16 (greedy: 2, 2, 2, 3 | 3, 3)
+    assert [[s.prompt_ids[2] for s in b] for b in cut] == [[2, 2, 2], [3, 3, 3]]
     assert [len(b) for b in tree_micro_batches([row([1] * 20, [2])], max_tokens=5)] == [1]  # too long: alone
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):
         tree_micro_batches(interleaved, 0)
