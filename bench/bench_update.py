@@ -9,7 +9,8 @@ total and unique tokens, the peak RSS, and the loss and grad norm of both (they 
 then the medians and ratios (padded / tree), and the check forward <= 1.25 x unique.
 
     python bench/bench_update.py runs/main
-    python bench/bench_update.py runs/main --micro-batch-tokens 1024 --gradient-checkpointing --steps 2
+    python bench/bench_update.py runs/main --micro-batch-tokens 1024 --gradient-checkpointing --steps 2,4
+    python bench/bench_update.py runs/main --micro-batch-tokens 1024 --gradient-checkpointing --padded-defaults
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def child(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     config = LightningRLConfig(
         env="lightning/Arithmetic-v0", env_kwargs={"difficulty": 3, "examples": 1}, output_dir=tempfile.mkdtemp(), report_to=[],
-        progress=False, packed_update=args.child == "tree", micro_batch_tokens=args.micro_batch_tokens,
-        gradient_checkpointing=args.gradient_checkpointing, seed=0,
+        progress=False, packed_update=args.child == "tree", seed=0,
+        **({} if args.child == "padded" and args.padded_defaults else
+           {"micro_batch_tokens": args.micro_batch_tokens, "gradient_checkpointing": args.gradient_checkpointing}),
     )
     trainer = LightningRLTrainer(config)
     batch = build_samples(sorted(load_trajectories(args.step_file), key=lambda t: t.seed or 0))
@@ -57,10 +59,12 @@ def child(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", nargs="?", help="a training run's output dir (holds trajectories/step-*.jsonl)")
-    parser.add_argument("--steps", type=int, default=None, help="replay the first N steps (default: all)")
+    parser.add_argument("--steps", default=None, help="the steps to replay, e.g. 2,3 (default: all)")
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="micro_batch_tokens of both updates (default: the config's)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="both updates with gradient checkpointing")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--padded-defaults", action="store_true",
+                        help="the padded update with the config's defaults (the update before the tree), not these flags")
     parser.add_argument("--child", choices=["padded", "tree"], help=argparse.SUPPRESS)
     parser.add_argument("--step-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -73,12 +77,17 @@ def main() -> None:
         return
     if not args.run:
         parser.error("give a run's output dir (e.g. runs/main after make run)")
-    files = sorted(Path(args.run, "trajectories").glob("step-*.jsonl"))[: args.steps]
+    files = sorted(Path(args.run, "trajectories").glob("step-*.jsonl"))
+    if args.steps:
+        wanted = {int(x) for x in args.steps.split(",")}
+        files = [f for f in files if int(f.stem.removeprefix("step-")) in wanted]
     if not files:
         sys.exit(f"no trajectories/step-*.jsonl in {args.run}: run a training job first (make run)")
     flags = ["--micro-batch-tokens", str(args.micro_batch_tokens)] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
     flags += ["--threads", str(args.threads)] if args.threads else []
-    print(f"micro_batch_tokens={args.micro_batch_tokens} gradient_checkpointing={args.gradient_checkpointing}")
+    flags += ["--padded-defaults"] if args.padded_defaults else []
+    print(f"micro_batch_tokens={args.micro_batch_tokens} gradient_checkpointing={args.gradient_checkpointing}"
+          + (" (the padded update: the config's defaults)" if args.padded_defaults else ""))
     print(f"{'step':>4} {'path':>6} {'rows':>4} {'total':>6} {'unique':>6} {'forward':>7} {'fwd/uniq':>8} {'update s':>8} {'peak MB':>8} {'loss':>10} {'grad norm':>9}")
     results: dict[str, list[dict]] = {"padded": [], "tree": []}
     for file in files:
