@@ -43,6 +43,8 @@ def child(args: argparse.Namespace) -> None:
     )
     trainer = LightningRLTrainer(config)
     batch = build_samples(sorted(load_trajectories(args.step_file), key=lambda t: t.seed or 0))
+    if not batch.samples:
+        sys.exit(f"{args.step_file} has no rows to train on (every group had zero variance)")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     start = time.perf_counter()
     metrics = trainer.update(batch)
