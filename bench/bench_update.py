@@ -4,7 +4,8 @@ Replays the trajectories a training run saved (``OUTPUT_DIR/trajectories/step-*.
 main job's ``runs/main``) through :meth:`LightningRLTrainer.update` twice per step — the padded
 row-by-row update (``packed_update=False``) and the token-tree update (``True``) — each from the
 same initial weights, in its own process (so each one's peak RSS is its own), alternating. Per
-step it prints the update seconds, the token positions the trained forward ran against the rows'
+step it prints the update's wall and CPU seconds (CPU seconds are the steadier measure on a
+shared machine), the token positions the trained forward ran against the rows'
 total and unique tokens, the peak RSS, and the loss and grad norm of both (they must agree);
 then the medians and ratios (padded / tree), and the check forward <= 1.25 x unique.
 
@@ -46,12 +47,12 @@ def child(args: argparse.Namespace) -> None:
     if not batch.samples:
         sys.exit(f"{args.step_file} has no rows to train on (every group had zero variance)")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     metrics = trainer.update(batch)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     trainer.policy.close()
     print(json.dumps({
-        "update_s": seconds, "forward": metrics["update/tokens/forward"], "unique": metrics["update/tokens/unique"],
+        "update_s": seconds, "update_cpu_s": cpu_seconds, "forward": metrics["update/tokens/forward"], "unique": metrics["update/tokens/unique"],
         "total": batch.stats["tokens/total"], "rows": batch.stats["rows"], "loss_tokens": batch.stats["loss_tokens"],
         "loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "rss_before_update_mb": before,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -90,7 +91,7 @@ def main() -> None:
     flags += ["--padded-defaults"] if args.padded_defaults else []
     print(f"micro_batch_tokens={args.micro_batch_tokens} gradient_checkpointing={args.gradient_checkpointing}"
           + (" (the padded update: the config's defaults)" if args.padded_defaults else ""))
-    print(f"{'step':>4} {'path':>6} {'rows':>4} {'total':>6} {'unique':>6} {'forward':>7} {'fwd/uniq':>8} {'update s':>8} {'peak MB':>8} {'loss':>10} {'grad norm':>9}")
+    print(f"{'step':>4} {'path':>6} {'rows':>4} {'total':>6} {'unique':>6} {'forward':>7} {'fwd/uniq':>8} {'update s':>8} {'cpu s':>7} {'peak MB':>8} {'loss':>10} {'grad norm':>9}")
     results: dict[str, list[dict]] = {"padded": [], "tree": []}
     for file in files:
         for path in ("padded", "tree"):
@@ -101,12 +102,14 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[path].append(r)
             print(f"{file.stem[-4:]:>4} {path:>6} {r['rows']:>4.0f} {r['total']:>6.0f} {r['unique']:>6.0f} {r['forward']:>7.0f} "
-                  f"{r['forward'] / r['unique']:>8.2f} {r['update_s']:>8.1f} {r['peak_rss_mb']:>8.0f} {r['loss']:>10.6f} {r['grad_norm']:>9.5f}",
+                  f"{r['forward'] / r['unique']:>8.2f} {r['update_s']:>8.1f} {r['update_cpu_s']:>7.1f} {r['peak_rss_mb']:>8.0f} {r['loss']:>10.6f} {r['grad_norm']:>9.5f}",
                   flush=True)
     padded, tree = results["padded"], results["tree"]
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     print(f"\nmedian update s: padded {med(padded, 'update_s'):.1f}, tree {med(tree, 'update_s'):.1f} "
           f"-> {med(padded, 'update_s') / med(tree, 'update_s'):.2f}x faster")
+    print(f"median update CPU-s: padded {med(padded, 'update_cpu_s'):.1f}, tree {med(tree, 'update_cpu_s'):.1f} "
+          f"-> {med(padded, 'update_cpu_s') / med(tree, 'update_cpu_s'):.2f}x less")
     print(f"median forward tokens: padded {med(padded, 'forward'):.0f}, tree {med(tree, 'forward'):.0f} "
           f"-> {med(padded, 'forward') / med(tree, 'forward'):.2f}x fewer")
     print(f"peak RSS (max over steps): padded {max(r['peak_rss_mb'] for r in padded):.0f} MB, tree {max(r['peak_rss_mb'] for r in tree):.0f} MB")
