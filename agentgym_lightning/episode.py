@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
+import json
 import logging
-import math
 import queue
 import sys
 import sysconfig
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from agentgym_lightning.agent import AgentCancelled, AgentContext, _bind
 from agentgym_lightning.gateway.openai_wire import GatewayError, new_call_id
 from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.trajectory import Reward, Step, StepTimings, Trajectory
 
 if TYPE_CHECKING:
@@ -225,6 +226,8 @@ class Episode:
         self._raise_lock = threading.Lock()
         self._worker_exiting = False
         self._clients: list[httpx.Client | httpx.AsyncClient] = []
+        #: Why a reward of this episode was refused (it must not be trained on), if one was.
+        self.refused_reward: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -499,21 +502,37 @@ class Episode:
     # ------------------------------------------------------------------ from the agent
 
     def emit_variable(self, name: str, value: Any) -> None:
+        """Set a semantic variable; raises ``ValueError`` past the gateway's ``max_variables``
+        names or ``max_variable_bytes`` per value (``docs/limits.md``)."""
         if not isinstance(name, str) or not name:
             raise ValueError("a semantic variable needs a non-empty string name")
+        limits = self.gateway.limits
+        size = _json_size(value)
+        if size > limits.max_variable_bytes:
+            raise ValueError(
+                f"semantic variable {name!r} is {size} bytes of JSON, over the limit of {limits.max_variable_bytes} "
+                "(GatewayLimits.max_variable_bytes): keep big data in the agent's own storage and emit a summary"
+            )
         with self._lock:
+            if name not in self._variables and len(self._variables) >= limits.max_variables:
+                raise ValueError(
+                    f"semantic variable {name!r} would be one more than this episode's limit of "
+                    f"{limits.max_variables} (GatewayLimits.max_variables)"
+                )
             self._variables[name] = value
             self.trajectory.variables[name] = value
             if self._last_answered is not None:
                 self._last_answered.outcome[name] = value
 
     def emit_reward(self, value: float, source: str = "agent") -> None:
+        """Add a reward to the call most recently answered. A reward that is not a finite number
+        within ``±MAX_ABS_REWARD`` raises :class:`~agentgym_lightning.reward_bounds.RewardRefused`
+        (a ``ValueError``) and excludes the episode (see :meth:`refuse_reward`)."""
         try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"a reward must be a number, got {value!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"a reward must be a finite number, got {value}")
+            value = checked_reward(value, f"emit_reward(source={str(source)!r})")
+        except RewardRefused as exc:
+            self.refuse_reward(str(exc))
+            raise
         reward = Reward(value=value, source=str(source))
         with self._lock:
             if self._last_answered is not None:
@@ -521,8 +540,25 @@ class Episode:
             else:
                 self.trajectory.rewards.append(reward)
 
+    def refuse_reward(self, message: str) -> None:
+        """Remember that a reward of this episode was refused: the env ends it ``infra_failed``
+        with ``message`` (the first one), whatever else happens (see :mod:`~agentgym_lightning.reward_bounds`)."""
+        with self._lock:
+            if self.refused_reward is None:
+                self.refused_reward = message
+
     @property
     def variables(self) -> dict[str, Any]:
         """A copy of the agent's current semantic variables."""
         with self._lock:
             return dict(self._variables)
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of ``value`` as JSON (strings and bytes by length; ``repr`` for what JSON cannot hold)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    try:
+        return len(json.dumps(value, default=repr, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError):  # a cycle, a non-string key...
+        return len(repr(value))

@@ -20,14 +20,20 @@ does the one translation between them, in three moves:
    re-renders history), a new row starts. Merges and fallbacks are counted.
 
 What never reaches the loss: episodes that ended ``infra_failed`` (or are still running) — they
-are left out of the group statistics too, and counted; calls marked not trainable by the agent,
+are left out of the group statistics too, and counted (those excluded because a reward was
+refused, :mod:`agentgym_lightning.reward_bounds`, also as ``episodes/reward_refused``); calls marked not trainable by the agent,
 the env's ``agent_match`` or the trainer's (their tokens stay as context in a merged row,
 masked); calls without token ids (an API backend); empty completions; with
 ``mask_truncated_completions``, completions cut by the token limit.
 
-Groups in which every value is the same carry no learning signal. ``zero_variance_groups="skip"``
-(default) drops their rows (saving the compute); ``"keep"`` trains them with advantage 0, so they
-still dilute the token-normalised losses as TRL's GRPOTrainer does. Groups left with fewer than
+**Zero variance.** A group carries no learning signal when its episodes cannot be told apart:
+their returns all tie, or the episode-level values ``mu`` and ``sigma`` are taken over all tie
+(within 1e-9). With ``identical`` both say the same thing; with per-call values (``discounted``,
+``final-only``, a plugin's) calls may differ while the episodes tie, and dividing those
+differences by ``0 + 1e-4`` would blow them up 10,000-fold (advantages of ±500 from rewards of
+±0.05). ``zero_variance_groups="skip"`` (default) drops such groups' rows (saving the compute);
+``"keep"`` trains them with advantage 0, so they still dilute the token-normalised losses as TRL's
+GRPOTrainer does. Groups left with fewer than
 two usable episodes (the rest failed) cannot be compared and are skipped the same way.
 
 ``episode_weighting="equal"`` (default) gives each row the weight ``1 / rows of its episode``, so
@@ -45,13 +51,16 @@ from typing import Any
 
 from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
+from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
-__all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "ADVANTAGE_EPS"]
+__all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "untrained_reason", "ADVANTAGE_EPS"]
 
 #: Added to the group's std before dividing (TRL's value).
 ADVANTAGE_EPS = 1e-4
 _NAN = float("nan")
+#: Values closer than this are the same (the zero-variance test).
+_TIE = 1e-9
 
 
 @dataclass
@@ -106,6 +115,10 @@ def _usable(step: Step) -> bool:
     return c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
 
 
+def _tie(xs: list[float]) -> bool:
+    return max(xs) - min(xs) <= _TIE
+
+
 def episode_advantages(
     trajectories: Sequence[Trajectory],
     *,
@@ -123,6 +136,8 @@ def episode_advantages(
     for t in trajectories:
         if not t.trainable:
             counts["episodes/infra_failed" if t.status is Status.INFRA_FAILED else "episodes/unfinished"] += 1
+            if reward_refused(t):
+                counts["episodes/reward_refused"] += 1
             continue
         groups[t.group_id if t.group_id is not None else f"episode:{t.episode_id}"].append(t)
 
@@ -152,8 +167,7 @@ def episode_advantages(
         counts["groups"] += 1
         episode_means = [means[t.episode_id] for t in members]
         mu = sum(episode_means) / len(episode_means)
-        every_value = [x for t in members for x in (values[t.episode_id] or [means[t.episode_id]])]
-        flat = max(every_value) - min(every_value) <= 1e-9
+        flat = _tie([t.total_reward for t in members]) or _tie(episode_means)
         zero_variance[key] = flat
         if flat:
             counts["groups/zero_variance"] += 1
@@ -230,23 +244,28 @@ def build_samples(
     return SampleBatch(samples=samples, stats=dict(stats))
 
 
+def untrained_reason(step: Step, mask_truncated: bool = False, match: Callable[[Step], bool] | None = None) -> str | None:
+    """Why a call's completion tokens stay out of the loss — ``"not_trainable"`` (the agent or env
+    marked it), ``"agent_match_excluded"``, ``"without_token_ids"``, ``"empty"``,
+    ``"truncated_masked"`` (the ``samples/calls/<reason>`` counts) — or ``None`` when they train."""
+    if not step.trainable:
+        return "not_trainable"
+    if match is not None and not match(step):
+        return "agent_match_excluded"
+    if step.completion is None or not _usable(step):
+        return "without_token_ids"
+    if not step.completion.completion_token_ids:
+        return "empty"
+    if mask_truncated and step.completion.finish_reason == "length":
+        return "truncated_masked"
+    return None
+
+
 def _trainable_tokens(step: Step, mask_truncated: bool, match: Callable[[Step], bool] | None, stats: dict[str, float]) -> int:
     """1 if this call's completion tokens go into the loss, else 0 (and count why)."""
-    if not step.trainable:
-        stats["calls/not_trainable"] += 1
-        return 0
-    if match is not None and not match(step):
-        stats["calls/agent_match_excluded"] += 1
-        return 0
-    assert step.completion is not None
-    if not step.completion.completion_token_ids:
-        stats["calls/empty"] += 1
-        return 0
-    if mask_truncated and step.completion.finish_reason == "length":
-        stats["calls/truncated_masked"] += 1
-        return 0
-    stats["calls/trained"] += 1
-    return 1
+    reason = untrained_reason(step, mask_truncated, match)
+    stats[f"calls/{reason or 'trained'}"] += 1
+    return 0 if reason else 1
 
 
 def _logprobs_of(step: Step) -> list[float]:
