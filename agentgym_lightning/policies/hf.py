@@ -61,6 +61,45 @@ class _Group:
     rows: list[_Row] = field(default_factory=list)
 
 
+#: Shared prefixes shorter than this are not worth a forward pass of their own.
+_MIN_SHARED_PREFIX = 16
+
+
+def _common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    length = 0
+    for column in zip(*prompts):
+        if any(t != column[0] for t in column):
+            break
+        length += 1
+    return length
+
+
+def _prefix_layout(prompts: Sequence[Sequence[int]]) -> tuple[int, list[list[int]]]:
+    """How a batch's prompts share prefixes: the length of the prefix all of them share, and the
+    *prefix groups* (lists of row indices) of rows sharing at least :data:`_MIN_SHARED_PREFIX`
+    more tokens (runs of neighbours in sorted order). Every row keeps at least one token outside
+    both (the one whose logits start its completion); prefixes too short to pay for a forward
+    pass of their own count as none."""
+    if len(prompts) < 2:
+        return 0, []
+    shared = min(_common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+    if shared < _MIN_SHARED_PREFIX:
+        shared = 0
+    order = sorted(range(len(prompts)), key=lambda b: prompts[b])
+    runs: list[list[int]] = [[order[0]]]
+    for before, b in zip(order, order[1:]):
+        if _common_prefix_length([prompts[before], prompts[b]]) >= shared + _MIN_SHARED_PREFIX:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    groups = []
+    for run in runs:
+        members = [prompts[b] for b in run]
+        if len(run) > 1 and min(_common_prefix_length(members), min(map(len, members)) - 1) >= shared + _MIN_SHARED_PREFIX:
+            groups.append(sorted(run))
+    return shared, groups
+
+
 def _logits_processor_base() -> type:
     from transformers import LogitsProcessor
 
@@ -94,6 +133,10 @@ class HFPolicy(Policy):
             tool support (SmolLM2's): ``"full"`` (Qwen2.5's wording with the JSON schemas) or
             ``"compact"`` (one sentence per tool, which small models follow far better; see
             :data:`~agentgym_lightning.policies.tool_calls.TOOL_PROMPTS`).
+        prefix_caching: compute the prompt tokens every row of a batch shares (the G episodes of
+            a task share their first prompt; agents share system prompts and examples) once per
+            batch and reuse their keys and values, instead of once per row. The same completion
+            tokens as without it; logprobs agree to fp32 rounding (~1e-6).
     """
 
     backend = "hf"
@@ -111,6 +154,7 @@ class HFPolicy(Policy):
         num_threads: int | None = None,
         progress: bool = True,
         tool_prompt: str = "full",
+        prefix_caching: bool = True,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -136,6 +180,7 @@ class HFPolicy(Policy):
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
         self.default_temperature = default_temperature
+        self.prefix_caching = prefix_caching
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.hf_model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype).to(self.device)
@@ -258,14 +303,8 @@ class HFPolicy(Policy):
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-        width = max(len(r.prompt_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):  # left padding: every row's last prompt token is aligned
-            input_ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attention_mask[b, width - len(r.prompt_ids) :] = 1
-        input_ids = input_ids.to(self.device)
-        attention_mask = attention_mask.to(self.device)
+        input_ids, attention_mask, prefix_cache = self._prompt_inputs(rows)
+        width = input_ids.shape[1]
 
         generators = None
         if group.do_sample and any(r.request.sampling.seed is not None for r in rows):
@@ -296,6 +335,7 @@ class HFPolicy(Policy):
             sequences = self.hf_model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                past_key_values=prefix_cache,
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
                 stopping_criteria=StoppingCriteriaList([tracker]),
@@ -322,6 +362,68 @@ class HFPolicy(Policy):
                 end, reason = limit, "length"
             out.append((r, self._finish(r, tokens[:end], logprobs[b][:end], reason, text)))
         return out
+
+    def _prompt_inputs(self, rows: list[_Row]) -> tuple[Any, Any, Any]:
+        """The batch's ``input_ids`` and ``attention_mask`` and, with prefix caching, the KV cache
+        of the prompts' shared prefixes (else ``None``).
+
+        Without prefix caching the rows are left-padded. With it, prompts are laid out in three
+        segments, each padded on its left: the prefix every row shares (a system prompt), the
+        prefix a row shares with others in its *prefix group* (the G episodes of a task sending
+        the same first prompt), and the row's own rest. The first two are computed once each
+        (the batch prefix with batch 1, then each group's segment with one row per group, on
+        top of it) and their keys and values copied to the rows; ``generate`` then runs only the
+        rests. Padding is masked out and position ids count unmasked tokens only (transformers
+        derives them from the mask), so every row sees exactly its own prompt at its own
+        positions, as with left padding. Every row keeps at least one token outside the cache:
+        the logits of the first completion token come from that forward pass.
+        """
+        import torch
+
+        prompts = [r.prompt_ids for r in rows]
+        shared, groups = _prefix_layout(prompts) if self.prefix_caching else (0, [])
+        group_of = [0] * len(rows)  # group 0: rows in no group (an empty segment)
+        ends = [shared]
+        for g, members in enumerate(groups, start=1):
+            for b in members:
+                group_of[b] = g
+            ends.append(min(_common_prefix_length([prompts[b] for b in members]), min(len(prompts[b]) for b in members) - 1))
+        group_width = max(end - shared for end in ends)
+        rest_width = max(len(p) - ends[group_of[b]] for b, p in enumerate(prompts))
+        width = shared + group_width + rest_width
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            end = ends[group_of[b]]
+            for stop, tokens in ((shared, p[:shared]), (shared + group_width, p[shared:end]), (width, p[end:])):
+                if tokens:  # right-aligned in its segment, which ends at `stop`
+                    input_ids[b, stop - len(tokens) : stop] = torch.tensor(tokens)
+                    attention_mask[b, stop - len(tokens) : stop] = 1
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+        if not shared and not groups:
+            return input_ids, attention_mask, None
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.hf_model.config)
+        with torch.inference_mode():
+            # logits_to_keep=1: the prefixes' own logits are never used; skip most of the LM head.
+            if shared:
+                self.hf_model(input_ids=input_ids[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            if groups:
+                used = sorted(set(group_of))  # group 0 only if some row is in no group
+                first = [group_of.index(g) for g in used]  # one row of each: its segment stands for all
+                cache.batch_repeat_interleave(len(used))
+                mask = attention_mask[first, : shared + group_width]
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+                self.hf_model(
+                    input_ids=input_ids[first, shared : shared + group_width], attention_mask=mask,
+                    position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                )
+                cache.batch_select_indices(torch.tensor([used.index(g) for g in group_of], device=self.device))
+            else:
+                cache.batch_repeat_interleave(len(rows))
+        return input_ids, attention_mask, cache
 
     def _finish(self, row: _Row, ids: list[int], logprobs: list[float], reason: str, text: str | None) -> Completion:
         return decode_completion(

@@ -106,6 +106,10 @@ class VLLMPolicy(Policy):
         progress: print the one-line message when the embedded model is converted on first use.
         tool_prompt: how ``tools`` are described to a model whose chat template has no tool
             support: ``"full"`` or ``"compact"`` (as :class:`~agentgym_lightning.policies.hf.HFPolicy`).
+        prefix_caching: vLLM's automatic prefix caching (``enable_prefix_caching``): the keys and
+            values of prompt blocks already computed (the system prompt, a group's shared first
+            prompt, an episode's earlier calls) are reused instead of recomputed. The same
+            tokens as without it; dropped at every :meth:`load_weights`.
     """
 
     backend = "vllm"
@@ -126,6 +130,7 @@ class VLLMPolicy(Policy):
         engine_kwargs: Mapping[str, Any] | None = None,
         progress: bool = True,
         tool_prompt: str = "full",
+        prefix_caching: bool = True,
     ) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
@@ -158,6 +163,7 @@ class VLLMPolicy(Policy):
             "seed": seed,
             "enforce_eager": enforce_eager,
             "logprobs_mode": logprobs_mode,
+            "enable_prefix_caching": prefix_caching,
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)

@@ -66,6 +66,7 @@ from agentgym_lightning.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    save_final_model,
 )
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
@@ -566,9 +567,12 @@ class LightningRLTrainer:
         sync_weights(self.policy, self.model, peft=self.config.use_peft)
 
     def _save_final(self) -> None:
-        final = self.output_dir / "final"
-        self.model.save_pretrained(final)
-        self.tokenizer.save_pretrained(final)
+        # The run checkpoints its last step: final/ links those weights, no second copy (and
+        # writes them when that checkpoint is not in this run's folder or could not be saved).
+        checkpoint = latest_checkpoint(self.output_dir)
+        if not self._saved_current_step() or checkpoint is None or checkpoint.name != f"checkpoint-{self.step:06d}":
+            checkpoint = None
+        save_final_model(self.output_dir / "final", model=self.model, tokenizer=self.tokenizer, peft=self.config.use_peft, checkpoint=checkpoint)
 
 
 # ====================================================================== metrics

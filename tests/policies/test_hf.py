@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.chat import render_prompt_ids
@@ -237,3 +238,128 @@ def test_an_unknown_tool_prompt_is_refused_before_the_model_loads(monkeypatch):
     monkeypatch.setattr(hf, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="tool_prompt must be one of full, compact; got 'short'"):
         hf.HFPolicy(tool_prompt="short")
+
+
+# ------------------------------------------------------------------------------ prefix caching
+
+SYSTEM = "You answer arithmetic questions. Use the calculator for every calculation, then reply: Answer: <number>."
+QUESTIONS_LONG = [
+    "What is 12 * 7? Show the calculator call first, then the answer on a line of its own.",
+    "What is 56 * 34 - 37? Show the calculator call first, then the answer on a line of its own, and say why.",
+    "Name three colors of the rainbow, one per line, and nothing else at all please.",
+]
+
+
+def _shared_prompt_batch(max_tokens: int) -> list[ChatRequest]:
+    """The rollout's shape: a system prompt every row shares, 2-3 rows per question (identical
+    prompts: a GRPO group's first call), questions of different lengths, per-row max_tokens and
+    seeds (and a stop string, set by the test)."""
+    requests = []
+    for i in range(7):
+        body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS_LONG[i % 3]}],
+                "max_tokens": max_tokens - i, "temperature": 1.0, "seed": 100 + i}
+        requests.append(ChatRequest.from_openai(body))
+    return requests
+
+
+def _same_with_and_without_prefix_caching(policy, requests) -> None:
+    # A stop string that will be hit: the text of a token from the middle of one row's answer.
+    policy.prefix_caching = False
+    ids = policy.generate([requests[4]])[0].completion_token_ids
+    requests[4].sampling.stop = [next(t for t in (policy.tokenizer.decode([i]) for i in ids[len(ids) // 2 :]) if t)]
+    counts: list[int] = []  # token positions of each forward pass
+    # A hook, not a wrapper: generate() reads forward's signature (position ids only if it takes them).
+    hook = policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: counts.append(k["input_ids"].numel()), with_kwargs=True)
+    try:
+        plain = policy.generate(requests)
+        plain_prefill = counts[0]
+        counts.clear()
+        policy.prefix_caching = True
+        cached = policy.generate(requests)
+    finally:
+        hook.remove()
+        policy.prefix_caching = True
+    for p, c in zip(plain, cached):
+        assert c.completion_token_ids == p.completion_token_ids
+        assert c.finish_reason == p.finish_reason and c.text == p.text
+        assert c.logprobs == pytest.approx(p.logprobs, rel=1e-5, abs=1e-5)  # fp32 rounding
+    assert {c.finish_reason for c in cached} == {"stop", "length"}
+    # The system prompt ran once (batch 1), each question once (a row per group), then only the
+    # last prompt token of each row (the rows of a group have identical prompts).
+    prompts = [p.prompt_token_ids for p in plain]
+    shared = next(i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1)
+    assert plain_prefill == len(requests) * max(len(p) for p in prompts)
+    assert counts[:3] == [shared, 3 * (max(len(p) for p in prompts) - 1 - shared), len(requests)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefix_caching_gives_the_same_completions_tiny(tiny_model_dir, temperature):
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    requests = _shared_prompt_batch(max_tokens=12)
+    for r in requests:
+        r.sampling.temperature = temperature
+    try:
+        _same_with_and_without_prefix_caching(policy, requests)
+    finally:
+        policy.close()
+
+
+@pytest.mark.slow
+def test_prefix_caching_gives_the_same_completions_smollm2(hf_policy):
+    requests = _shared_prompt_batch(max_tokens=12)
+    _same_with_and_without_prefix_caching(hf_policy, requests)
+    for r in requests:
+        r.sampling.temperature = 0.0
+    _same_with_and_without_prefix_caching(hf_policy, requests)
+
+
+def test_prefix_layout_pads_each_segment_on_its_left(tiny_model_dir):
+    """The batch prefix, then each prefix group's segment, then each row's rest; rows that share
+    nothing are plain left padding with no extra forward pass."""
+    from agentgym_lightning.policies.hf import HFPolicy, _prefix_layout, _Row
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", progress=False)
+    pad = policy.pad_token_id
+    try:
+        rows = [_Row(0, None, [1, 2, 3], 4, ()), _Row(1, None, [9, 8], 4, ())]  # type: ignore[arg-type]
+        ids, mask, cache = policy._prompt_inputs(rows)
+        assert cache is None
+        assert ids.tolist() == [[1, 2, 3], [pad, 9, 8]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+
+        shared, a, b = list(range(100, 120)), list(range(200, 218)), list(range(300, 330))
+        prompts = [shared + a + [401, 402], shared + a + [403], shared + b + [404], shared + b + [404], shared + [405, 406]]
+        assert _prefix_layout(prompts) == (20, [[0, 1], [2, 3]])
+        rows = [_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)]  # type: ignore[arg-type]
+        ids, mask, cache = policy._prompt_inputs(rows)
+        # rows 2 and 3 are identical: their group's segment is all but their last token
+        assert cache.get_seq_length() == 20 + 30 and ids.shape == (5, 20 + 30 + 2)
+        assert ids[0].tolist() == shared + [pad] * 12 + a + [401, 402]
+        assert ids[1].tolist() == shared + [pad] * 12 + a + [pad, 403]
+        assert ids[2].tolist() == shared + b + [pad, 404] and ids[3].tolist() == ids[2].tolist()
+        assert ids[4].tolist() == shared + [pad] * 30 + [405, 406]
+        assert (mask == (ids != pad)).all(), pad  # (no prompt token here is the pad token)
+        _assert_each_row_sees_its_own_prompt(policy, prompts)
+        # groups without a batch prefix (two tasks' first prompts, no common system prompt),
+        # and a row in no group
+        prompts = [a + [401], a + [402, 403], b + [404], b + [405], [406, 407, 408]]
+        assert _prefix_layout(prompts) == (0, [[0, 1], [2, 3]])
+        _assert_each_row_sees_its_own_prompt(policy, prompts)
+    finally:
+        policy.close()
+
+
+def _assert_each_row_sees_its_own_prompt(policy, prompts) -> None:
+    """The last position's logits of each laid-out row (cache + rest, positions counting unmasked
+    tokens, as generate() computes them) equal those of the row alone, unpadded."""
+    from agentgym_lightning.policies.hf import _Row
+
+    ids, mask, cache = policy._prompt_inputs([_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)])  # type: ignore[arg-type]
+    cached = cache.get_seq_length()
+    with torch.inference_mode():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]
+        batched = policy.hf_model(input_ids=ids[:, cached:], attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]
+        for r, p in enumerate(prompts):
+            alone = policy.hf_model(input_ids=torch.tensor([p])).logits[0, -1]
+            assert torch.allclose(batched[r], alone, atol=1e-5), r

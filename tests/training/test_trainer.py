@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent(
 
     def config(output_dir, **overrides):
         return LightningRLConfig(env="scripted", model=sys.argv[1], max_steps=3, tasks_per_step=2, num_generations=2,
-                                 output_dir=output_dir, report_to=[], save_steps=1, save_total_limit=None,
+                                 output_dir=output_dir, report_to=[], save_steps=1,
                                  learning_rate=1e-3, progress=False, **overrides)
 
     if __name__ == "__main__":
@@ -113,6 +113,19 @@ def test_kill_9_mid_step_and_resume_gives_the_same_step_3_weights(tiny_model_dir
         assert (a[k] - b[k]).abs().max() <= 1e-5, k
     history = json.loads((run / "checkpoints" / "checkpoint-000003" / "trainer_state.json").read_text())["history"]
     assert [h["step"] for h in history] == [1.0, 2.0, 3.0]  # no step lost or repeated
+    _check_disk_use(tmp_path / "straight", a)
+
+
+def _check_disk_use(run: Path, weights) -> None:
+    """By default a run keeps one checkpoint (its last), and final/ links its weights, no copy."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["checkpoint-000003"]
+    assert (run / "final" / "model.safetensors").samefile(run / "checkpoints" / "checkpoint-000003" / "model.safetensors")
+    final = AutoModelForCausalLM.from_pretrained(run / "final").state_dict()
+    for k in weights:
+        assert torch.equal(final[k], weights[k]), k
 
 
 def _weights_of_model(model_dir: Path):

@@ -1,0 +1,160 @@
+"""Rollout and generate seconds with and without prefix caching, on the same requests, in one run.
+
+    python bench/bench_prefix_caching.py                       # hf backend, SmolLM2-135M, the main job's step
+    python bench/bench_prefix_caching.py --tasks 2 --rounds 3 --threads 1
+    .venv-vllm/bin/python bench/bench_prefix_caching.py --backend vllm
+
+The workload is one training step of the main job (``make run``): ``lightning/Arithmetic-v0``
+(difficulty 3, one worked example), ``--tasks`` tasks x ``--group-size`` episodes, every call
+sampled at temperature 1 with the call seeds the trainer gives it, at most ``--max-tokens``
+tokens (default: the agent's own 256, as in the main job). The G episodes of a task send the same first prompt, and every prompt starts with the
+same system prompt and worked example.
+
+1. **rollout**: the step's episodes through the batched driver, once with prefix caching off and
+   once on, alternating for ``--rounds`` rounds (medians). Same seeds, so the same tokens: the
+   bench checks it.
+2. **generate**: the ``policy.generate`` batches that rollout made, replayed off / on
+   alternately (only ``generate`` timed): the backend's own difference without the agents'
+   and driver's time around it.
+
+Prints seconds, the ratio off / on (> 1: caching is faster), and whether the completions were
+identical. For ``hf`` the two modes are one policy with ``prefix_caching`` switched; for ``vllm``
+two engines (``enable_prefix_caching`` on and off), built one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_generation import RecordingPolicy  # noqa: E402
+
+from agentgym_lightning.llm import ChatRequest, Completion  # noqa: E402
+
+
+def _env_factory() -> Callable[[], Any]:
+    import gymnasium as gym
+
+    import agentgym_lightning  # noqa: F401  (registers the ids)
+
+    def make() -> Any:
+        env = gym.make("lightning/Arithmetic-v0", difficulty=3, examples=1).unwrapped
+        env.seed_calls = True  # what the trainer does: every call sampled from a seed of its own
+        return env
+
+    return make
+
+
+def _answers(completions: Sequence[Completion]) -> list[tuple[int, ...]]:
+    return [tuple(c.completion_token_ids or ()) for c in completions]
+
+
+def run_rollout(policy: Any, args: argparse.Namespace) -> tuple[float, list[list[ChatRequest]], list[tuple[int, ...]]]:
+    """One step's episodes; returns wall seconds, the generate batches, every call's tokens."""
+    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.training.generation import SamplingOverride
+
+    recorder = RecordingPolicy(policy)  # inside the override: it records the requests as sampled
+    episodes = args.tasks * args.group_size
+    started = time.perf_counter()
+    trajectories = rollout(_env_factory(), SamplingOverride(recorder, temperature=1.0, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
+                           concurrency=episodes, seed=args.seed, progress=False)
+    seconds = time.perf_counter() - started
+    trajectories.sort(key=lambda t: t.seed or 0)
+    tokens = [tuple(s.completion.completion_token_ids or ()) for t in trajectories for s in t.steps if s.completion]
+    return seconds, recorder.batches, tokens
+
+
+def replay(policy: Any, batches: Sequence[Sequence[ChatRequest]]) -> tuple[float, list[tuple[int, ...]]]:
+    seconds, answers = 0.0, []
+    for batch in batches:
+        started = time.perf_counter()
+        answers += _answers(policy.generate(batch))
+        seconds += time.perf_counter() - started
+    return seconds, answers
+
+
+class _Modes:
+    """The policy with prefix caching off and on (one hf policy switched; two vLLM engines)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.policies: dict[bool, Any] = {}
+        if args.backend == "hf":
+            from agentgym_lightning.policies.hf import HFPolicy
+
+            self.hf = HFPolicy(args.model, device=args.device, max_batch_size=args.tasks * args.group_size,
+                               num_threads=args.threads, seed=args.seed)
+        else:
+            from agentgym_lightning.policies.vllm import VLLMPolicy
+
+            for caching in (False, True):
+                self.policies[caching] = VLLMPolicy(args.model, seed=args.seed, prefix_caching=caching)
+
+    def get(self, caching: bool) -> Any:
+        if self.args.backend == "hf":
+            self.hf.prefix_caching = caching
+            return self.hf
+        return self.policies[caching]
+
+    def close(self) -> None:
+        for policy in [getattr(self, "hf", None), *self.policies.values()]:
+            if policy is not None:
+                policy.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu", help="hf only")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (hf; default: torch's)")
+    parser.add_argument("--tasks", type=int, default=4, help="B: tasks of the step (the main job: 4)")
+    parser.add_argument("--group-size", type=int, default=8, help="G: episodes per task (the main job: 8)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="cap on a call's max tokens (default: the agent's 256, as the main job)")
+    parser.add_argument("--rounds", type=int, default=2, help="off/on rounds (medians are printed)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    modes = _Modes(args)
+    try:
+        # warm-up: first-call costs are not what we measure
+        modes.get(True).generate([ChatRequest(messages=[{"role": "user", "content": "Hello"}])] * 2)
+        rollout_s: dict[bool, list[float]] = {False: [], True: []}
+        tokens: dict[bool, list[tuple[int, ...]]] = {}
+        batches: list[list[ChatRequest]] = []
+        for _ in range(args.rounds):
+            for caching in (False, True):
+                seconds, made, tokens[caching] = run_rollout(modes.get(caching), args)
+                rollout_s[caching].append(seconds)
+                batches = batches or made
+        generate_s: dict[bool, list[float]] = {False: [], True: []}
+        answers: dict[bool, list[tuple[int, ...]]] = {}
+        for _ in range(args.rounds):
+            for caching in (False, True):
+                seconds, answers[caching] = replay(modes.get(caching), batches)
+                generate_s[caching].append(seconds)
+    finally:
+        modes.close()
+
+    calls = sum(len(b) for b in batches)
+    print(f"[{args.backend}] {args.tasks} tasks x {args.group_size} episodes, {calls} calls in {len(batches)} "
+          f"generate batches, {sum(map(len, tokens[True]))} completion tokens; {args.rounds} rounds, medians")
+    for name, seconds in (("rollout", rollout_s), ("generate", generate_s)):
+        off, on = statistics.median(seconds[False]), statistics.median(seconds[True])
+        print(f"[{args.backend}] {name:8s}: prefix caching off {off:7.2f} s, on {on:7.2f} s, off/on = {off / on:.2f}  "
+              f"(off {[round(s, 1) for s in seconds[False]]}, on {[round(s, 1) for s in seconds[True]]})")
+    print(f"[{args.backend}] same tokens with and without: rollout {tokens[False] == tokens[True]}, "
+          f"generate {answers[False] == answers[True]}")
+
+
+if __name__ == "__main__":
+    main()
