@@ -1,4 +1,5 @@
-"""The two halves of one LLM call: the request an agent sent, and the completion that answers it.
+"""The two halves of one LLM call: the request an agent sent, and the completion that answers it
+(or the OpenAI-shaped error, :class:`GatewayError`, that refuses it).
 
 These are the observation and the action of :class:`~agentgym_lightning.env.AgentEnv`, and the
 currency every policy backend speaks. Token ids and logprobs ride on :class:`Completion` so that a
@@ -14,7 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["SamplingParams", "ChatRequest", "ToolCall", "Completion", "as_completion", "EPISODE_KEY", "new_tool_call_id"]
+__all__ = [
+    "SamplingParams",
+    "ChatRequest",
+    "ToolCall",
+    "Completion",
+    "GatewayError",
+    "as_completion",
+    "EPISODE_KEY",
+    "new_tool_call_id",
+    "new_call_id",
+]
 
 #: The ``metadata`` key under which the rollout driver names a request's episode when it hands
 #: the request to a policy (a policy with several replicas keeps an episode on one of them).
@@ -259,6 +270,21 @@ class ToolCall:
 def new_tool_call_id() -> str:
     """A fresh OpenAI-style call id, ``call_<24 hex digits>``."""
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def new_call_id() -> str:
+    """A fresh id for one intercepted LLM call (its completion's ``chatcmpl-<id>``)."""
+    return uuid.uuid4().hex[:24]
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses; rendered as an OpenAI error body with ``status``."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
 
 
 @dataclass

@@ -10,12 +10,17 @@ is an edge, of one of three kinds:
 
 An edge points at the module named (``from agentgym_lightning.gateway import Gateway`` ->
 ``agentgym_lightning.gateway``; ``from agentgym_lightning.policies import hf`` ->
-``agentgym_lightning.policies.hf`` when that is a module). A circle is a strongly connected
+``agentgym_lightning.policies.hf`` when that is a module), and, as Python runs them first, at
+the packages above it that the importing module is not itself inside
+(``agentgym_lightning.gateway.openai_wire`` from ``episode`` also runs
+``agentgym_lightning/gateway/__init__.py``). A circle is a strongly connected
 component with more than one module, counted three ways: on module-level edges alone, with
 function-level edges added, and with every edge (typing included). The last is the package's
 design; the first two are what Python would run into.
 
-    python bench/import_graph.py [--edges] [--json]
+    python bench/import_graph.py [--edges] [--json] [--repo PATH]
+
+(``--repo``: another checkout, e.g. ``git archive main | tar -x -C /tmp/main`` for a before-number.)
 
 Exit status 0 always: this measures, it does not judge.
 """
@@ -30,17 +35,17 @@ from pathlib import Path
 
 import networkx as nx
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "agentgym_lightning"
 # Source folder -> the package name it ships under (pyproject's [tool.setuptools.package-dir]).
-ROOTS = {REPO / PACKAGE: PACKAGE, REPO / "plugins": f"{PACKAGE}.plugins", REPO / "envs": f"{PACKAGE}.envs"}
+FOLDERS = {PACKAGE: PACKAGE, "plugins": f"{PACKAGE}.plugins", "envs": f"{PACKAGE}.envs"}
 KINDS = ("module", "function", "typing")
 
 
-def module_files() -> dict[str, Path]:
-    """Every module of the package, by dotted name."""
+def module_files(repo: Path) -> dict[str, Path]:
+    """Every module of the package in checkout ``repo``, by dotted name."""
     modules: dict[str, Path] = {}
-    for root, package in ROOTS.items():
+    for folder, package in FOLDERS.items():
+        root = repo / folder
         for path in sorted(root.rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -56,6 +61,12 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
             return name
         name = name.rpartition(".")[0]
     return None
+
+
+def _packages_above(package: str) -> set[str]:
+    """``a.b.c`` -> ``{a, a.b, a.b.c}``."""
+    parts = package.split(".") if package else []
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -96,19 +107,25 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[
                 source = node.module or ""
             # `from pkg import submodule` imports the submodule; `from mod import name` the module.
             targets = [f"{source}.{alias.name}" for alias in node.names]
+        own_packages = _packages_above(module if is_package else module.rpartition(".")[0])
         for target in targets:
             resolved = _resolve(target, modules)
-            if resolved is not None and resolved != module:
-                found.append((resolved, kind, node.lineno))
+            if resolved is None or resolved == module:
+                continue
+            found.append((resolved, kind, node.lineno))
+            # Importing a.b.c runs a/__init__ and a/b/__init__ first (those we are not inside of).
+            for package in _packages_above(resolved.rpartition(".")[0]):
+                if package in modules and package not in own_packages and package != module:
+                    found.append((package, kind, node.lineno))
         visit(node, kind)
 
     visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), "module")
     return found
 
 
-def build_graph() -> nx.MultiDiGraph:
-    """The package's import graph; each edge carries its ``kind`` and ``line``."""
-    modules = module_files()
+def build_graph(repo: Path) -> nx.MultiDiGraph:
+    """The package's import graph in checkout ``repo``; each edge carries its ``kind`` and ``line``."""
+    modules = module_files(repo)
     graph = nx.MultiDiGraph()
     graph.add_nodes_from(modules)
     for module, path in modules.items():
@@ -129,9 +146,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", action="store_true", help="also list the edges inside each circle")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1], help="the checkout to read")
     args = parser.parse_args()
 
-    graph = build_graph()
+    graph = build_graph(args.repo)
     counts = Counter(kind for _, _, kind in graph.edges(data="kind"))
     views = {
         "module-level": ("module",),
@@ -154,10 +172,10 @@ def main() -> None:
             print(f"  [{len(comp)}] " + ", ".join(short))
             if args.edges:
                 members = set(comp)
-                for a, b, data in sorted(graph.edges(data=True), key=lambda e: (e[0], e[1], e[2]["line"])):
-                    if a in members and b in members and data["kind"] in views[name]:
-                        print(f"      {a.removeprefix(PACKAGE + '.')} -> {b.removeprefix(PACKAGE + '.')}"
-                              f"  ({data['kind']}, line {data['line']})")
+                edges = {(a, b, d["kind"], d["line"]) for a, b, d in graph.edges(data=True)
+                         if a in members and b in members and d["kind"] in views[name]}
+                for a, b, kind, line in sorted(edges):
+                    print(f"      {a.removeprefix(PACKAGE + '.')} -> {b.removeprefix(PACKAGE + '.')}  ({kind}, line {line})")
 
 
 if __name__ == "__main__":

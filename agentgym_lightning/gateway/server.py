@@ -7,6 +7,7 @@ import functools
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -16,7 +17,9 @@ from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
 from agentgym_lightning.gateway.limits import GatewayLimits
 
 if TYPE_CHECKING:
-    from agentgym_lightning.gateway.gateway import Gateway
+    from starlette.routing import BaseRoute
+
+    from agentgym_lightning.gateway.router import EpisodeRouter
 
 
 class ThreadedServer:
@@ -76,7 +79,15 @@ class ThreadedServer:
 
 
 class GatewayServer(ThreadedServer):
-    """Serves a gateway's app (:func:`build_app`) under the gateway's limits."""
+    """Serves a gateway's app (:func:`build_app`: its router plus ``extra_routes``) under the
+    gateway's limits."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int, limits: GatewayLimits | None = None) -> None:
-        super().__init__(build_app(gateway, gateway.extra_routes), host, port, limits=limits or gateway.limits)
+    def __init__(
+        self,
+        router: EpisodeRouter,
+        host: str,
+        port: int,
+        limits: GatewayLimits | None = None,
+        extra_routes: Sequence[BaseRoute] = (),
+    ) -> None:
+        super().__init__(build_app(router, extra_routes), host, port, limits=limits or router.limits)

@@ -22,7 +22,7 @@ from agentgym_lightning.gateway.openai_wire import (
 
 if TYPE_CHECKING:
     from agentgym_lightning.episode import PendingCall
-    from agentgym_lightning.gateway.gateway import Gateway
+    from agentgym_lightning.gateway.router import EpisodeRouter
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _error(exc: GatewayError) -> httpx.Response:
 
 
 class _Router:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: EpisodeRouter) -> None:
         self.gateway = gateway
 
     def begin(self, request: httpx.Request) -> PendingCall | httpx.Response:
@@ -82,7 +82,7 @@ class _Router:
 class InProcessTransport(httpx.BaseTransport):
     """For ``openai.OpenAI``: the calling thread blocks until the driver answers."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: EpisodeRouter) -> None:
         self._router = _Router(gateway)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -100,7 +100,7 @@ class InProcessTransport(httpx.BaseTransport):
 class AsyncInProcessTransport(httpx.AsyncBaseTransport):
     """For ``openai.AsyncOpenAI``: the calling task awaits the driver's answer."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: EpisodeRouter) -> None:
         self._router = _Router(gateway)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

@@ -1,0 +1,107 @@
+"""The package's layout: no import circle, and the episode's record stands on its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import queue
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentgym_lightning.episode import CallEvent, DoneEvent, Episode
+from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
+from agentgym_lightning.trajectory import Status
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", REPO / "bench" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_circle_in_the_package():
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(REPO)
+    assert graph.number_of_nodes() > 50  # it read the package, plugins/ and envs/
+    # Every edge counts, TYPE_CHECKING ones too: a circle drawn only for the type checker is
+    # still two modules that each need the other to be understood.
+    assert graph_tools.circles(graph, graph_tools.KINDS) == []
+
+
+def test_the_import_graph_sees_a_circle_through_a_package_init(tmp_path):
+    # a.x imports b.y; b/__init__ imports b.z, which imports a.x: a circle only through b's __init__.
+    pkg = tmp_path / "agentgym_lightning"
+    (pkg / "b").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "x.py").write_text("from agentgym_lightning.b.y import Y\n")
+    (pkg / "b" / "__init__.py").write_text("from agentgym_lightning.b.z import Z\n")
+    (pkg / "b" / "y.py").write_text("Y = 1\n")
+    (pkg / "b" / "z.py").write_text("def f():\n    from agentgym_lightning.x import X\n")
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(tmp_path)
+    assert graph_tools.circles(graph, ("module",)) == []
+    assert graph_tools.circles(graph, ("module", "function")) == [
+        ["agentgym_lightning.b", "agentgym_lightning.b.z", "agentgym_lightning.x"]
+    ]
+
+
+def test_the_import_graph_script_runs():
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "import_graph.py")], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert "all (typing too): 0 circle(s)" in out
+
+
+def _request(text: str = "hi") -> ChatRequest:
+    return ChatRequest.from_openai({"model": "m", "messages": [{"role": "user", "content": text}]})
+
+
+def test_episode_is_a_record_without_a_gateway_or_worker():
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    episode = Episode(task={"q": 1}, events=events, seed=3)
+
+    first = episode.submit(_request())
+    event = events.get_nowait()
+    assert isinstance(event, CallEvent) and event.pending is first and first.step.index == 0
+    episode.answer(first, Completion(text="ok"))
+    assert first.wait(0) == Completion(text="ok")
+    episode.emit_variable("x", 1)
+    episode.emit_reward(0.5, "tool")
+    assert first.step.outcome == {"x": 1} and [r.value for r in first.step.rewards] == [0.5]
+
+    second = episode.submit(_request("again"))
+    episode.refuse(second, GatewayError(400, "bad request", code="invalid_request_error"))
+    with pytest.raises(GatewayError, match="bad request"):
+        second.wait(0)
+    assert second.step.error == "400 invalid_request_error: bad request" and second.step.trainable is False
+    assert second.step.timings.answered_at is not None
+    with pytest.raises(RuntimeError, match="not pending"):  # a refused call is answered: no longer pending
+        episode.answer(second, Completion(text="late"))
+
+    episode.finish("done", None)
+    done = [e for e in iter(lambda: None if events.empty() else events.get_nowait(), None) if isinstance(e, DoneEvent)]
+    assert [(d.result, d.error) for d in done] == [("done", None)]
+    episode.end(Status.SUCCEEDED, None, 1.0)
+    episode.note_error("[agentgym] a note")
+    trajectory = episode.trajectory
+    assert (trajectory.status, trajectory.final_reward, trajectory.error) == (Status.SUCCEEDED, 1.0, "[agentgym] a note")
+    assert trajectory.ended_at is not None and len(trajectory.steps) == 2
+
+
+def test_a_closed_episode_refuses_calls_and_no_longer_announces_its_end():
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    episode = Episode(task=None, events=events)
+    pending = episode.submit(_request())
+    events.get_nowait()
+    episode.close()
+    with pytest.raises(GatewayError, match="is over: stopped"):
+        pending.wait(0)
+    with pytest.raises(GatewayError, match="is over"):
+        episode.submit(_request())
+    episode.finish(None, RuntimeError("unwound"))
+    assert events.empty() and episode.finished
