@@ -35,6 +35,7 @@ from agentgym_lightning.gateway.openai_wire import (
     new_call_id,
 )
 from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
 
 __all__ = ["PolicyServer"]
 
@@ -65,15 +66,13 @@ class PolicyServer:
         max_batch_wait: float = 0.005,
         max_batch_size: int | None = None,
     ) -> None:
-        from agentgym_lightning.rollout import _Batcher
-
         if not _is_loopback(host) and not token:
             raise ValueError(f"serving a policy on {host} (off loopback) needs a token")
         self.token = token
         self.model_name = model_name
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
-        self._batcher = _Batcher(policy)
+        self._batcher = FailureIsolator(policy)
         self._queue: queue.SimpleQueue[tuple[ChatRequest, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         self._host, self._port = host, port
         self._server: Any = None
@@ -122,8 +121,6 @@ class PolicyServer:
     # ------------------------------------------------------------------ batching (its own thread)
 
     def _generate_loop(self) -> None:
-        from agentgym_lightning.rollout import _PolicyDown
-
         while True:
             first = self._queue.get()
             if first is None:
@@ -143,7 +140,7 @@ class PolicyServer:
             self.requests += len(batch)
             try:
                 answers = self._batcher.answer([request for request, _ in batch])
-            except _PolicyDown as exc:
+            except PolicyDown as exc:
                 error = GatewayError(503, f"the policy failed: {exc.__cause__ or exc}", "server_error")
                 for _, fut in batch:
                     fut.set_result(error)

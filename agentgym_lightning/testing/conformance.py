@@ -17,9 +17,9 @@ against a scripted policy, no model, and checks:
 6. **no network**: no connection and no name lookup left 127.0.0.1 / localhost while it ran
    (frameworks' telemetry and tracing exporters included).
 
-In a test (the ``agent_conformance`` fixture comes from :mod:`agentgym_lightning.pytest_plugin`)::
+In a test (the ``agent_conformance`` fixture comes from :mod:`agentgym_lightning.testing.pytest_plugin`)::
 
-    pytest_plugins = ["agentgym_lightning.pytest_plugin"]
+    pytest_plugins = ["agentgym_lightning.testing.pytest_plugin"]
 
     def test_my_adapter(agent_conformance):
         report = agent_conformance(MyFrameworkAgent(my_fn), task="What is 2+3?", expect_variables=["answer"])

@@ -1,8 +1,8 @@
 """A tiny OpenAI-compatible chat server that answers instantly: for tests, benchmarks and demos.
 
-It stands in for ``vllm serve`` or a hosted API in front of :class:`~.openai_server.OpenAIPolicy`
-and counts what it sees: requests, requests in flight now and the most in flight at once. It can
-also hold requests until N are in flight (to prove a client really sends N at once), fail the
+It stands in for ``vllm serve`` or a hosted API in front of
+:class:`~agentgym_lightning.policies.openai.OpenAIPolicy` and counts what it sees: requests,
+requests in flight now and the most in flight at once. It can also hold requests until N are in flight (to prove a client really sends N at once), fail the
 next K requests with a status, and mimic a server without vLLM's token-id extension.
 
 In-process (a uvicorn thread)::
@@ -12,7 +12,7 @@ In-process (a uvicorn thread)::
 
 In another process (no GIL shared with the code under test), controlled over HTTP::
 
-    python -m agentgym_lightning.policies.openai_mock --port 0     # prints "listening on <url>"
+    python -m agentgym_lightning.testing.mock_openai_server --port 0     # prints "listening on <url>"
 
 Control endpoints (JSON): ``GET /stats``; ``POST /control`` with any of ``{"reset": true,
 "hold_until": 256, "hold_timeout": 10, "fail_next": 2, "fail_status": 503,
@@ -267,7 +267,7 @@ def spawn_mock_server(python: str | None = None, timeout: float = 30.0) -> tuple
     import subprocess
 
     proc = subprocess.Popen(
-        [python or sys.executable, "-m", "agentgym_lightning.policies.openai_mock", "--port", "0", "--exit-with-parent"],
+        [python or sys.executable, "-m", "agentgym_lightning.testing.mock_openai_server", "--port", "0", "--exit-with-parent"],
         stdin=subprocess.PIPE,  # closed when we exit, however we exit: the child then exits too
         stdout=subprocess.PIPE,
         text=True,

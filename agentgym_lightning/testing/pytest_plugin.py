@@ -2,14 +2,14 @@
 
 Enable it in your top-level ``conftest.py``::
 
-    pytest_plugins = ["agentgym_lightning.pytest_plugin"]
+    pytest_plugins = ["agentgym_lightning.testing.pytest_plugin"]
 
 then::
 
     def test_my_agent_conforms(agent_conformance):
         agent_conformance(MyFrameworkAgent(my_fn), task="What is 2+3?").assert_ok()
 
-See :mod:`agentgym_lightning.conformance` for what is checked.
+See :mod:`agentgym_lightning.testing.conformance` for what is checked.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
-from agentgym_lightning.conformance import ConformanceReport, check_agent
+from agentgym_lightning.testing.conformance import ConformanceReport, check_agent
 
 __all__ = ["agent_conformance"]
 
 
 @pytest.fixture
 def agent_conformance() -> Callable[..., ConformanceReport]:
-    """:func:`~agentgym_lightning.conformance.check_agent`: ``agent_conformance(agent, task, **options)``
+    """:func:`~agentgym_lightning.testing.conformance.check_agent`: ``agent_conformance(agent, task, **options)``
     runs one scripted episode and returns the report (call ``.assert_ok()`` on it)."""
 
     def run(agent: Any, task: Any = "What is 1 + 1?", **options: Any) -> ConformanceReport:

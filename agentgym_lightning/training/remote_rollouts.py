@@ -25,7 +25,7 @@ class RemoteRollouts:
     """Serves ``policy`` and runs rollouts of ``env_factory`` on ``config.rollout_workers`` actors."""
 
     def __init__(self, env_factory: Callable[[], AgentEnv], policy: Any, config: Any) -> None:
-        from agentgym_lightning.policies.openai_server import OpenAIPolicy
+        from agentgym_lightning.policies.openai import OpenAIPolicy
         from agentgym_lightning.policies.policy_server import PolicyServer
         from agentgym_lightning.ray_rollout import RayRolloutRunner
 

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.metrics import summarize
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.rollout import make_env_factory, rollout
 from agentgym_lightning.training.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
@@ -381,8 +382,6 @@ class LightningRLTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) and log it."""
-        from agentgym_lightning.eval import summarize
-
         cfg = self.config
         if self.eval_factory is None:
             raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
@@ -450,8 +449,6 @@ class LightningRLTrainer:
 
 def episode_metrics(trajectories: Sequence[Trajectory], wall_s: float, prefix: str = "") -> dict[str, float]:
     """Rollout metrics: the eval summary, plus the mean per-episode reward of every source."""
-    from agentgym_lightning.eval import summarize
-
     metrics = {f"{prefix}{k}": v for k, v in summarize(trajectories, wall_s).items()}
     scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED]
     by_source: dict[str, float] = defaultdict(float)
