@@ -10,9 +10,7 @@ agent workers that outlived their episodes (:mod:`agentgym_lightning.worker`).
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import secrets
 import ssl
 import threading
 import time
@@ -22,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from agentgym_lightning.gateway.auth import server_token
 from agentgym_lightning.gateway.background_loop import BackgroundLoop
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.router import EpisodeRouter
@@ -35,15 +34,6 @@ INPROC_HOST = "agentgym.inproc"
 HOST_ENV = "AGENTGYM_LIGHTNING_GATEWAY_HOST"
 PORT_ENV = "AGENTGYM_LIGHTNING_GATEWAY_PORT"
 TOKEN_ENV = "AGENTGYM_LIGHTNING_GATEWAY_TOKEN"
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -88,9 +78,7 @@ class Gateway(EpisodeRouter):
         limits: GatewayLimits | None = None,
         extra_routes: Sequence[Any] = (),
     ) -> None:
-        if not _is_loopback(host) and not token:
-            token = secrets.token_urlsafe(24)
-        super().__init__(token=token, limits=limits)
+        super().__init__(token=server_token(host, token), limits=limits)
         self.host = host
         self.port = port
         self.extra_routes = list(extra_routes)

@@ -8,12 +8,12 @@ what an agent is handed to reach it, is :class:`~agentgym_lightning.gateway.gate
 
 from __future__ import annotations
 
-import hmac
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from agentgym_lightning.episode import Episode, PendingCall
+from agentgym_lightning.gateway.auth import check_bearer
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.gateway.validation import check_chat_request, parse_json
@@ -62,11 +62,8 @@ class EpisodeRouter:
     # ------------------------------------------------------------------ requests
 
     def check_auth(self, authorization: str | None) -> None:
-        if not self.token:
-            return
-        expected = f"Bearer {self.token}"
-        if not authorization or not hmac.compare_digest(authorization.encode(), expected.encode()):
-            raise GatewayError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'", "authentication_error")
+        """Raise a 401 :class:`GatewayError` unless ``authorization`` carries the token (see :mod:`.auth`)."""
+        check_bearer(authorization, self.token)
 
     def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
         """Check a chat-completion request fully, then hand it to its episode as a pending call.
