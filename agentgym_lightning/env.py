@@ -51,7 +51,7 @@ from agentgym_lightning.episode import CallEvent, DoneEvent, Episode, EpisodeEve
 from agentgym_lightning.gateway.endpoint import EpisodeEndpoint
 from agentgym_lightning.gateway.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.llm import ChatRequest, as_completion
+from agentgym_lightning.llm import ChatRequest, as_completion, ids_extend
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
@@ -511,12 +511,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         assert prev is not None
         if prev.prompt_token_ids is None or prev.completion_token_ids is None:
             return
-        ids, head, tail = completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids
-        step.prompt_extends_previous = (
-            len(ids) >= len(head) + len(tail)
-            and ids[: len(head)] == head
-            and ids[len(head) : len(head) + len(tail)] == tail
-        )
+        step.prompt_extends_previous = ids_extend(completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids)
         if not step.prompt_extends_previous:
             step.prompt_rebuilt = not _messages_continue(previous, step)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "EPISODE_KEY",
     "new_tool_call_id",
     "new_call_id",
+    "ids_extend",
 ]
 
 #: The ``metadata`` key under which the rollout driver names a request's episode when it hands
@@ -270,6 +271,22 @@ class ToolCall:
 def new_tool_call_id() -> str:
     """A fresh OpenAI-style call id, ``call_<24 hex digits>``."""
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def ids_extend(ids: Sequence[int], *prefix: Sequence[int]) -> bool:
+    """Whether token ids ``ids`` begin with the ``prefix`` sequences, one after another: a call's
+    prompt extending the previous call's prompt + completion (the one check of the env, the chat
+    template monitor and the trainer's row merging; no concatenation is built)."""
+    start = 0
+    for part in prefix:
+        end = start + len(part)
+        if len(ids) < end:
+            return False
+        head = ids[start:end]
+        if head != part and list(head) != list(part):  # a list never equals a tuple: compare as lists
+            return False
+        start = end
+    return True
 
 
 def new_call_id() -> str:
