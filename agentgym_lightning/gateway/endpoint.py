@@ -16,7 +16,7 @@ from typing import Any, Literal
 import httpx
 
 from agentgym_lightning.episode import Episode, PendingCall
-from agentgym_lightning.gateway.background_loop import BackgroundLoop
+from agentgym_lightning.background_loop import BackgroundLoop
 from agentgym_lightning.gateway.gateway import Gateway
 
 __all__ = ["EpisodeEndpoint", "Transport"]

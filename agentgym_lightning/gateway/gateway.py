@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from agentgym_lightning.gateway.auth import server_token
-from agentgym_lightning.gateway.background_loop import BackgroundLoop
+from agentgym_lightning.background_loop import BackgroundLoop
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.router import EpisodeRouter
 from agentgym_lightning.gateway.server import GatewayServer

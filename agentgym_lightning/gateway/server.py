@@ -1,5 +1,6 @@
-"""HTTP servers of this process (the gateway's, the policy server's): uvicorn on a daemon thread,
-bound before it is announced, with the byte, time and connection limits of ``docs/limits.md``."""
+"""HTTP servers of this process (the gateway's, the policy server's, the mock OpenAI server's):
+uvicorn on a daemon thread, bound before it is announced, with the byte, time and connection
+limits of ``docs/limits.md``."""
 
 from __future__ import annotations
 
@@ -73,8 +74,10 @@ class ThreadedServer:
             time.sleep(0.005)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close the socket (also when it was never started). Idempotent."""
         self._server.should_exit = True
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         self._sock.close()
 
 

@@ -38,7 +38,6 @@ completions that did succeed.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ from typing import Any, Literal
 
 import httpx
 
+from agentgym_lightning.background_loop import BackgroundLoop
 from agentgym_lightning.llm import EPISODE_KEY, ChatRequest, Completion, ToolCall
 from agentgym_lightning.policies._http import AiohttpTransport, SyncHTTP, TransportFailure, env_proxy, pick_transport
 from agentgym_lightning.policies.base import Policy
@@ -103,33 +103,6 @@ class PolicyBackendError(RuntimeError):
         self.attempts = attempts
         self.failures: dict[int, PolicyBackendError] = dict(failures or {})
         self.completions: list[Completion | None] = list(completions or [])
-
-
-class _LoopThread:
-    """An asyncio loop running forever on a daemon thread (the policy's I/O thread)."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-        self._ready.wait()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self._ready.set)
-        self.loop.run_forever()
-
-    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -301,7 +274,7 @@ class OpenAIPolicy(Policy):
             ]
         self._sync_budget = threading.BoundedSemaphore(self.concurrency)
         self._counter_lock = threading.Lock()
-        self._io = _LoopThread(name="agentgym-openai-policy")
+        self._io = BackgroundLoop(name="agentgym-openai-policy")
         # A request takes a free slot (LIFO: a lone caller keeps reusing one warm connection);
         # slots bound the requests in flight to ``concurrency``.
         self._slots: asyncio.LifoQueue[int] | None = None
@@ -360,7 +333,7 @@ class OpenAIPolicy(Policy):
             self._io.submit(self._close_replicas()).result(timeout=10)
         except Exception:  # noqa: BLE001 - best effort on shutdown
             log.debug("closing the openai policy's connections failed", exc_info=True)
-        self._io.stop()
+        self._io.close()
         for sync in self._sync_replicas or []:
             sync.close()
 

@@ -29,13 +29,15 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from agentgym_lightning.gateway.limits import GatewayLimits
+from agentgym_lightning.gateway.server import ThreadedServer
 
 __all__ = ["MockOpenAIServer", "MockState", "default_reply", "build_app", "spawn_mock_server"]
 
@@ -206,29 +208,22 @@ class MockOpenAIServer:
     """
 
     def __init__(self, responder: Responder | None = None, *, port: int = 0, **state: Any) -> None:
-        import uvicorn
-
         self.state = MockState(**state)
         self.bodies: list[dict[str, Any]] = []
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", port))
-        self._sock.listen(4096)
-        self.port: int = self._sock.getsockname()[1]
-        config = uvicorn.Config(
+        # Clients of a benchmark keep their connections across long pauses: a long keep-alive.
+        self._server = ThreadedServer(
             build_app(self.state, responder, self.bodies),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_keep_alive=600,
-            backlog=4096,
+            "127.0.0.1",
+            port,
+            name="mock-openai",
+            limits=GatewayLimits(keep_alive_timeout=600.0),
         )
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        self.port: int = self._server.port
+        self._started = False
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     @property
     def base_url(self) -> str:
@@ -236,24 +231,13 @@ class MockOpenAIServer:
         return f"{self.url}/v1"
 
     def start(self, timeout: float = 30.0) -> MockOpenAIServer:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._server.run, kwargs={"sockets": [self._sock]}, name="mock-openai", daemon=True
-            )
-            self._thread.start()
-            deadline = time.monotonic() + timeout
-            while not self._server.started:
-                if not self._thread.is_alive() or time.monotonic() > deadline:
-                    raise RuntimeError("the mock OpenAI server did not start")
-                time.sleep(0.005)
+        if not self._started:
+            self._server.start(timeout)
+            self._started = True
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout)
-            self._thread = None
-        self._sock.close()
+        self._server.stop(timeout)
 
     def __enter__(self) -> MockOpenAIServer:
         return self.start()
