@@ -113,6 +113,9 @@ MOVED = {
     "agentgym_lightning.pytest_plugin": "agentgym_lightning.testing.pytest_plugin",
     "agentgym_lightning.policies.openai_mock": "agentgym_lightning.testing.mock_openai_server",
     "agentgym_lightning.policies.openai_server": "agentgym_lightning.policies.openai",
+    "agentgym_lightning.plugins.spider_air": "agentgym_lightning.envs.spider.plugin",
+    "agentgym_lightning.plugins.rag_air": "agentgym_lightning.envs.rag.plugin",
+    "agentgym_lightning.plugins.math_air": "agentgym_lightning.envs.math.plugin",
 }
 
 
@@ -187,3 +190,17 @@ def test_the_failure_isolator_is_public_and_isolates_a_rejected_request():
     assert isinstance(answers[1], GatewayError) and answers[1].status == 400
     with pytest.raises(PolicyDown):  # nothing answered and the probe fails too: the backend is down
         FailureIsolator(lambda requests: 1 / 0).answer([_request("a")])
+
+
+def test_the_env_packages_register_their_own_envs_and_air():
+    from agentgym_lightning.plugin_manager import BUNDLED_PLUGINS, env_plugins, get_plugin_manager
+    from agentgym_lightning.registration import BUNDLED_ENVS, lightning_env_ids
+
+    assert env_plugins() == [f"agentgym_lightning.envs.{name}.plugin" for name in ("math", "rag", "spider")]
+    assert not {"spider_air", "rag_air", "math_air"} & set(BUNDLED_PLUGINS)  # the core names none of them
+    assert list(BUNDLED_ENVS) == ["lightning/GuessNumber-v0"]
+    names = {name for name, _ in get_plugin_manager().list_name_plugin()}
+    assert {"envs.math.plugin", "envs.rag.plugin", "envs.spider.plugin"} <= names
+    assert {"lightning/Spider-v0", "lightning/MuSiQue-v0", "lightning/HotpotQA-v0", "lightning/GSM8K-v0"} <= set(
+        lightning_env_ids()
+    )

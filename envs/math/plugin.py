@@ -1,5 +1,5 @@
-"""AIR for the math envs (``lightning/GSM8K-v0``, ``CalcX-v0``, ``Arithmetic-v0``): calculator
-and answer signals.
+"""The math plugin: registers ``lightning/GSM8K-v0``, ``CalcX-v0`` and ``Arithmetic-v0`` and gives
+their AIR, calculator and answer signals.
 
 The math agent (``agentgym_lightning.envs.math.agent``) emits, after each call, what followed
 it; this plugin reads that from the step's ``outcome`` and gives these signals (raw values; the
@@ -28,6 +28,7 @@ source                        raw value, on which step
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from agentgym_lightning.hookspecs import hookimpl
 from agentgym_lightning.trajectory import Reward, Step, Trajectory
@@ -39,6 +40,16 @@ SOURCES: tuple[str, ...] = (
     "math.answer_unparsable",
     "math.no_tool",
 )
+
+
+
+@hookimpl
+def agentgym_register_envs() -> list[dict[str, Any]]:
+    return [
+        {"id": "lightning/GSM8K-v0", "entry_point": "agentgym_lightning.envs.math.env:make_gsm8k_env"},
+        {"id": "lightning/CalcX-v0", "entry_point": "agentgym_lightning.envs.math.env:make_calcx_env"},
+        {"id": "lightning/Arithmetic-v0", "entry_point": "agentgym_lightning.envs.math.env:make_arithmetic_env"},
+    ]
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""AIR for ``lightning/MuSiQue-v0`` and ``lightning/HotpotQA-v0``: what a search or answer did.
+"""The RAG plugin: registers ``lightning/MuSiQue-v0`` and ``lightning/HotpotQA-v0`` and gives their
+AIR, what a search or answer did.
 
 After each LLM call the RAG agent emits what followed it into that step's ``outcome`` (see
 ``agentgym_lightning.envs.rag.agent``). This plugin turns that into signals, each of raw value
@@ -21,6 +22,7 @@ A signal whose raw value is 0 is not emitted.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from agentgym_lightning.hookspecs import hookimpl
 from agentgym_lightning.trajectory import Reward, Step, Trajectory
@@ -36,6 +38,15 @@ ANSWER: dict[str, str] = {"missing": "rag.answer_missing", "malformed": "rag.ans
 #: Actions of a reply the agent could not read (it asked again).
 NO_DIRECTIVE: tuple[str, ...] = ("no_directive", "bad_tool_call")
 SOURCES: tuple[str, ...] = (*COUNTS.values(), *ANSWER.values())
+
+
+
+@hookimpl
+def agentgym_register_envs() -> list[dict[str, Any]]:
+    return [
+        {"id": "lightning/MuSiQue-v0", "entry_point": "agentgym_lightning.envs.rag.env:make_musique_env"},
+        {"id": "lightning/HotpotQA-v0", "entry_point": "agentgym_lightning.envs.rag.env:make_hotpotqa_env"},
+    ]
 
 
 @hookimpl

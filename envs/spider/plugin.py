@@ -1,4 +1,5 @@
-"""AIR for ``lightning/Spider-v0``: what happened to the SQL a call wrote, as reward signals.
+"""The Spider plugin: registers ``lightning/Spider-v0`` and gives its AIR, what happened to the SQL
+a call wrote, as reward signals.
 
 After each writer/rewriter call the Spider agent emits ``sql_status`` (one of ``no_sql``,
 ``parse_error``, ``exec_error``, ``executes``; see ``agentgym_lightning.envs.spider.agent``), which
@@ -15,12 +16,21 @@ Each weighted signal is logged as its own reward component (``Reward.source``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from agentgym_lightning.hookspecs import hookimpl
 from agentgym_lightning.trajectory import Reward, Step, Trajectory
 
 #: The signals, in order of how far the SQL got.
 SOURCES: tuple[str, ...] = ("spider.no_sql", "spider.parse_error", "spider.exec_error", "spider.executes")
+
+
+
+@hookimpl
+def agentgym_register_envs() -> list[dict[str, Any]]:
+    return [
+        {"id": "lightning/Spider-v0", "entry_point": "agentgym_lightning.envs.spider.env:make_env"},
+    ]
 
 
 @hookimpl
