@@ -85,7 +85,7 @@ class PendingCall:
     def wait(self, timeout: float | None = None) -> Completion:
         """Block until answered; raises :class:`GatewayError` when the call was refused."""
         # Wait in slices: a thread blocked in one long C-level wait could not be interrupted
-        # by the AgentCancelled that Episode.stop() raises in it.
+        # by the AgentCancelled that AgentWorker.stop() raises in it.
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._done:
             wait = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
