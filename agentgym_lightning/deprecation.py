@@ -18,7 +18,8 @@ def moved_module(old: str, new: str) -> None:
         moved_module("agentgym_lightning.conformance", "agentgym_lightning.testing.conformance")
     """
     module = importlib.import_module(new)
-    # stacklevel 3: the warning points at the import of the old name, not at this helper.
+    # stacklevel 3: the warning points at the import of the old name, not at this helper (Python skips
+    # the import system's frames), so it shows by default where __main__ imports it.
     warnings.warn(
         f"{old} moved to {new}; import it from there (the old name goes in the next release)",
         DeprecationWarning,
