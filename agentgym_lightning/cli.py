@@ -18,6 +18,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "agentgym_lightning.eval",
     "agentgym_lightning.commands.train",
     "agentgym_lightning.commands.serve",
+    "agentgym_lightning.commands.report",
+    "agentgym_lightning.commands.view",
     "agentgym_lightning.commands.data",
 )
 

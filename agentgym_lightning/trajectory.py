@@ -4,6 +4,12 @@ Everything an environment records, a plugin reads and a trainer consumes is one 
 dataclasses; they round-trip through JSONL with :func:`save_trajectories` /
 :func:`load_trajectories` (one trajectory a line, so an interrupted run keeps every line written).
 
+A file stores each call once: a step's request keeps only the messages it adds to the previous
+step's request of the same episode (and its tools and prompt token ids only where they differ);
+the step's ``"from_previous"`` says how much it took from the previous step, e.g.
+``{"messages": 5, "tools": true, "prompt_token_ids": 812}``, and the loader rebuilds the full
+request exactly. Files written before this format (every step whole) load the same way.
+
 The JSONL is strict JSON (RFC 8259), readable by any parser. Values JSON cannot hold are mapped,
 never allowed to fail a write: non-finite floats become the strings ``"NaN"``, ``"Infinity"``
 and ``"-Infinity"`` (protobuf's JSON mapping); objects with ``to_dict()`` or ``tolist()`` are
@@ -37,6 +43,7 @@ __all__ = [
     "save_trajectories",
     "load_trajectories",
     "TruncatedLineWarning",
+    "SkippedLineWarning",
 ]
 
 
@@ -123,7 +130,23 @@ class Step:
         """Sum of this step's reward components."""
         return float(sum(r.value for r in self.rewards))
 
-    def to_dict(self) -> dict[str, Any]:
+    def shared_messages(self, previous: Step | None) -> int:
+        """How many leading messages of this call's request repeat ``previous``'s request (all
+        of them when the agent continued its conversation); the rest is what this call added."""
+        return _common_prefix(previous.request.messages, self.request.messages) if previous is not None else 0
+
+    def to_dict(self, previous: Step | None = None) -> dict[str, Any]:
+        """This step as plain data; given the ``previous`` step of the same episode, only what this
+        call adds to it (see the module docstring; :meth:`from_dict` with the same ``previous``
+        rebuilds it)."""
+        data = self._full_dict()
+        if previous is not None:
+            taken = _take_from_previous(data, self, previous)
+            if taken:
+                data["from_previous"] = taken
+        return data
+
+    def _full_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "request": self.request.to_dict(),
@@ -141,8 +164,16 @@ class Step:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Step:
+    def from_dict(cls, data: dict[str, Any], previous: Step | None = None) -> Step:
+        """The inverse of :meth:`to_dict`: a step stored as what it adds to ``previous`` (its
+        ``"from_previous"``) needs that previous step. The rebuilt request shares the previous
+        step's message objects (one copy in memory, as on disk)."""
         data = dict(data)
+        taken = data.pop("from_previous", None)
+        if taken:
+            if previous is None:
+                raise ValueError(f"step {data.get('index')} stores only what it adds to the previous step, and none was given")
+            data = _put_back_previous(data, taken, previous)
         data["request"] = ChatRequest.from_dict(data["request"])
         if data.get("completion") is not None:
             data["completion"] = Completion.from_dict(data["completion"])
@@ -209,12 +240,14 @@ class Trajectory:
         """Whether a trainer may learn from this episode (infrastructure failures it may not)."""
         return self.status is not Status.INFRA_FAILED and self.status is not Status.RUNNING
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, compact: bool = False) -> dict[str, Any]:
+        """This episode as plain data; ``compact`` stores each step as what it adds to the previous
+        one (what :class:`TrajectoryWriter` writes; :meth:`from_dict` reads both)."""
         return {
             "episode_id": self.episode_id,
             "task": self.task,
             "env_id": self.env_id,
-            "steps": [s.to_dict() for s in self.steps],
+            "steps": [s.to_dict(self.steps[i - 1] if compact and i else None) for i, s in enumerate(self.steps)],
             "final_reward": self.final_reward,
             "status": self.status.value,
             "error": self.error,
@@ -230,20 +263,72 @@ class Trajectory:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         data = dict(data)
-        data["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
+        steps: list[Step] = []
+        for s in data.get("steps") or []:
+            steps.append(Step.from_dict(s, steps[-1] if steps else None))
+        data["steps"] = steps
         data["status"] = Status(data.get("status", Status.RUNNING.value))
         data["rewards"] = [Reward.from_dict(r) for r in data.get("rewards") or []]
         return cls(**data)
 
-    def to_json(self) -> str:
-        """One line of strict JSON; never fails (see the module docstring for the mapping)."""
-        data = self.to_dict()
+    def to_json(self, compact: bool = False) -> str:
+        """One line of strict JSON; never fails (see the module docstring for the mapping).
+        ``compact``: each step stored as what it adds to the previous one (as files are)."""
+        data = self.to_dict(compact=compact)
         try:
             return json.dumps(data, default=_json_default, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError, RecursionError):
             # NaN/Infinity, a non-string key, a cycle, a to_dict() that raises...: map the parts
             # JSON cannot hold (slower, so only when needed).
             return json.dumps(_jsonable(data, 0, set()), ensure_ascii=False, allow_nan=False)
+
+
+def _common_prefix(a: list[Any], b: list[Any]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _take_from_previous(data: dict[str, Any], step: Step, previous: Step) -> dict[str, Any]:
+    """Cut from ``data`` (``step``'s full dict) what ``previous`` already holds; returns what was
+    taken, for :func:`_put_back_previous`."""
+    taken: dict[str, Any] = {}
+    request = data["request"] = dict(data["request"])
+    shared = step.shared_messages(previous)
+    if shared:
+        request["messages"] = step.request.messages[shared:]
+        taken["messages"] = shared
+    if step.request.tools is not None and step.request.tools == previous.request.tools:
+        del request["tools"]
+        taken["tools"] = True
+    ids = step.completion.prompt_token_ids if step.completion is not None else None
+    before = previous.completion
+    if ids and before is not None and before.prompt_token_ids is not None:
+        # A continued conversation's prompt starts with the previous prompt and completion.
+        shared = _common_prefix(before.prompt_token_ids + (before.completion_token_ids or []), ids)
+        if shared:
+            data["completion"] = {**data["completion"], "prompt_token_ids": ids[shared:]}
+            taken["prompt_token_ids"] = shared
+    return taken
+
+
+def _put_back_previous(data: dict[str, Any], taken: Mapping[str, Any], previous: Step) -> dict[str, Any]:
+    """The full dict of a step stored by :func:`_take_from_previous`."""
+    request = data["request"] = dict(data["request"])
+    if taken.get("messages"):
+        request["messages"] = previous.request.messages[: int(taken["messages"])] + list(request.get("messages") or [])
+    if taken.get("tools"):
+        request["tools"] = previous.request.tools
+    if taken.get("prompt_token_ids"):
+        before = previous.completion
+        if before is None or before.prompt_token_ids is None or data.get("completion") is None:
+            raise ValueError(f"step {data.get('index')} takes prompt token ids from a previous step that has none")
+        head = (before.prompt_token_ids + (before.completion_token_ids or []))[: int(taken["prompt_token_ids"])]
+        data["completion"] = {**data["completion"], "prompt_token_ids": head + list(data["completion"].get("prompt_token_ids") or [])}
+    return data
 
 
 #: Nesting deeper than this is written as a repr; a repr is cut to this many characters.
@@ -302,16 +387,22 @@ def _jsonable(obj: Any, depth: int, seen: set[int]) -> Any:
 
 class TrajectoryWriter:
     """Appends trajectories to a JSONL file, one flushed line each, so a crash loses nothing
-    that was written."""
+    that was written. Each step is stored as what it adds to the previous one (module docstring).
+
+    ``append=True`` continues a file; if a writer was killed mid-line, that half line is cut
+    first (with a :class:`TruncatedLineWarning`), so the next line starts on a line boundary
+    instead of being glued to it."""
 
     def __init__(self, path: str | os.PathLike[str], append: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if append and self.path.is_file():
+            _end_on_a_line_boundary(self.path)
         self._fh: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
         self.count = 0
 
     def write(self, trajectory: Trajectory) -> None:
-        self._fh.write(trajectory.to_json() + "\n")
+        self._fh.write(trajectory.to_json(compact=True) + "\n")
         self._fh.flush()
         self.count += 1
 
@@ -326,6 +417,41 @@ class TrajectoryWriter:
         self.close()
 
 
+def _end_on_a_line_boundary(path: Path, chunk: int = 1 << 16) -> None:
+    """Make ``path`` end with a newline: a last line that is whole JSON gets its newline, a half
+    line (a writer killed mid-write) is cut."""
+    with open(path, "rb+") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        fh.seek(end - 1)
+        if fh.read(1) == b"\n":
+            return
+        cut, pos = 0, end
+        while pos > 0:  # the last newline, read backwards a chunk at a time
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            found = fh.read(pos - start).rfind(b"\n")
+            if found >= 0:
+                cut = start + found + 1
+                break
+            pos = start
+        fh.seek(cut)
+        tail = fh.read()
+        try:
+            json.loads(tail)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            fh.truncate(cut)
+            warnings.warn(
+                f"{path}: cut a half-written last line ({end - cut} bytes, no newline) left by an interrupted "
+                "writer, so the appended lines start on a line boundary",
+                TruncatedLineWarning,
+                stacklevel=3,
+            )
+        else:
+            fh.write(b"\n")
+
+
 def save_trajectories(path: str | os.PathLike[str], trajectories: Iterable[Trajectory]) -> int:
     """Write trajectories to ``path`` as JSONL; returns how many were written."""
     with TrajectoryWriter(path) as writer:
@@ -338,33 +464,62 @@ class TruncatedLineWarning(UserWarning):
     """The last line of a trajectory file was cut off mid-write (an interrupted run)."""
 
 
-def load_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
-    """Read trajectories back from a JSONL file written by :func:`save_trajectories`.
+class SkippedLineWarning(UserWarning):
+    """A bad line of a trajectory file was skipped (``load_trajectories(..., on_error="skip")``)."""
+
+
+def load_trajectories(path: str | os.PathLike[str], on_error: str = "raise") -> Iterator[Trajectory]:
+    """Read trajectories back from a JSONL file written by :func:`save_trajectories`, one line at a
+    time (a file of any size streams; ``list(...)`` for all of them).
 
     A truncated last line (a run killed mid-write) is skipped with a
-    :class:`TruncatedLineWarning` naming the file and line; any other bad line raises
-    :class:`ValueError` naming the file and line.
+    :class:`TruncatedLineWarning` naming the file and line. Any other bad line (not UTF-8, not
+    JSON, not a trajectory) raises :class:`ValueError` naming the file and line, or with
+    ``on_error="skip"`` is skipped with a :class:`SkippedLineWarning` saying the same.
     """
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines) and not line.endswith("\n"):
-                # Half-written final line of an interrupted run: the lines before it are whole.
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    return _iter_lines(path, on_error)
+
+
+def _iter_lines(path: str | os.PathLike[str], on_error: str) -> Iterator[Trajectory]:
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                yield _parse_line(path, lineno, raw)
+            except _TruncatedLine:
                 warnings.warn(
-                    f"{path}:{lineno}: skipped a truncated last line ({len(line)} characters, no newline): "
+                    f"{path}:{lineno}: skipped a truncated last line ({len(raw)} bytes, no newline): "
                     "the run that wrote it was interrupted mid-write",
                     TruncatedLineWarning,
                     stacklevel=2,
                 )
                 return
-            raise ValueError(f"{path}:{lineno}: not a JSON trajectory ({exc})") from exc
-        try:
-            trajectory = Trajectory.from_dict(data)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise ValueError(f"{path}:{lineno}: not a trajectory ({type(exc).__name__}: {exc})") from exc
-        yield trajectory
+            except ValueError as exc:
+                if on_error == "raise":
+                    raise
+                warnings.warn(f"{exc}; skipped (on_error='skip')", SkippedLineWarning, stacklevel=2)
+
+
+class _TruncatedLine(Exception):
+    pass
+
+
+def _parse_line(path: str | os.PathLike[str], lineno: int, raw: bytes) -> Trajectory:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if not raw.endswith(b"\n"):
+            # Half-written final line of an interrupted run: the lines before it are whole.
+            raise _TruncatedLine from exc
+        raise ValueError(f"{path}:{lineno}: not a JSON trajectory ({exc})") from exc
+    try:
+        return Trajectory.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{path}:{lineno}: not a trajectory ({type(exc).__name__}: {exc})") from exc

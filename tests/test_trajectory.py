@@ -19,7 +19,7 @@ from agentgym_lightning import (
     save_trajectories,
 )
 from agentgym_lightning.llm import as_completion
-from agentgym_lightning.trajectory import StepTimings, TruncatedLineWarning
+from agentgym_lightning.trajectory import SkippedLineWarning, StepTimings, TruncatedLineWarning
 
 
 def sample_trajectory(i: int = 0) -> Trajectory:
@@ -114,3 +114,101 @@ def test_as_completion_accepts_policy_outputs():
 def test_bad_requests_are_rejected_with_a_reason(body, fragment):
     with pytest.raises(ValueError, match=fragment):
         ChatRequest.from_openai(body)
+
+
+# ---------------------------------------------------------------- files: appends, bad lines, streaming, compact
+
+
+def conversation(turns: int = 4, episode: str = "c") -> Trajectory:
+    """An episode that continues one conversation: each request repeats the history and the tools."""
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    messages: list[dict] = [{"role": "system", "content": "be brief " * 50}, {"role": "user", "content": "2+2?"}]
+    prompt_ids = list(range(100))
+    steps = []
+    for i in range(turns):
+        completion = Completion(text=f"answer {i}", prompt_token_ids=list(prompt_ids),
+                                completion_token_ids=[1000 + i, 2000 + i], logprobs=[-0.5, -0.25])
+        request = ChatRequest.from_openai({"model": "m", "messages": [dict(m) for m in messages], "tools": tools})
+        steps.append(Step(index=i, request=request, completion=completion))
+        messages += [{"role": "assistant", "content": f"answer {i}"}, {"role": "tool", "content": f"result {i}"}]
+        prompt_ids += completion.completion_token_ids + [7, 8, 9]
+    # the agent starts a new conversation: only the system message is shared
+    request = ChatRequest.from_openai({"model": "m", "messages": [messages[0], {"role": "user", "content": "check"}]})
+    steps.append(Step(index=turns, request=request, completion=Completion(text="ok", prompt_token_ids=[5, 6], completion_token_ids=[9])))
+    return Trajectory(episode_id=episode, steps=steps, status=Status.SUCCEEDED, final_reward=1.0)
+
+
+def test_files_store_each_calls_new_messages_once_and_load_back_exactly(tmp_path):
+    t = conversation()
+    path = tmp_path / "t.jsonl"
+    save_trajectories(path, [t])
+    (back,) = load_trajectories(path)
+    assert back == t
+    assert [s.request.messages for s in back.steps] == [s.request.messages for s in t.steps]
+    assert [s.completion.prompt_token_ids for s in back.steps] == [s.completion.prompt_token_ids for s in t.steps]
+    stored = json.loads(path.read_text())["steps"]
+    # step 2 adds the previous answer and tool result to the 4 messages of step 1
+    assert stored[2]["from_previous"] == {"messages": 4, "tools": True, "prompt_token_ids": 107}
+    assert stored[2]["request"]["messages"] == t.steps[2].request.messages[4:] and "tools" not in stored[2]["request"]
+    assert stored[2]["completion"]["prompt_token_ids"] == [7, 8, 9]
+    assert "from_previous" not in stored[0]
+    assert stored[4]["from_previous"] == {"messages": 1}  # a rebuilt prompt shares its system message only
+    # the whole-steps form (what to_json() gives, and files before this format) is the larger one
+    assert len(path.read_text()) < 0.6 * len(t.to_json())
+
+
+def test_files_written_before_the_compact_format_still_load(tmp_path):
+    t = conversation()
+    path = tmp_path / "old.jsonl"
+    path.write_text(t.to_json() + "\n" + sample_trajectory().to_json() + "\n")  # every step whole
+    assert list(load_trajectories(path)) == [t, sample_trajectory()]
+
+
+def test_a_step_that_needs_its_previous_step_says_so():
+    data = json.loads(conversation().to_json(compact=True))
+    with pytest.raises(ValueError, match="stores only what it adds to the previous step"):
+        Step.from_dict(data["steps"][1])
+
+
+def test_appending_after_a_killed_writer_starts_on_a_line_boundary(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as w:
+        w.write(sample_trajectory(0))
+    with open(path, "a") as fh:
+        fh.write(sample_trajectory(1).to_json()[:70])  # killed mid-line
+    with pytest.warns(TruncatedLineWarning, match="cut a half-written last line"):
+        writer = TrajectoryWriter(path, append=True)
+    with writer:
+        writer.write(sample_trajectory(2))
+        writer.write(sample_trajectory(3))
+    assert [t.episode_id for t in load_trajectories(path)] == ["e0", "e2", "e3"]
+    # a whole last line that only lacks its newline is kept
+    path.write_text(sample_trajectory(0).to_json())
+    with TrajectoryWriter(path, append=True) as w:
+        w.write(sample_trajectory(1))
+    assert [t.episode_id for t in load_trajectories(path)] == ["e0", "e1"]
+
+
+def test_bad_bytes_name_file_and_line_and_can_be_skipped(tmp_path):
+    path = tmp_path / "t.jsonl"
+    good = sample_trajectory(0).to_json().encode()
+    path.write_bytes(good + b"\n" + good.replace(b'"q"', b'"\xff"') + b"\n" + b"{oops\n" + sample_trajectory(3).to_json().encode() + b"\n")
+    with pytest.raises(ValueError, match=f"{path}:2: not UTF-8 \\(byte 0xff"):
+        list(load_trajectories(path))
+    with pytest.warns(SkippedLineWarning) as caught:
+        assert [t.episode_id for t in load_trajectories(path, on_error="skip")] == ["e0", "e3"]
+    assert [str(w.message).split(" ")[0] for w in caught] == [f"{path}:2:", f"{path}:3:"]
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip'"):
+        load_trajectories(path, on_error="ignore")
+
+
+def test_loading_streams_line_by_line(tmp_path):
+    # A reader that read the whole file first would never see lines written after it started
+    # (a live run's file, as the viewer reads it).
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as writer:
+        writer.write(sample_trajectory(0))
+        stream = load_trajectories(path)
+        assert next(stream).episode_id == "e0"
+        writer.write(sample_trajectory(1))
+        assert [t.episode_id for t in stream] == ["e1"]

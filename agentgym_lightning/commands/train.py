@@ -15,7 +15,9 @@ Options come from, in order of precedence: the flags given, ``--config FILE.yaml
 loaded; a bad option is one line on stderr and exit status 2. A rollout in which every episode
 failed before its first LLM call (an agent that cannot start) stops the run with exit status 1
 and the first episode's error. Ctrl-C saves a checkpoint and exits 130; ``--resume`` continues
-from it with the same data order.
+from it with the same data order. At the end (also when interrupted) the run's self-contained HTML
+report is written to ``<output-dir>/report.html`` (``agentgym-lightning report``) and the summary
+says where.
 """
 
 from __future__ import annotations
@@ -192,20 +194,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - started
+    report = _write_report(Path(config.output_dir))
     before, after = result.eval_before or {}, result.eval_after or {}
     if args.json:
-        summary = {"steps": result.steps, "wall_time_s": elapsed, "interrupted": result.interrupted, "output_dir": str(result.output_dir)}
+        summary = {"steps": result.steps, "wall_time_s": elapsed, "interrupted": result.interrupted, "output_dir": str(result.output_dir), "report": report}
         summary.update({f"before/{k}": v for k, v in before.items()})
         summary.update({f"after/{k}": v for k, v in after.items()})
         from agentgym_lightning.metrics import json_metrics
 
         print(json.dumps(json_metrics(summary)))
     else:
-        print(_summary(config, result, elapsed))
+        print(_summary(config, result, elapsed, report))
     return 130 if result.interrupted else 0
 
 
-def _summary(config: Any, result: Any, elapsed: float) -> str:
+def _write_report(output_dir: Path) -> str:
+    """Write the run's ``report.html`` (interrupted runs too); returns where, or why it was not."""
+    from agentgym_lightning.viewer import write_report
+
+    path = output_dir / "report.html"
+    try:
+        size = write_report([str(output_dir)], str(path))
+    except Exception as exc:  # noqa: BLE001 - the run is done and saved: its summary must still print
+        return f"not written ({type(exc).__name__}: {exc}; write it with: agentgym-lightning report {output_dir} -o {path})"
+    return f"{path} ({size / 1024:.0f} KB; live: agentgym-lightning view {output_dir})"
+
+
+def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     lines = [
         f"{config.env} · {config.model} ({config.backend}{', LoRA' if config.use_peft else ''}) · "
         f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (" (interrupted)" if result.interrupted else "")
@@ -225,6 +240,7 @@ def _summary(config: Any, result: Any, elapsed: float) -> str:
         lines.append(f"  final model       {out / 'final'}")
     lines.append(f"  checkpoints       {out / 'checkpoints'}   (continue with --resume {out})")
     lines.append(f"  trajectories      {out / 'trajectories'}")
+    lines.append(f"  report            {report}")
     # A plugin may say a thing at the start and more of it at the end (the W&B run folder, then how
     # to upload it): the summary keeps the fuller line.
     messages = [m for m in result.messages if not any(o != m and o.startswith(m) for o in result.messages)]

@@ -48,7 +48,7 @@ from agentgym_lightning.credit import assign_credit
 from agentgym_lightning.llm import ids_extend
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
-__all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "ADVANTAGE_EPS"]
+__all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "untrained_reason", "ADVANTAGE_EPS"]
 
 #: Added to the group's std before dividing (TRL's value).
 ADVANTAGE_EPS = 1e-4
@@ -230,23 +230,28 @@ def build_samples(
     return SampleBatch(samples=samples, stats=dict(stats))
 
 
+def untrained_reason(step: Step, mask_truncated: bool = False, match: Callable[[Step], bool] | None = None) -> str | None:
+    """Why a call's completion tokens stay out of the loss — ``"not_trainable"`` (the agent or env
+    marked it), ``"agent_match_excluded"``, ``"without_token_ids"``, ``"empty"``,
+    ``"truncated_masked"`` (the ``samples/calls/<reason>`` counts) — or ``None`` when they train."""
+    if not step.trainable:
+        return "not_trainable"
+    if match is not None and not match(step):
+        return "agent_match_excluded"
+    if step.completion is None or not _usable(step):
+        return "without_token_ids"
+    if not step.completion.completion_token_ids:
+        return "empty"
+    if mask_truncated and step.completion.finish_reason == "length":
+        return "truncated_masked"
+    return None
+
+
 def _trainable_tokens(step: Step, mask_truncated: bool, match: Callable[[Step], bool] | None, stats: dict[str, float]) -> int:
     """1 if this call's completion tokens go into the loss, else 0 (and count why)."""
-    if not step.trainable:
-        stats["calls/not_trainable"] += 1
-        return 0
-    if match is not None and not match(step):
-        stats["calls/agent_match_excluded"] += 1
-        return 0
-    assert step.completion is not None
-    if not step.completion.completion_token_ids:
-        stats["calls/empty"] += 1
-        return 0
-    if mask_truncated and step.completion.finish_reason == "length":
-        stats["calls/truncated_masked"] += 1
-        return 0
-    stats["calls/trained"] += 1
-    return 1
+    reason = untrained_reason(step, mask_truncated, match)
+    stats[f"calls/{reason or 'trained'}"] += 1
+    return 0 if reason else 1
 
 
 def _logprobs_of(step: Step) -> list[float]:

@@ -207,6 +207,10 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes_the_run(tiny_model_dir, t
     done = _cli("--resume", str(run), "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "4/4 steps" in done.stdout
+    # the summary says where the run's report went, and it holds every step's episodes
+    assert f"report            {run / 'report.html'}" in done.stdout
+    report = (run / "report.html").read_text()
+    assert report.count("<svg") >= 3 and all(f"id='r0-train-{k}'" in report for k in (1, 2, 3, 4))
     assert json.loads((run / "checkpoints" / "checkpoint-000004" / "trainer_state.json").read_text())["step"] == 4
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert sorted({x["step"] for x in lines if "train/reward/mean" in x}) == [1, 2, 3, 4]

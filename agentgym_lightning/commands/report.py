@@ -1,0 +1,44 @@
+"""``agentgym-lightning report``: one self-contained HTML file of one or more training runs.
+
+::
+
+    agentgym-lightning report runs/main -o report.html
+    agentgym-lightning report runs/seed0 runs/seed1 runs/seed2 -o seeds.html   # overlaid, mean and spread
+
+The file holds the curves, the collapse alarms, every step's episodes by GRPO group, and the last
+step's and last evaluation's episodes call by call; it fetches nothing (no CDN), so it opens
+anywhere and can be attached to an issue. ``train`` writes ``report.html`` in its output folder
+at the end of a run. The live version: ``agentgym-lightning view``. See docs/viewer.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``report`` subcommand."""
+    p = subparsers.add_parser(
+        "report",
+        help="write a training run's self-contained HTML report (curves, alarms, episodes call by call)",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="a train run's output folder (several are overlaid)")
+    p.add_argument("--output", "-o", default="report.html", help="the HTML file to write (default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``report`` command: exit 0 when written, 2 when a run folder is missing."""
+    from agentgym_lightning.viewer import write_report
+
+    try:
+        size = write_report(args.runs, args.output)
+    except (FileNotFoundError, ImportError, OSError) as exc:
+        print(f"agentgym-lightning report: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {args.output} ({size / 1024:.0f} KB)")
+    return 0

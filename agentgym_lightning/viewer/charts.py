@@ -1,0 +1,139 @@
+"""The run's curves as inline SVG, drawn by matplotlib.
+
+Why matplotlib's SVG: it is a kept Python library installed like our other dependencies (no
+JavaScript to vendor or fetch from a CDN), it renders offline on the server, and the output is
+plain ``<svg>`` that any browser shows with scripts off, so the report is one small static file
+(text kept as text, ``svg.fonttype = "none"``: about 10-20 KB a chart). Each chart overlays every
+run given; with several runs (seeds, variants) it adds their mean (bold) and spread (min-max band).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources"]
+
+Series = Mapping[str, Sequence[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: its title and the metrics it draws, as ``(metric, label)``; ``stacked`` draws
+    them as a stacked area (parts of a whole, as a step's time)."""
+
+    title: str
+    lines: tuple[tuple[str, str], ...]
+    stacked: bool = False
+
+
+#: The charts of every run view, in order (metric names: docs/metrics.md).
+CHARTS: tuple[Chart, ...] = (
+    Chart("Reward", (("train/reward/mean", "task (train)"), ("train/reward/total", "with AIR (train)"), ("eval/reward/mean", "held-out"))),
+    Chart("Success rate", (("train/success_rate", "train"), ("eval/success_rate", "held-out"))),
+    Chart("Turns per episode", (("train/turns/mean", "train"), ("eval/turns/mean", "held-out"))),
+    Chart("Loss", (("loss", "loss"),)),
+    Chart("KL to reference", (("kl", "kl"),)),
+    Chart("Entropy", (("entropy", "token entropy"),)),
+    Chart("Grad norm", (("grad_norm", "before clipping"),)),
+    Chart("Clip ratios", (("clip_ratio/low", "low"), ("clip_ratio/high", "high"), ("clip_ratio/region", "region"))),
+    Chart("Zero-variance groups", (("samples/groups/zero_variance", "zero variance"), ("samples/groups", "groups"))),
+    Chart("Tokens/s (rollout)", (("train/tokens_per_s", "train"), ("eval/tokens_per_s", "held-out"))),
+    Chart("Step time (s)", (("time/rollout_s", "rollout"), ("time/update_s", "update"), ("time/sync_s", "sync")), stacked=True),
+)
+
+
+def air_sources(series_by_run: Sequence[Series]) -> Chart | None:
+    """A chart of each AIR source's mean reward per episode (``train/reward/<source>``), if any."""
+    fixed = {"train/reward/mean", "train/reward/total", "train/reward/unscored", "train/reward/final"}
+    names = sorted({n for s in series_by_run for n in s if n.startswith("train/reward/") and n not in fixed})
+    if not names:
+        return None
+    return Chart("AIR sources (mean per episode)", tuple((n, n.removeprefix("train/reward/")) for n in names))
+
+
+def _figure():  # type: ignore[no-untyped-def]
+    from matplotlib.figure import Figure  # the object API: no pyplot state, safe in a server's threads
+
+    fig = Figure(figsize=(4.6, 2.7), dpi=100)
+    ax = fig.add_subplot()
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
+    ax.set_xlabel("step", fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return fig, ax
+
+
+def chart_svg(chart: Chart, series_by_run: Sequence[Series], run_names: Sequence[str]) -> str | None:
+    """``chart`` of the runs as an ``<svg>`` element, or ``None`` when no run logged any of it.
+    The same points give the same drawing without drawing again (a live page reloads often)."""
+    if not any(s.get(metric) for s in series_by_run for metric, _ in chart.lines):
+        return None
+    points = tuple(tuple((metric, tuple(s.get(metric) or ())) for metric, _ in chart.lines) for s in series_by_run)
+    return _draw(chart, points, tuple(run_names))
+
+
+@functools.lru_cache(maxsize=128)
+def _draw(chart: Chart, points: tuple[tuple[tuple[str, tuple[tuple[int, float], ...]], ...], ...], run_names: tuple[str, ...]) -> str:
+    series_by_run = [dict(p) for p in points]
+    import matplotlib
+
+    matplotlib.rcParams["svg.fonttype"] = "none"
+    matplotlib.rcParams["svg.hashsalt"] = "agentgym"  # the same run gives the same file
+    fig, ax = _figure()
+    ax.set_title(chart.title, fontsize=10)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    if chart.stacked:
+        _stacked(ax, chart, series_by_run, colors)
+    else:
+        for i, (metric, label) in enumerate(chart.lines):
+            _lines(ax, metric, label, series_by_run, run_names, colors[i % len(colors)])
+    if ax.has_data():
+        ax.legend(fontsize=7, frameon=False)
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.9, bottom=0.17)  # fixed: tight_layout doubles the drawing time
+    out = io.StringIO()
+    fig.savefig(out, format="svg")
+    svg = out.getvalue()
+    svg = svg[svg.index("<svg"):]
+    return re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+
+
+def _lines(ax, metric: str, label: str, series_by_run: Sequence[Series], run_names: Sequence[str], color: str) -> None:  # type: ignore[no-untyped-def]
+    runs = [(name, s.get(metric) or []) for name, s in zip(run_names, series_by_run)]
+    runs = [(name, pts) for name, pts in runs if pts]
+    if not runs:
+        return
+    marker = "o" if max(len(pts) for _, pts in runs) <= 12 else None
+    if len(runs) == 1:
+        xs, ys = zip(*runs[0][1])
+        ax.plot(xs, ys, color=color, label=label, marker=marker, markersize=3, linewidth=1.5)
+        return
+    for _, pts in runs:
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, color=color, alpha=0.35, linewidth=0.8)
+    by_step: dict[int, list[float]] = {}
+    for _, pts in runs:
+        for x, y in pts:
+            by_step.setdefault(x, []).append(y)
+    steps = sorted(by_step)
+    mean = [sum(by_step[x]) / len(by_step[x]) for x in steps]
+    ax.fill_between(steps, [min(by_step[x]) for x in steps], [max(by_step[x]) for x in steps], color=color, alpha=0.15, linewidth=0)
+    ax.plot(steps, mean, color=color, linewidth=2, marker=marker, markersize=3, label=f"{label} (mean of {len(runs)})")
+
+
+def _stacked(ax, chart: Chart, series_by_run: Sequence[Series], colors: list[str]) -> None:  # type: ignore[no-untyped-def]
+    # Several runs: the mean of each part per step.
+    parts = []
+    for metric, label in chart.lines:
+        by_step: dict[int, list[float]] = {}
+        for s in series_by_run:
+            for x, y in s.get(metric) or []:
+                by_step.setdefault(x, []).append(y)
+        parts.append((label, {x: sum(v) / len(v) for x, v in by_step.items()}))
+    steps = sorted({x for _, p in parts for x in p})
+    ax.stackplot(steps, *[[p.get(x, 0.0) for x in steps] for _, p in parts], labels=[label for label, _ in parts],
+                 colors=colors[: len(parts)], alpha=0.8)
