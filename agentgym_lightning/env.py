@@ -53,6 +53,7 @@ from agentgym_lightning.gateway.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.llm import ChatRequest, as_completion, ids_extend
 from agentgym_lightning.plugin_manager import get_plugin_manager
+from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
 from agentgym_lightning.worker import AgentWorker
@@ -271,6 +272,8 @@ class AgentEnv(gym.Env[Observation, Any]):
             seed=int(self.np_random.integers(2**31 - 1)),
             group_id=options.get("group_id"),
             events=self._events,  # type: ignore[arg-type]  # put() is all an Episode uses
+            max_variables=self.gateway.limits.max_variables,
+            max_variable_bytes=self.gateway.limits.max_variable_bytes,
         )
         self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
         self._episode = episode
@@ -427,6 +430,8 @@ class AgentEnv(gym.Env[Observation, Any]):
         if event.error is None:
             try:
                 final = self._episode_reward(trajectory.task, event.result, trajectory)
+            except RewardRefused as exc:
+                return self._end(Status.INFRA_FAILED, str(exc), reward)
             except Exception as exc:  # noqa: BLE001 - reward code failing is not the agent's fault
                 return self._end(Status.INFRA_FAILED, "reward function failed: " + _format_error(exc), reward)
             return self._end(Status.SUCCEEDED, None, reward, final)
@@ -436,18 +441,22 @@ class AgentEnv(gym.Env[Observation, Any]):
 
     def _episode_reward(self, task: Any, result: Any, trajectory: Trajectory) -> float | None:
         if self.reward_fn is not None:
-            return float(self.reward_fn(task, result))
+            return checked_reward(self.reward_fn(task, result), f"the reward_fn of {self._name}")
         value = self._hook.agentgym_episode_reward(task=task, result=result, trajectory=trajectory)
         if value is None and not self._warned_no_reward:
             self._warned_no_reward = True
             warnings.warn(
-                f"{self.env_id or type(self).__name__}: no reward_fn was given and no agentgym_episode_reward "
+                f"{self._name}: no reward_fn was given and no agentgym_episode_reward "
                 "hook answered, so episodes end with final_reward=None (only rewards the agent emits count); "
                 "pass reward_fn=fn(task, result) -> float or install a reward plugin",
                 NoRewardWarning,
                 stacklevel=2,
             )
-        return None if value is None else float(value)
+        return None if value is None else checked_reward(value, f"the agentgym_episode_reward hook of {self._name}")
+
+    @property
+    def _name(self) -> str:
+        return self.env_id or type(self).__name__
 
     def _finalize(self, now: float) -> float:
         """Close the answered steps: timings, AIR rewards, the step hook. Returns their reward."""
@@ -470,12 +479,21 @@ class AgentEnv(gym.Env[Observation, Any]):
             for raw in [result] if isinstance(result, Reward) else list(result or []):
                 weight = self.air_weights.get(raw.source)
                 if weight is not None:
-                    step.rewards.append(Reward(value=raw.value * weight, source=raw.source, raw=raw.value))
+                    try:
+                        value = checked_reward(raw.value * weight, f"AIR source {raw.source!r} of {self._name}")
+                    except RewardRefused as exc:
+                        assert self._episode is not None
+                        self._episode.refuse_reward(str(exc))
+                        continue
+                    step.rewards.append(Reward(value=value, source=raw.source, raw=raw.value))
 
     def _end(self, status: Status, error: str | None, reward: float, final: float | None = None) -> StepResult:
         episode = self._episode
         assert episode is not None
         trajectory = episode.trajectory
+        if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
+            # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
+            status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
         episode.end(status, error, final)
         self._call = None
         assert self._worker is not None

@@ -12,7 +12,7 @@ records and hands over. The Gymnasium semantics (rewards, truncation, statuses) 
 from __future__ import annotations
 
 import asyncio
-import math
+import json
 import queue
 import threading
 import time
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion, GatewayError, new_call_id
+from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.trajectory import Reward, Status, Step, StepTimings, Trajectory
 
 __all__ = ["Episode", "PendingCall", "CallEvent", "DoneEvent", "EpisodeEvent"]
@@ -151,8 +152,13 @@ class Episode:
         seed: int | None = None,
         group_id: str | None = None,
         events: queue.SimpleQueue[EpisodeEvent] | None = None,
+        max_variables: int | None = None,
+        max_variable_bytes: int | None = None,
     ) -> None:
         self.model_name = model_name
+        #: Bounds on :meth:`emit_variable` (the gateway's ``GatewayLimits``; ``None``: none).
+        self.max_variables = max_variables
+        self.max_variable_bytes = max_variable_bytes
         self.episode_id = uuid.uuid4().hex
         self.trajectory = Trajectory(
             episode_id=self.episode_id, task=task, env_id=env_id, group_id=group_id, seed=seed, started_at=time.time()
@@ -171,6 +177,8 @@ class Episode:
         self._finished = threading.Event()
         self._reason = ""
         self._closed = False
+        #: Why a reward of this episode was refused (it must not be trained on), if one was.
+        self.refused_reward: str | None = None
 
     # ------------------------------------------------------------------ the agent's end
 
@@ -293,21 +301,35 @@ class Episode:
     # ------------------------------------------------------------------ from the agent
 
     def emit_variable(self, name: str, value: Any) -> None:
+        """Set a semantic variable; raises ``ValueError`` past the gateway's ``max_variables``
+        names or ``max_variable_bytes`` per value (``docs/limits.md``)."""
         if not isinstance(name, str) or not name:
             raise ValueError("a semantic variable needs a non-empty string name")
+        if self.max_variable_bytes is not None and (size := _json_size(value)) > self.max_variable_bytes:
+            raise ValueError(
+                f"semantic variable {name!r} is {size} bytes of JSON, over the limit of {self.max_variable_bytes} "
+                "(GatewayLimits.max_variable_bytes): keep big data in the agent's own storage and emit a summary"
+            )
         with self._lock:
+            if self.max_variables is not None and name not in self._variables and len(self._variables) >= self.max_variables:
+                raise ValueError(
+                    f"semantic variable {name!r} would be one more than this episode's limit of "
+                    f"{self.max_variables} (GatewayLimits.max_variables)"
+                )
             self._variables[name] = value
             self.trajectory.variables[name] = value
             if self._last_answered is not None:
                 self._last_answered.outcome[name] = value
 
     def emit_reward(self, value: float, source: str = "agent") -> None:
+        """Add a reward to the call most recently answered. A reward that is not a finite number
+        within ``±MAX_ABS_REWARD`` raises :class:`~agentgym_lightning.reward_bounds.RewardRefused`
+        (a ``ValueError``) and excludes the episode (see :meth:`refuse_reward`)."""
         try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"a reward must be a number, got {value!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"a reward must be a finite number, got {value}")
+            value = checked_reward(value, f"emit_reward(source={str(source)!r})")
+        except RewardRefused as exc:
+            self.refuse_reward(str(exc))
+            raise
         reward = Reward(value=value, source=str(source))
         with self._lock:
             if self._last_answered is not None:
@@ -315,8 +337,25 @@ class Episode:
             else:
                 self.trajectory.rewards.append(reward)
 
+    def refuse_reward(self, message: str) -> None:
+        """Remember that a reward of this episode was refused: the env ends it ``infra_failed``
+        with ``message`` (the first one), whatever else happens (see :mod:`~agentgym_lightning.reward_bounds`)."""
+        with self._lock:
+            if self.refused_reward is None:
+                self.refused_reward = message
+
     @property
     def variables(self) -> dict[str, Any]:
         """A copy of the agent's current semantic variables."""
         with self._lock:
             return dict(self._variables)
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of ``value`` as JSON (strings and bytes by length; ``repr`` for what JSON cannot hold)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    try:
+        return len(json.dumps(value, default=repr, ensure_ascii=False))
+    except (TypeError, ValueError, RecursionError):  # a cycle, a non-string key...
+        return len(repr(value))

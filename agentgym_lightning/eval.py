@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="run a policy on an environment; print reward, success rate, turns, tokens/s",
         description=(__doc__ or "").split("\n\n")[0],
     )
-    p.add_argument("--env", required=True, help="environment id, e.g. lightning/GuessNumber-v0")
+    p.add_argument("--env", required=True, help="environment id (lightning/GuessNumber-v0), module:Id (a module that registers Id) or path/to/file.py:make_env (a function returning an AgentEnv)")
     p.add_argument(
         "--model",
         default=None,
@@ -104,6 +104,8 @@ class EvalResult:
     metrics: dict[str, float] = field(default_factory=dict)
     wall_time: float = 0.0
     interrupted: bool = False
+    #: Why ``output`` could not be written (a full disk...), if it could not; the eval went on.
+    output_error: str | None = None
 
 
 def evaluate(
@@ -132,8 +134,11 @@ def evaluate(
 
     def on_trajectory(trajectory: Trajectory) -> None:
         result.trajectories.append(trajectory)
-        if writer is not None:
-            writer.write(trajectory)
+        if writer is not None and result.output_error is None:
+            try:
+                writer.write(trajectory)
+            except OSError as exc:  # a full disk costs the file, not the eval: stop writing, say so
+                result.output_error = f"could not write {output}: {exc.strerror or exc}"
 
     started = time.perf_counter()
     try:
@@ -154,7 +159,10 @@ def evaluate(
     finally:
         result.wall_time = time.perf_counter() - started
         if writer is not None:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as exc:  # what a failed write left buffered cannot be flushed either
+                result.output_error = result.output_error or f"could not write {output}: {exc.strerror or exc}"
     result.metrics = summarize(result.trajectories, result.wall_time)
     if log_metrics:
         from agentgym_lightning.plugin_manager import get_plugin_manager
@@ -253,8 +261,10 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
     """Build (and close) one env with ``env_kwargs``: an unknown or bad one fails here, cheaply."""
     import gymnasium as gym
 
+    from agentgym_lightning.rollout import make_env_factory
+
     try:
-        env = gym.make(env_id, **env_kwargs)  # its warnings (data skipped...) show here, once
+        env = make_env_factory(env_id, env_kwargs)()  # its warnings (data skipped...) show here, once
     except (TypeError, ValueError, gym.error.Error) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]
         raise _UsageError(f"--env-kwarg: {env_id} does not accept {env_kwargs}: {message}") from None
@@ -264,8 +274,9 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``eval`` command: check the arguments, build the policy, run, print the summary.
 
-    Exit status: 0, 2 for a bad argument, 1 when every episode was an infrastructure failure,
-    130 if interrupted.
+    Exit status: 0, 2 for a bad argument, 1 when every episode was an infrastructure failure or
+    ``--output`` could not be written (a full disk: the summary is still printed), 130 if
+    interrupted.
     """
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
 
@@ -300,6 +311,9 @@ def run(args: argparse.Namespace) -> int:
         print(_format_summary(args, model, result))
     if result.interrupted:
         return 130
+    if result.output_error is not None:
+        print(f"agentgym-lightning eval: {result.output_error}; the trajectories after it were not saved", file=sys.stderr)
+        return 1
     failed = [t for t in result.trajectories if t.status is Status.INFRA_FAILED]
     if result.trajectories and len(failed) == len(result.trajectories):
         first = (failed[0].error or "").strip().splitlines()
@@ -313,15 +327,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resolve_env_id(env: str) -> str:
-    """Accept ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``; unknown ids list the known ones."""
+    """Accept ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``, Gymnasium's ``module:Id`` and
+    ``path/to/file.py:make_env`` (checked here: the module imports and registers ``Id``, the file
+    has the function); unknown ids list the known ones and say how to use one's own."""
+    import importlib
+    import os
+
     import gymnasium as gym
 
     import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
-    from agentgym_lightning.registration import lightning_env_ids
+    from agentgym_lightning.registration import file_factory, is_file_factory, lightning_env_ids
 
     if env in gym.registry:
         return env
     if f"lightning/{env}" in gym.registry:
         return f"lightning/{env}"
+    if is_file_factory(env):
+        file_factory(env)
+        return env
+    module, sep, env_id = env.partition(":")
+    if sep:
+        if os.getcwd() not in sys.path:  # as `python -m` does: a module beside you imports
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--env {env}: cannot import {module!r} ({exc})") from None
+        if env_id not in gym.registry:
+            raise ValueError(f"--env {env}: importing {module!r} did not register {env_id!r} (it must call gymnasium.register)")
+        return env
     known = ", ".join(lightning_env_ids()) or "none"
-    raise ValueError(f"unknown environment {env!r} (registered: {known})")
+    raise ValueError(
+        f"unknown environment {env!r} (registered: {known}); for an env of your own, pass --env my_module:{env} "
+        "(a module that calls gymnasium.register on import) or --env path/to/file.py:make_env (a function "
+        "returning an AgentEnv), or register it from a plugin's agentgym_register_envs hook"
+    )

@@ -374,7 +374,18 @@ def as_completion(action: Any) -> Completion:
     if isinstance(action, dict):
         if "content" in action and "text" not in action:
             return Completion(text=action.get("content") or "", tool_calls=list(action.get("tool_calls") or []))
-        return Completion.from_dict(action)
+        try:
+            return Completion.from_dict(action)
+        except TypeError as exc:  # keys a Completion does not have
+            hint = (
+                ": that is one tool call; answer with {'content': None, 'tool_calls': [it]}"
+                if {"name", "arguments"} <= action.keys() or "function" in action
+                else ""
+            )
+            raise ValueError(
+                f"a dict action must be a Completion's fields (text, tool_calls, ...) or an OpenAI message "
+                f"(content, tool_calls), got keys {sorted(map(str, action))} ({exc}){hint}"
+            ) from None
     raise TypeError(
         f"an action must be a Completion, a str or a dict, not {type(action).__name__}; "
         "wrap your policy's output with agentgym_lightning.Completion(text=...)"

@@ -3,10 +3,17 @@
 Gymnasium 1.x has no entry-point env plugins, so environments come through the
 ``agentgym_register_envs`` hook: the bundled env packages' own plugins (``envs/<name>/plugin.py``,
 see :mod:`agentgym_lightning.plugin_manager`) and third-party ones alike. Only the core's own demo
-env is named here.
+env is named here. An env of one's own needs none of that: ``module:Id`` (Gymnasium's form:
+``module`` registers ``Id`` when imported) and ``path/to/file.py:make_env`` (a function returning an
+``AgentEnv``) work wherever an env id does.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.envs.registration import WrapperSpec
@@ -56,3 +63,33 @@ def lightning_env_ids() -> list[str]:
     """Every registered id in the ``lightning`` namespace and those added by plugins."""
     register_envs()
     return sorted(k for k, v in gym.registry.items() if v.namespace == "lightning" or k in _plugin_env_ids)
+
+
+def is_file_factory(env: str) -> bool:
+    """Whether ``env`` names a factory in a Python file: ``path/to/file.py:make_env``."""
+    path, sep, name = env.rpartition(":")
+    return bool(sep) and path.endswith(".py") and name.isidentifier()
+
+
+def file_factory(env: str) -> Callable[..., Any]:
+    """The function ``name`` of the file in ``"path/to/file.py:name"`` (the file is imported once
+    per process): called with the env kwargs, it must return an ``AgentEnv``. Raises
+    ``ValueError`` saying what is missing."""
+    path, _, name = env.rpartition(":")
+    file = Path(path).resolve()
+    module = _file_modules.get(file)
+    if module is None:
+        if not file.is_file():
+            raise ValueError(f"--env {env}: no such file {path}")
+        spec = importlib.util.spec_from_file_location(f"agentgym_env_file_{len(_file_modules)}_{file.stem}", file)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _file_modules[file] = module
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValueError(f"--env {env}: {path} has no function {name!r} (a function returning an AgentEnv)")
+    return factory
+
+
+_file_modules: dict[Path, Any] = {}

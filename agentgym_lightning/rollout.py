@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.llm import EPISODE_KEY, ChatRequest
 from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
+from agentgym_lightning.registration import file_factory, is_file_factory
 from agentgym_lightning.spaces import Observation
 from agentgym_lightning.trajectory import Status, Trajectory
 
@@ -77,14 +78,16 @@ BATCH_WAIT_FRACTION = 0.1
 
 
 def make_env_factory(env: str | Callable[[], AgentEnv], env_kwargs: Mapping[str, Any] | None = None) -> Callable[[], AgentEnv]:
-    """A zero-argument factory from an env id (``gym.make``) or a factory."""
+    """A zero-argument factory from an env id (``gym.make``: a registered id or Gymnasium's
+    ``module:Id``), a ``path/to/file.py:make_env`` string (that function, called with
+    ``env_kwargs``), or a factory."""
     if isinstance(env, str):
         import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
 
         kwargs = dict(env_kwargs or {})
 
         def factory() -> AgentEnv:
-            made = gym.make(env, **kwargs)
+            made = file_factory(env)(**kwargs) if is_file_factory(env) else gym.make(env, **kwargs)
             if not isinstance(made.unwrapped, AgentEnv):
                 raise TypeError(f"{env} is not an agentgym-lightning AgentEnv")
             return made.unwrapped
@@ -456,6 +459,9 @@ class RolloutStream:
         if the stream ends first."""
         if not self._driver.accepting and self._iterator is not None:
             raise RuntimeError("this stream was ended (end() or close()): submit before ending it")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            # Refused here, in the submitter's thread: in the driver, reset() would raise and stop every episode.
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
         with self._lock:
             default_seed = self._submitted
             self._submitted += 1

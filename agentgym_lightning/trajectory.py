@@ -8,7 +8,10 @@ A file stores each call once: a step's request keeps only the messages it adds t
 step's request of the same episode (and its tools and prompt token ids only where they differ);
 the step's ``"from_previous"`` says how much it took from the previous step, e.g.
 ``{"messages": 5, "tools": true, "prompt_token_ids": 812}``, and the loader rebuilds the full
-request exactly. Files written before this format (every step whole) load the same way.
+request exactly. Its semantic variables likewise: only those that changed since the previous
+step (``variables_changed``, and ``variables_removed`` if a name went away), so a big variable is
+stored once, not once per step. Files written before this format (every step whole) load the
+same way.
 
 The JSONL is strict JSON (RFC 8259), readable by any parser. Values JSON cannot hold are mapped,
 never allowed to fail a write: non-finite floats become the strings ``"NaN"``, ``"Infinity"``
@@ -170,10 +173,10 @@ class Step:
         step's message objects (one copy in memory, as on disk)."""
         data = dict(data)
         taken = data.pop("from_previous", None)
-        if taken:
+        if taken or "variables_changed" in data:
             if previous is None:
                 raise ValueError(f"step {data.get('index')} stores only what it adds to the previous step, and none was given")
-            data = _put_back_previous(data, taken, previous)
+            data = _put_back_previous(data, taken or {}, previous)
         data["request"] = ChatRequest.from_dict(data["request"])
         if data.get("completion") is not None:
             data["completion"] = Completion.from_dict(data["completion"])
@@ -312,11 +315,22 @@ def _take_from_previous(data: dict[str, Any], step: Step, previous: Step) -> dic
         if shared:
             data["completion"] = {**data["completion"], "prompt_token_ids": ids[shared:]}
             taken["prompt_token_ids"] = shared
+    del data["variables"]
+    data["variables_changed"] = {
+        k: v for k, v in step.variables.items() if not _same(previous.variables.get(k, _ABSENT), v)
+    }
+    removed = [k for k in previous.variables if k not in step.variables]
+    if removed:
+        data["variables_removed"] = removed
     return taken
 
 
 def _put_back_previous(data: dict[str, Any], taken: Mapping[str, Any], previous: Step) -> dict[str, Any]:
     """The full dict of a step stored by :func:`_take_from_previous`."""
+    if "variables_changed" in data:
+        removed = set(data.pop("variables_removed", None) or ())
+        kept = {k: v for k, v in previous.variables.items() if k not in removed}
+        data["variables"] = {**kept, **data.pop("variables_changed")}
     request = data["request"] = dict(data["request"])
     if taken.get("messages"):
         request["messages"] = previous.request.messages[: int(taken["messages"])] + list(request.get("messages") or [])
@@ -329,6 +343,21 @@ def _put_back_previous(data: dict[str, Any], taken: Mapping[str, Any], previous:
         head = (before.prompt_token_ids + (before.completion_token_ids or []))[: int(taken["prompt_token_ids"])]
         data["completion"] = {**data["completion"], "prompt_token_ids": head + list(data["completion"].get("prompt_token_ids") or [])}
     return data
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether a variable kept its value (then it is not written again)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):  # 1, 1.0 and True are equal but not the same JSON
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an array's ambiguous truth value, a user __eq__ that raises
+        return False
 
 
 #: Nesting deeper than this is written as a repr; a repr is cut to this many characters.
@@ -454,6 +483,11 @@ def _end_on_a_line_boundary(path: Path, chunk: int = 1 << 16) -> None:
 
 def save_trajectories(path: str | os.PathLike[str], trajectories: Iterable[Trajectory]) -> int:
     """Write trajectories to ``path`` as JSONL; returns how many were written."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"save_trajectories(path, trajectories): path must be a file path, got {type(path).__name__} "
+            "(were the arguments swapped?)"
+        )
     with TrajectoryWriter(path) as writer:
         for t in trajectories:
             writer.write(t)

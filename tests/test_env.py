@@ -433,3 +433,45 @@ def test_a_recorded_request_is_a_snapshot_not_the_agents_list():
         assert [m["content"] for m in steps[1].request.messages] == ["CHANGED", "ok", "b"]
     finally:
         env.close()
+
+
+def test_a_bare_tool_call_as_an_action_is_a_value_error_that_says_how_to_send_it():
+    env = AgentEnv(echo_agent, [{"prompt": "p", "turns": 1}], exact)
+    env.reset(seed=0)
+    # Before: TypeError (Completion.__init__() got an unexpected keyword argument 'id'); the README promises ValueError.
+    with pytest.raises(ValueError, match=r"that is one tool call; answer with \{'content': None, 'tool_calls': \[it\]\}"):
+        env.step({"id": "call_1", "name": "lookup", "arguments": "{}"})
+    *_, info = env.step({"content": None, "tool_calls": [{"id": "call_1", "name": "lookup", "arguments": "{}"}]})
+    assert info["trajectory"].steps[0].completion.tool_calls[0].name == "lookup"
+    env.close()
+
+
+def test_semantic_variables_have_a_size_and_a_count_limit():
+    from agentgym_lightning.gateway.gateway import Gateway
+    from agentgym_lightning.gateway.limits import GatewayLimits
+    from agentgym_lightning.gateway.openai_wire import GatewayError
+
+    errors = []
+
+    def agent(task, ctx):
+        ctx.chat_completion([{"role": "user", "content": "q"}])
+        for name, value in (("huge", "x" * 7_000_000), ("a", 1), ("b", 2), ("c", 3)):
+            try:
+                ctx.emit_variable(name, value)
+            except ValueError as exc:
+                errors.append(str(exc))
+        try:  # the HTTP route (POST /episodes/{id}/variables) answers a 400
+            gateway.post_variables(ctx.episode_id, {"huge": "x" * 5_000_000})
+        except GatewayError as exc:
+            errors.append(exc.status)
+        return None
+
+    gateway = Gateway(limits=GatewayLimits(max_variables=2))
+    env = AgentEnv(agent, [{}], lambda t, r: 1.0, gateway=gateway)
+    env.reset(seed=0)
+    *_, info = env.step("a")
+    # Before: a 7 MB variable was taken and repeated on every later step (147 MB over 20 calls).
+    assert "'huge' is 7000000 bytes of JSON, over the limit of 4194304" in errors[0]
+    assert "'c' would be one more than this episode's limit of 2" in errors[1] and errors[2:] == [400]
+    assert info["trajectory"].variables == {"a": 1, "b": 2}
+    gateway.close()

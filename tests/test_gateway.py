@@ -195,3 +195,20 @@ def test_completion_body_is_valid_for_the_openai_sdk_with_usage():
     env.reset(seed=0)
     *_, info = env.step(Completion(text="t", prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5], model="smol"))
     assert info["trajectory"].result == (3, 2, "smol")
+
+
+def test_usage_is_always_an_object_even_without_token_ids():
+    # Before: "usage": null, and smolagents crashed reading usage.prompt_tokens.
+    def agent(task, ctx):
+        r = ctx.openai_client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        stream = ctx.openai_client().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True, stream_options={"include_usage": True}
+        )
+        last = [chunk for chunk in stream][-1]
+        return r.usage.prompt_tokens, r.usage.total_tokens, last.usage.completion_tokens
+
+    env = AgentEnv(agent, [{}])
+    env.reset(seed=0)
+    env.step("no ids")
+    *_, info = env.step(Completion(text="t", completion_token_ids=[4, 5]))
+    assert info["trajectory"].result == (0, 0, 2)

@@ -212,3 +212,34 @@ def test_loading_streams_line_by_line(tmp_path):
         assert next(stream).episode_id == "e0"
         writer.write(sample_trajectory(1))
         assert [t.episode_id for t in stream] == ["e1"]
+def test_a_big_variable_is_written_once_not_once_per_step_and_reads_back_whole(tmp_path):
+    from agentgym_lightning import ChatRequest, Step, Trajectory, load_trajectories, save_trajectories
+
+    big = "x" * 500_000
+    steps = []
+    for i in range(20):
+        variables = {"big": big, "turn": i} if i else {"turn": i}
+        steps.append(Step(index=i, request=ChatRequest(messages=[{"role": "user", "content": "q"}]), variables=variables))
+    steps[-1].variables = {"turn": 19}  # a name that went away is recorded too
+    t = Trajectory(episode_id="e", steps=steps)
+    path = tmp_path / "t.jsonl"
+    save_trajectories(path, [t])
+    # Before: every step repeated "big": a 9.5 MB line for 0.5 MB of data.
+    assert path.stat().st_size < 2 * len(big)
+    (back,) = load_trajectories(path)
+    assert back == t and [s.variables for s in back.steps] == [s.variables for s in steps]
+
+
+def test_files_whose_steps_hold_whole_variables_still_load(tmp_path):
+    import json
+
+    from agentgym_lightning import load_trajectories
+
+    old = {"episode_id": "e", "status": "succeeded", "steps": [
+        {"index": i, "request": {"messages": [{"role": "user", "content": "q"}]}, "variables": {"a": 1, "turn": i}}
+        for i in range(2)
+    ]}
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(old) + "\n")
+    (t,) = load_trajectories(path)
+    assert [s.variables for s in t.steps] == [{"a": 1, "turn": 0}, {"a": 1, "turn": 1}]

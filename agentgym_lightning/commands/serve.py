@@ -2,22 +2,25 @@
 
 ::
 
-    agentgym-lightning serve --backend openai --base-url http://gpu-1:8000/v1 --port 8100
-    agentgym-lightning serve --host 0.0.0.0 --port 8100 --output runs/remote.jsonl   # token printed
+    agentgym-lightning serve --base-url http://gpu-1:8000/v1 --port 8100      # answered by that server
+    agentgym-lightning serve --backend hf --host 0.0.0.0 --port 8100 --output runs/remote.jsonl   # token printed
 
 Remote agents open episodes over HTTP, make their LLM calls against the base URL they are given
 (answered by this server's policy, batched), post rewards and variables, and say ``done``; every
 finished trajectory (token ids included) is appended to ``--output`` and readable at
 ``GET /episodes/{id}/trajectory``. The API: ``docs/remote-agents.md`` and
-:mod:`agentgym_lightning.gateway.standalone`. Runs until Ctrl-C.
+:mod:`agentgym_lightning.gateway.standalone`. Runs until Ctrl-C or SIGTERM (either ends the open
+episodes as truncated and writes them to ``--output``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
+from typing import Any
 
 from agentgym_lightning.gateway.gateway import TOKEN_ENV
 
@@ -55,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; exit 0 on Ctrl-C, 2 on a bad argument."""
+    """Serve until interrupted; exit 0 on Ctrl-C or SIGTERM, 2 on a bad argument."""
     from agentgym_lightning.eval import parse_kwargs
     from agentgym_lightning.gateway.standalone import StandaloneGateway
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
@@ -66,6 +69,12 @@ def run(args: argparse.Namespace) -> int:
             if args.backend != "openai":
                 raise ValueError("--base-url is for the openai backend")
             kwargs["base_url"] = args.base_url if len(args.base_url) > 1 else args.base_url[0]
+        elif args.backend == "openai" and "base_url" not in kwargs and not os.environ.get("OPENAI_BASE_URL"):
+            raise ValueError(
+                "--backend openai (the default) answers through an OpenAI-compatible server: give its --base-url "
+                "(e.g. --base-url http://gpu-1:8000/v1, or set $OPENAI_BASE_URL), or serve a local model with "
+                "--backend hf [--model NAME]"
+            )
         model = args.model if args.model is not None else ("" if args.backend == "openai" else DEFAULT_MODEL)
         policy = make_policy(args.backend, model, **kwargs)
         server = StandaloneGateway(
@@ -85,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"listening on {server.url}", flush=True)
     if server.token:
         print(f"token: {server.token}", flush=True)
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # docker stop, a scheduler: end like Ctrl-C (open episodes truncated, written)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             time.sleep(3600)

@@ -169,8 +169,10 @@ def _check_output_dir(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``train`` command. Exit 0 when done, 130 when interrupted, 2 on a bad option, 1 when
-    every episode of a rollout failed before its first LLM call."""
+    """The ``train`` command. Exit 0 when done, 130 when interrupted (Ctrl-C), 143 on SIGTERM
+    (both after saving the last completed step), 2 on a bad option, 1 when the run stopped on an
+    error (a dead policy backend: the last completed step is saved) or every episode of a rollout
+    failed before its first LLM call."""
     from agentgym_lightning.eval import _resolve_env_id
 
     try:
@@ -181,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
     from agentgym_lightning.training import LightningRLTrainer
-    from agentgym_lightning.training.trainer import EpisodesFailedError
+    from agentgym_lightning.training.trainer import EpisodesFailedError, TrainingStopped
 
     started = time.perf_counter()
     try:
@@ -192,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except EpisodesFailedError as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
+        return 1
+    except TrainingStopped as exc:
+        resume = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
+        print(f"agentgym-lightning train: {exc}{resume}", file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - started
     report = _write_report(Path(config.output_dir))
@@ -205,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(json_metrics(summary)))
     else:
         print(_summary(config, result, elapsed, report))
-    return 130 if result.interrupted else 0
+    if result.interrupted:
+        return 143 if result.signal == "SIGTERM" else 130
+    return 0
 
 
 def _write_report(output_dir: Path) -> str:
@@ -223,7 +231,7 @@ def _write_report(output_dir: Path) -> str:
 def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     lines = [
         f"{config.env} · {config.model} ({config.backend}{', LoRA' if config.use_peft else ''}) · "
-        f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (" (interrupted)" if result.interrupted else "")
+        f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (f" (interrupted: {result.signal})" if result.interrupted else "")
     ]
     before, after = result.eval_before, result.eval_after
     if before:
@@ -235,6 +243,12 @@ def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     if result.history:
         first, last = result.history[0], result.history[-1]
         lines.append(f"  train reward      {first.get('train/reward/mean', float('nan')):.3f} (step 1) -> {last.get('train/reward/mean', float('nan')):.3f} (step {int(last['step'])})")
+        if any(abs(h.get("train/reward/total", 0.0) - h.get("train/reward/mean", 0.0)) > 1e-12 for h in (first, last)):
+            # AIR (or emitted rewards) moved the return the update saw: show it beside the task reward.
+            lines.append(
+                f"  with AIR          {first.get('train/reward/total', float('nan')):.3f} (step 1) -> "
+                f"{last.get('train/reward/total', float('nan')):.3f} (step {int(last['step'])})   (the return trained on)"
+            )
     out = Path(config.output_dir)
     if not result.interrupted:
         lines.append(f"  final model       {out / 'final'}")

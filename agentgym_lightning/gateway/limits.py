@@ -56,6 +56,14 @@ class GatewayLimits:
     #: the ``hf`` and ``vllm`` backends render text only. Add ``"image_url"`` when your policy
     #: is an ``openai`` backend in front of a server that takes images.
     content_part_types: frozenset[str] = field(default_factory=lambda: frozenset({"text"}))
+    #: Most distinct semantic variables one episode may emit (``emit_variable`` or ``POST
+    #: .../variables``); a new name past it raises ``ValueError`` (400 over HTTP).
+    max_variables: int = 256
+    #: Largest semantic variable, in bytes of its JSON (``repr`` for what JSON cannot hold); a
+    #: larger one raises ``ValueError`` (400 over HTTP). Variables are recorded in every
+    #: trajectory and shown to the policy: big data belongs in the agent's own storage. 4 MiB
+    #: still holds what a model wrote at its longest (Spider's agent emits its SQL).
+    max_variable_bytes: int = 4 * 2**20
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -86,7 +94,10 @@ class GatewayLimits:
             try:
                 if f.name == "content_part_types":
                     values[f.name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
-                elif f.name in ("max_body_bytes", "max_header_bytes", "max_connections", "max_lingering_agents"):
+                elif f.name in (
+                    "max_body_bytes", "max_header_bytes", "max_connections", "max_lingering_agents", "max_variables",
+                    "max_variable_bytes",
+                ):
                     values[f.name] = int(raw)
                 else:
                     values[f.name] = float(raw)

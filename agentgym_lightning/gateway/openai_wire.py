@@ -54,10 +54,10 @@ def _message(completion: Completion) -> dict[str, Any]:
     return msg
 
 
-def _usage(completion: Completion) -> dict[str, int] | None:
-    if completion.prompt_token_ids is None or completion.completion_token_ids is None:
-        return None
-    p, c = len(completion.prompt_token_ids), len(completion.completion_token_ids)
+def _usage(completion: Completion) -> dict[str, int]:
+    # Always an object: clients read usage.prompt_tokens unguarded (smolagents crashed on null).
+    # Counts the ids do not give (an API backend that returned none) are 0.
+    p, c = len(completion.prompt_token_ids or ()), len(completion.completion_token_ids or ())
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 

@@ -83,7 +83,7 @@ class EpisodeRouter:
 
     def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""
-        data = self._json_object(body)
+        data = self.json_object(body)
         episode = self.episode(episode_id)
         value = data.get("value")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -96,18 +96,24 @@ class EpisodeRouter:
 
     def post_variables(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/variables`` with an object of ``name: value`` pairs."""
-        data = self._json_object(body)
+        data = self.json_object(body)
         episode = self.episode(episode_id)
         if "" in data:
             raise GatewayError(400, "a semantic variable needs a non-empty name; got \"\"")
         for name, value in data.items():
-            episode.emit_variable(name, value)
+            try:
+                episode.emit_variable(name, value)
+            except ValueError as exc:  # over a limit: the client's fault
+                raise GatewayError(400, str(exc)) from None
         return {"ok": True, "variables": sorted(data)}
 
     def _parse(self, body: bytes | Mapping[str, Any]) -> Any:
         return parse_json(body, max_bytes=self.limits.max_body_bytes)
 
-    def _json_object(self, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+    def json_object(self, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        """``body`` parsed by the strict parser (``max_body_bytes``, depth, UTF-8, no NaN or
+        Infinity: :func:`~agentgym_lightning.gateway.validation.parse_json`), or a 400/413 if it
+        is not a JSON object. Every route with a JSON body uses it (the standalone server's too)."""
         data = self._parse(body)
         if not isinstance(data, dict):
             raise GatewayError(400, "request body must be a JSON object")

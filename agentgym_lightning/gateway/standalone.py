@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import queue
 import threading
@@ -49,6 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.gateway.gateway import Gateway
 from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, GatewayError, error_body
 from agentgym_lightning.rollout import DEFAULT_MAX_BATCH_WAIT, RolloutStream
@@ -102,6 +102,8 @@ class StandaloneGateway:
         max_turns: Most LLM calls per episode (``None``: no limit).
         output: A JSONL file every finished trajectory is appended to.
         keep: Finished trajectories kept in memory for ``GET .../trajectory`` (oldest dropped).
+        keep_bytes: The most bytes of JSON those kept trajectories may hold together (oldest
+            dropped first; the newest is always kept, so its ``done`` can answer with it).
         open_timeout: See ``concurrency``.
         max_batch_wait: As in :func:`~agentgym_lightning.rollout.rollout`.
     """
@@ -118,6 +120,7 @@ class StandaloneGateway:
         max_turns: int | None = None,
         output: str | Path | None = None,
         keep: int = 10_000,
+        keep_bytes: int = 512 * 2**20,
         open_timeout: float = 60.0,
         max_batch_wait: float | None = DEFAULT_MAX_BATCH_WAIT,
     ) -> None:
@@ -125,14 +128,18 @@ class StandaloneGateway:
             Route("/episodes", self._guard(self._open), methods=["POST"]),
             Route("/episodes/{episode_id}/done", self._guard(self._done), methods=["POST"]),
             Route("/episodes/{episode_id}/trajectory", self._guard(self._trajectory), methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),  # before the gateway's own: it knows the driver
         ]
         self.gateway = Gateway(host=host, port=port, token=token, extra_routes=routes)
         self.keep = keep
+        self.keep_bytes = keep_bytes
         self.open_timeout = open_timeout
         self._outcomes: dict[str, concurrent.futures.Future[Any]] = {}
         self._final_rewards: dict[str, float | None] = {}
         self._running: set[str] = set()
-        self._finished: OrderedDict[str, Trajectory] = OrderedDict()
+        #: Finished trajectories as the JSON their routes answer with, oldest first, and its total size.
+        self._finished: OrderedDict[str, bytes] = OrderedDict()
+        self._finished_bytes = 0
         self._lock = threading.Lock()
         self._finished_changed = threading.Condition(self._lock)
         self._queue: queue.SimpleQueue[Trajectory] = queue.SimpleQueue()
@@ -179,9 +186,11 @@ class StandaloneGateway:
             self._running.discard(trajectory.episode_id)
             self._outcomes.pop(trajectory.episode_id, None)
             self._final_rewards.pop(trajectory.episode_id, None)
-            self._finished[trajectory.episode_id] = trajectory
-            while len(self._finished) > self.keep:
-                self._finished.popitem(last=False)
+            text = trajectory.to_json().encode()
+            self._finished[trajectory.episode_id] = text
+            self._finished_bytes += len(text)
+            while len(self._finished) > 1 and (len(self._finished) > self.keep or self._finished_bytes > self.keep_bytes):
+                self._finished_bytes -= len(self._finished.popitem(last=False)[1])
             self.finished += 1
             self._finished_changed.notify_all()
         if self._writer is not None:
@@ -264,12 +273,12 @@ class StandaloneGateway:
         return endpoint
 
     async def _open(self, request: Request) -> Response:
-        body = _json_object(await request.body())
+        body = self.gateway.json_object(await request.body() or b"{}")
         if self._error is not None:
             raise GatewayError(503, f"the gateway stopped driving episodes: {self._error!r}", "server_error")
         seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise GatewayError(400, f"'seed' must be an integer, got {seed!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise GatewayError(400, f"'seed' must be an integer in [0, 2**63), got {seed!r:.40}")
         group_id = body.get("group_id")
         started: concurrent.futures.Future[str] = concurrent.futures.Future()
 
@@ -302,7 +311,7 @@ class StandaloneGateway:
 
     async def _done(self, request: Request) -> Response:
         episode_id = request.path_params["episode_id"]
-        body = _json_object(await request.body())
+        body = self.gateway.json_object(await request.body() or b"{}")
         with self._lock:
             running = episode_id in self._running
         if not running:
@@ -313,10 +322,18 @@ class StandaloneGateway:
             )
         reward = body.get("reward")
         if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise GatewayError(400, f"'reward' must be a number, got {reward!r}")
+            raise GatewayError(400, f"'reward' must be a number, got {reward!r:.40}")
         error = body.get("error")
+        refused = None
+        if reward is not None:
+            try:
+                reward = checked_reward(reward, "a remote agent's done")
+            except RewardRefused as exc:
+                # The episode ends now, excluded from training (infra_failed), and the agent hears why.
+                refused, reward = str(exc), None
+                self.gateway.episode(episode_id).refuse_reward(refused)
         with self._lock:
-            self._final_rewards[episode_id] = None if reward is None else float(reward)
+            self._final_rewards[episode_id] = reward
         outcome = self._outcome(episode_id)
         if not outcome.done():
             if error:
@@ -324,11 +341,19 @@ class StandaloneGateway:
             else:
                 outcome.set_result(body.get("result"))
         trajectory = await asyncio.to_thread(self._wait_finished, episode_id, 30.0)
+        if refused is not None:
+            raise GatewayError(400, refused)
         if trajectory is None:
             raise GatewayError(504, f"episode {episode_id} did not finish within 30 s of done", "timeout")
-        return JSONResponse(json.loads(trajectory.to_json()))
+        return Response(trajectory, media_type="application/json")
 
-    def _wait_finished(self, episode_id: str, timeout: float) -> Trajectory | None:
+    async def _health(self, request: Request) -> Response:
+        """``GET /health`` (no token): 200 while episodes are driven, 503 once the driver stopped."""
+        if self._error is not None:
+            return JSONResponse({"ok": False, "error": f"the gateway stopped driving episodes: {self._error!r}"}, status_code=503)
+        return JSONResponse({"ok": True, "episodes": len(self._running), "finished": self.finished})
+
+    def _wait_finished(self, episode_id: str, timeout: float) -> bytes | None:
         with self._finished_changed:
             self._finished_changed.wait_for(lambda: episode_id in self._finished, timeout)
             return self._finished.get(episode_id)
@@ -341,15 +366,11 @@ class StandaloneGateway:
         if trajectory is None:
             if running:
                 raise GatewayError(409, f"episode {episode_id} is still running", "episode_running")
-            raise GatewayError(404, f"no finished episode {episode_id!r} (unknown, or dropped: only the last {self.keep} are kept)")
-        return JSONResponse(json.loads(trajectory.to_json()))
+            raise GatewayError(
+                404,
+                f"no finished episode {episode_id!r} (unknown, or dropped: only the last {self.keep} are kept, "
+                f"{self.keep_bytes} bytes at most)",
+            )
+        return Response(trajectory, media_type="application/json")
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw or b"{}")
-    except json.JSONDecodeError as exc:
-        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GatewayError(400, "request body must be a JSON object")
-    return data

@@ -9,14 +9,21 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
 * ``trainer_state.json`` — the step it was taken after, the config, and the metrics history.
 
 It is written to a temporary sibling and renamed into place, so a run killed while saving leaves
-the previous checkpoint intact and never a half-written one; the task order needs no saving (it is
-a function of the seed and the step, see :mod:`.schedule`).
+the previous checkpoint intact and never a half-written one (the next save removes such a
+leftover ``.checkpoint-*.tmp-*`` folder); a save that fails (a full disk) removes its temporary
+folder and leaves the previous checkpoints as they were; weights that are not finite are never
+saved (:class:`NonFiniteWeightsError`), so a NaN step can never prune a good checkpoint away. The
+task order needs no saving (it is a function of the seed and the step, see :mod:`.schedule`).
+
+Everything is loaded with ``torch.load(..., weights_only=True)``: a checkpoint holds tensors and
+plain values, never pickled code (the RNG states are stored as tensors and lists for that).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -30,10 +37,22 @@ import torch
 
 from agentgym_lightning.metrics import json_metrics
 
-__all__ = ["TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "CHECKPOINT_DIR"]
+__all__ = [
+    "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "CHECKPOINT_DIR",
+    "NonFiniteWeightsError", "CheckpointNotSavedWarning",
+]
 
 CHECKPOINT_DIR = "checkpoints"
 _PATTERN = re.compile(r"^checkpoint-(\d+)$")
+_TMP_PATTERN = re.compile(r"^\.checkpoint-\d+\.tmp-")
+
+
+class NonFiniteWeightsError(ValueError):
+    """The weights to save hold NaN or infinity: saving them would replace a good checkpoint."""
+
+
+class CheckpointNotSavedWarning(UserWarning):
+    """A checkpoint could not be written (a full disk, non-finite weights); the previous one stands."""
 
 
 @dataclass
@@ -88,16 +107,22 @@ def save_checkpoint(
 
     root = Path(output_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.iterdir():  # a run killed mid-save left it: never complete, never needed
+        if stale.is_dir() and _TMP_PATTERN.match(stale.name):
+            shutil.rmtree(stale, ignore_errors=True)
+    weights = _trainable_state(model, peft)
+    bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise NonFiniteWeightsError(
+            f"the weights of step {state.step} are not finite ({len(bad)} tensors, e.g. {bad[0]}): not saved"
+        )
     target = root / f"checkpoint-{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
     try:
-        save_file(_trainable_state(model, peft), str(tmp / ("adapter.safetensors" if peft else "model.safetensors")))
+        save_file(weights, str(tmp / ("adapter.safetensors" if peft else "model.safetensors")))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(state.to_json(), encoding="utf-8")
         if target.exists():  # the same step saved before (a resumed run re-saving): replace it
             shutil.rmtree(target)
@@ -160,12 +185,62 @@ def load_checkpoint(
         tied = {n for n in missing if n.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
         if set(missing) - tied or unexpected:
             raise ValueError(f"{checkpoint} does not fit this model: missing {sorted(set(missing) - tied)[:5]}, unexpected {unexpected[:5]}")
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
-    rng = torch.load(checkpoint / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    optimizer.load_state_dict(_load(checkpoint / "optimizer.pt"))
+    scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
+    _set_rng_state(_load(checkpoint / "rng.pt"))
+    return TrainerState(step=int(data["step"]), config=data["config"], history=data.get("history", []), extra=data.get("extra", {}))
+
+
+def _rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states as tensors, lists and numbers (``weights_only`` loads them)."""
+    version, internal, gauss = random.getstate()
+    numpy = np.random.get_state(legacy=False)
+    rng: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": {
+            "bit_generator": numpy["bit_generator"],
+            "key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)),
+            "pos": int(numpy["state"]["pos"]),
+            "has_gauss": int(numpy["has_gauss"]),
+            "gauss": float(numpy["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = rng["numpy"]
+    if isinstance(numpy, tuple):  # an older checkpoint: NumPy's legacy state tuple
+        np.random.set_state(numpy)
+    else:
+        np.random.set_state({
+        "bit_generator": numpy["bit_generator"],
+            "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]},
+            "has_gauss": numpy["has_gauss"],
+            "gauss": numpy["gauss"],
+        })
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return TrainerState(step=int(data["step"]), config=data["config"], history=data.get("history", []), extra=data.get("extra", {}))
+
+
+#: What checkpoints saved before the RNG states were plain data hold in rng.pt (NumPy's legacy
+#: state: an array of uint32): data constructors only, the allowlist torch documents for them.
+_NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+
+
+def _load(path: Path) -> Any:
+    try:
+        with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), "")
+        raise ValueError(
+            f"{path} holds pickled Python objects, which are not loaded (they could run code): {reason}; "
+            "resume from a checkpoint saved by agentgym-lightning"
+        ) from None

@@ -43,7 +43,13 @@ class LightningRLConfig:
     """
 
     # ------------------------------------------------------------------ what to train
-    env: str = field(default="lightning/Arithmetic-v0", metadata={"help": "Environment id to train on."})
+    env: str = field(
+        default="lightning/Arithmetic-v0",
+        metadata={
+            "help": "Environment to train on: a registered id, `module:Id` (a module that registers `Id` on import) "
+            "or `path/to/file.py:make_env` (a function returning an AgentEnv)."
+        },
+    )
     env_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Keyword arguments for the training env (`gym.make(env, **env_kwargs)`)."}
     )
@@ -143,8 +149,9 @@ class LightningRLConfig:
     zero_variance_groups: str = field(
         default="skip",
         metadata={
-            "help": "Groups whose episodes all got the same values carry no signal: `skip` drops their rows from "
-            "the update (saves compute), `keep` trains them with advantage 0 (they still count in the normaliser)."
+            "help": "Groups whose episodes tie (the same returns, or the same episode-level values) carry no signal, "
+            "whatever values their calls got: `skip` drops their rows from the update (saves compute), `keep` trains "
+            "them with advantage 0 (they still count in the normaliser)."
         },
     )
     episode_weighting: str = field(

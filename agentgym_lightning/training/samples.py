@@ -20,14 +20,20 @@ does the one translation between them, in three moves:
    re-renders history), a new row starts. Merges and fallbacks are counted.
 
 What never reaches the loss: episodes that ended ``infra_failed`` (or are still running) — they
-are left out of the group statistics too, and counted; calls marked not trainable by the agent,
+are left out of the group statistics too, and counted (those excluded because a reward was
+refused, :mod:`agentgym_lightning.reward_bounds`, also as ``episodes/reward_refused``); calls marked not trainable by the agent,
 the env's ``agent_match`` or the trainer's (their tokens stay as context in a merged row,
 masked); calls without token ids (an API backend); empty completions; with
 ``mask_truncated_completions``, completions cut by the token limit.
 
-Groups in which every value is the same carry no learning signal. ``zero_variance_groups="skip"``
-(default) drops their rows (saving the compute); ``"keep"`` trains them with advantage 0, so they
-still dilute the token-normalised losses as TRL's GRPOTrainer does. Groups left with fewer than
+**Zero variance.** A group carries no learning signal when its episodes cannot be told apart:
+their returns all tie, or the episode-level values ``mu`` and ``sigma`` are taken over all tie
+(within 1e-9). With ``identical`` both say the same thing; with per-call values (``discounted``,
+``final-only``, a plugin's) calls may differ while the episodes tie, and dividing those
+differences by ``0 + 1e-4`` would blow them up 10,000-fold (advantages of ±500 from rewards of
+±0.05). ``zero_variance_groups="skip"`` (default) drops such groups' rows (saving the compute);
+``"keep"`` trains them with advantage 0, so they still dilute the token-normalised losses as TRL's
+GRPOTrainer does. Groups left with fewer than
 two usable episodes (the rest failed) cannot be compared and are skipped the same way.
 
 ``episode_weighting="equal"`` (default) gives each row the weight ``1 / rows of its episode``, so
@@ -46,6 +52,7 @@ from typing import Any
 from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
 from agentgym_lightning.llm import ids_extend
+from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "untrained_reason", "ADVANTAGE_EPS"]
@@ -53,6 +60,8 @@ __all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "untr
 #: Added to the group's std before dividing (TRL's value).
 ADVANTAGE_EPS = 1e-4
 _NAN = float("nan")
+#: Values closer than this are the same (the zero-variance test).
+_TIE = 1e-9
 
 
 @dataclass
@@ -107,6 +116,10 @@ def _usable(step: Step) -> bool:
     return c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
 
 
+def _tie(xs: list[float]) -> bool:
+    return max(xs) - min(xs) <= _TIE
+
+
 def episode_advantages(
     trajectories: Sequence[Trajectory],
     *,
@@ -124,6 +137,8 @@ def episode_advantages(
     for t in trajectories:
         if not t.trainable:
             counts["episodes/infra_failed" if t.status is Status.INFRA_FAILED else "episodes/unfinished"] += 1
+            if reward_refused(t):
+                counts["episodes/reward_refused"] += 1
             continue
         groups[t.group_id if t.group_id is not None else f"episode:{t.episode_id}"].append(t)
 
@@ -153,8 +168,7 @@ def episode_advantages(
         counts["groups"] += 1
         episode_means = [means[t.episode_id] for t in members]
         mu = sum(episode_means) / len(episode_means)
-        every_value = [x for t in members for x in (values[t.episode_id] or [means[t.episode_id]])]
-        flat = max(every_value) - min(every_value) <= 1e-9
+        flat = _tie([t.total_reward for t in members]) or _tie(episode_means)
         zero_variance[key] = flat
         if flat:
             counts["groups/zero_variance"] += 1

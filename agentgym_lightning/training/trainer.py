@@ -36,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import random
 import signal
 import sys
 import threading
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,8 +56,17 @@ from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.metrics import summarize
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
+from agentgym_lightning.registration import is_file_factory
 from agentgym_lightning.rollout import make_env_factory, rollout
-from agentgym_lightning.training.checkpoint import TrainerState, find_checkpoint, load_checkpoint, save_checkpoint
+from agentgym_lightning.training.checkpoint import (
+    CheckpointNotSavedWarning,
+    NonFiniteWeightsError,
+    TrainerState,
+    find_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
 from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
@@ -63,7 +74,10 @@ from agentgym_lightning.training.samples import SampleBatch, build_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
-__all__ = ["EpisodesFailedError", "LightningRLTrainer", "TrainResult", "episode_metrics"]
+__all__ = [
+    "EpisodesFailedError", "LightningRLTrainer", "NonFiniteUpdateWarning", "Terminated", "TrainResult", "TrainingStopped",
+    "episode_metrics",
+]
 
 #: Config fields that decide what a run computes: a resumed run must not change them.
 _RUN_IDENTITY = (
@@ -71,6 +85,24 @@ _RUN_IDENTITY = (
     "lora_target_modules", "aggregation", "credit", "credit_kwargs", "air_weights", "loss_type", "learning_rate",
     "temperature", "top_p", "max_completion_length", "agent_match",
 )
+
+
+class NonFiniteUpdateWarning(RuntimeWarning):
+    """An update's loss or gradients were not finite: it was skipped, the weights are unchanged."""
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on an error (a policy backend that failed ``MAX_POLICY_FAILURES`` batches
+    in a row, say) after saving a checkpoint of its last completed step; the error is the
+    ``__cause__``, and ``checkpoint`` is where the work is (``None`` when no step had completed)."""
+
+    def __init__(self, message: str, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``docker stop``, a scheduler's preemption): handled as Ctrl-C is."""
 
 
 class EpisodesFailedError(RuntimeError):
@@ -100,6 +132,8 @@ class TrainResult:
     eval_before: dict[str, float] | None = None
     eval_after: dict[str, float] | None = None
     interrupted: bool = False
+    #: The signal that interrupted the run (``"SIGINT"``, ``"SIGTERM"``), if one did.
+    signal: str | None = None
     messages: list[str] = field(default_factory=list)
 
 
@@ -137,12 +171,16 @@ class LightningRLTrainer:
 
         # The envs: every call of a training episode is seeded from its episode (reproducible).
         env_kwargs = dict(cfg.env_kwargs)
-        if cfg.air_weights:
-            env_kwargs["air_weights"] = {**dict(env_kwargs.get("air_weights") or {}), **cfg.air_weights}
-        if env is None or isinstance(env, str):
-            self.env_factory = _seeding(make_env_factory(env or cfg.env, env_kwargs))
-        else:  # a factory of the caller's: its own kwargs are baked in
-            self.env_factory = _seeding(make_env_factory(env))
+        target = env or cfg.env
+        if isinstance(target, str) and not is_file_factory(target):
+            if cfg.air_weights:
+                env_kwargs["air_weights"] = {**dict(env_kwargs.get("air_weights") or {}), **cfg.air_weights}
+            self.env_factory = _seeding(make_env_factory(target, env_kwargs))
+        else:
+            # A factory (the caller's, its kwargs baked in, or a file's) need not take air_weights:
+            # the config's are merged into the env it returns instead.
+            factory = make_env_factory(target, env_kwargs) if isinstance(target, str) else make_env_factory(target)
+            self.env_factory = _seeding(factory, cfg.air_weights)
         self.eval_factory: Callable[[], AgentEnv] | None = None
         if eval_env is not None:
             self.eval_factory = make_env_factory(eval_env)
@@ -183,6 +221,7 @@ class LightningRLTrainer:
         )
         self.step = 0
         self._last_saved = 0
+        self._mid_update = False
         self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
@@ -191,7 +230,10 @@ class LightningRLTrainer:
 
     def train(self, resume_from: str | Path | None = None) -> TrainResult:
         """Run :meth:`train_step` until ``max_steps``, evaluating before, every ``eval_steps``
-        and after; Ctrl-C saves a checkpoint and returns (``result.interrupted``)."""
+        and after. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
+        (``result.interrupted``, ``result.signal``); an error (a dead policy backend) saves it
+        too and raises :class:`TrainingStopped` from the error (an :class:`EpisodesFailedError`
+        is raised as is)."""
         cfg = self.config
         if resume_from is not None:
             self._resume(resume_from)
@@ -205,24 +247,19 @@ class LightningRLTrainer:
         postfix: dict[str, str] = {}
         completed = False
         try:
-            if self.eval_factory is not None and self.step == 0:
-                result.eval_before = self.evaluate()
-                postfix["eval"] = f"{result.eval_before['eval/reward/mean']:.3f}"
-                bar.set_postfix(postfix)
-            while self.step < cfg.max_steps:
-                metrics = self.train_step()
-                bar.update(1)
-                postfix["reward"] = f"{metrics['train/reward/mean']:.3f}"
-                if self.eval_factory is not None and cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
-                    postfix["eval"] = f"{self.evaluate()['eval/reward/mean']:.3f}"
-                bar.set_postfix(postfix)
-            if self.eval_factory is not None:
-                result.eval_after = self.evaluate()
+            with _terminate_as_interrupt():
+                self._loop(result, bar, postfix)
             completed = True
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             result.interrupted = True
-            if not self._saved_current_step():
-                self._save()
+            result.signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+            self._save_progress()
+        except Exception as exc:
+            saved = self._save_progress()
+            if isinstance(exc, EpisodesFailedError):
+                raise
+            where = f"checkpoint of step {self.step} in {saved.parent}" if saved is not None else "no step had completed"
+            raise TrainingStopped(f"the run stopped at step {self.step + 1}: {exc!r} ({where})", saved) from exc
         finally:
             bar.close()
             if self._remote is not None:
@@ -231,11 +268,38 @@ class LightningRLTrainer:
             result.steps = self.step
             result.history = list(self.history)
             if completed:
-                self._save_final()
+                try:
+                    self._save_final()
+                except OSError as exc:  # a full disk: the checkpoints stand, say so instead of a traceback
+                    message = (
+                        f"the final model was not saved in {self.output_dir / 'final'}: {exc.strerror or exc}; "
+                        "the last checkpoint is kept"
+                    )
+                    warnings.warn(message, CheckpointNotSavedWarning, stacklevel=2)
+                    result.messages.append(message)
             final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
             for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
                 result.messages.extend(lines or [])
         return result
+
+    def _loop(self, result: TrainResult, bar: Any, postfix: dict[str, str]) -> None:
+        """The evaluations and steps of :meth:`train` (which handles how they may end)."""
+        cfg = self.config
+        if self.eval_factory is not None and self.step == 0:
+            result.eval_before = self.evaluate()
+            postfix["eval"] = f"{result.eval_before['eval/reward/mean']:.3f}"
+            bar.set_postfix(postfix)
+        while self.step < cfg.max_steps:
+            metrics = self.train_step()
+            bar.update(1)
+            postfix["reward"] = f"{metrics['train/reward/mean']:.3f}"
+            if self.eval_factory is not None and cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
+                postfix["eval"] = f"{self.evaluate()['eval/reward/mean']:.3f}"
+            bar.set_postfix(postfix)
+        if self.eval_factory is not None:
+            result.eval_after = self.evaluate()
+            postfix["eval"] = f"{result.eval_after['eval/reward/mean']:.3f}"  # the bar ends on the latest eval
+            bar.set_postfix(postfix)
 
     def train_step(self) -> dict[str, float]:
         """One training step (the six moves of the module docstring); returns its metrics."""
@@ -278,11 +342,13 @@ class LightningRLTrainer:
         with _deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
             # 4. update
             t0 = time.perf_counter()
+            self._mid_update = True  # an error from here to the step's end leaves half-changed weights
             update = self.update(batch)
             update_s = time.perf_counter() - t0
             # 5. sync
             sync_s = sync_weights(self.policy, self.model, peft=cfg.use_peft)
             self.step += 1
+            self._mid_update = False
             # 6. log and checkpoint
             metrics = {
                 **episode_metrics(trajectories, rollout_s, prefix="train/"),
@@ -302,7 +368,9 @@ class LightningRLTrainer:
                     self._hook.agentgym_log_episodes(trajectories=trajectories[: cfg.log_episodes], step=self.step)
             if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
                 self._save()
-        if interrupted.fired:
+        if interrupted.signum == signal.SIGTERM:
+            raise Terminated
+        if interrupted.signum is not None:
             raise KeyboardInterrupt
         return metrics
 
@@ -360,6 +428,17 @@ class LightningRLTrainer:
                         totals[name] += getattr(terms, name)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+                if not (math.isfinite(float(grad_norm)) and math.isfinite(totals["loss"])):
+                    # A NaN/inf step would ruin the weights for good: never apply it (counted, warned).
+                    self.optimizer.zero_grad(set_to_none=True)
+                    totals["nonfinite_skipped"] += 1
+                    warnings.warn(
+                        f"step {self.step + 1}: the update's loss ({totals['loss']}) or gradient norm ({float(grad_norm)}) "
+                        "is not finite; it was skipped and the weights are unchanged (update/nonfinite_skipped)",
+                        NonFiniteUpdateWarning,
+                        stacklevel=2,
+                    )
+                    continue
                 totals["grad_norm"] += float(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
@@ -378,6 +457,7 @@ class LightningRLTrainer:
             "ratio/mean": totals["ratio_sum"] / tokens,
             "sampling_ratio/mean": totals["sampling_ratio_sum"] / tokens,
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
+            "update/nonfinite_skipped": totals["nonfinite_skipped"],
         }
 
     # ================================================================== evaluation
@@ -413,17 +493,40 @@ class LightningRLTrainer:
     def _saved_current_step(self) -> bool:
         return self._last_saved == self.step
 
-    def _save(self) -> Path:
+    def _save(self) -> Path | None:
+        """Checkpoint the current step; returns where. A checkpoint that cannot be written (a
+        full disk, weights that are not finite) is warned about, and the previous one stands:
+        the newest checkpoint is returned (``None`` when there is none)."""
+        try:
+            saved = save_checkpoint(
+                self.output_dir,
+                model=self.model,
+                peft=self.config.use_peft,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self._state(),
+                keep=self.config.save_total_limit,
+            )
+        except (OSError, NonFiniteWeightsError) as exc:
+            kept = latest_checkpoint(self.output_dir)
+            why = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else str(exc)
+            warnings.warn(
+                f"the checkpoint of step {self.step} was not saved: {why}; "
+                + (f"the previous one, {kept}, is kept" if kept is not None else "there is no earlier checkpoint"),
+                CheckpointNotSavedWarning,
+                stacklevel=2,
+            )
+            return kept
         self._last_saved = self.step
-        return save_checkpoint(
-            self.output_dir,
-            model=self.model,
-            peft=self.config.use_peft,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            state=self._state(),
-            keep=self.config.save_total_limit,
-        )
+        return saved
+
+    def _save_progress(self) -> Path | None:
+        """On the way out (a signal, an error): checkpoint the last completed step unless it is
+        saved already; returns the newest checkpoint. Nothing is saved when the stop struck
+        mid-update (the weights may be half-changed: the previous checkpoint stands)."""
+        if self._mid_update or self._saved_current_step():
+            return latest_checkpoint(self.output_dir)
+        return self._save()
 
     def _resume(self, path: str | Path) -> None:
         checkpoint = find_checkpoint(path)
@@ -467,10 +570,14 @@ def episode_metrics(trajectories: Sequence[Trajectory], wall_s: float, prefix: s
 # ====================================================================== building blocks
 
 
-def _seeding(factory: Callable[[], AgentEnv]) -> Callable[[], AgentEnv]:
+def _seeding(factory: Callable[[], AgentEnv], air_weights: dict[str, float] | None = None) -> Callable[[], AgentEnv]:
+    """``factory`` whose envs seed every call (and get ``air_weights`` over their own, if given)."""
+
     def make() -> AgentEnv:
         env = factory()
         env.seed_calls = True
+        if air_weights:
+            env.air_weights = {**env.air_weights, **{k: float(v) for k, v in air_weights.items()}}
         return env
 
     return make
@@ -548,26 +655,45 @@ def _reference(model: Any, ref_model: Any) -> Iterator[Any]:
 
 
 class _Interrupt:
-    fired = False
+    signum: int | None = None
 
 
 @contextlib.contextmanager
 def _deferred_interrupt() -> Iterator[_Interrupt]:
-    """Hold Ctrl-C until the block (update, sync, checkpoint) is done, so a stop never leaves
-    half-updated weights; the caller re-raises it after."""
+    """Hold Ctrl-C and SIGTERM until the block (update, sync, checkpoint) is done, so a stop
+    never leaves half-updated weights; the caller re-raises after (``flag.signum`` says which)."""
     flag = _Interrupt()
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
 
     def handler(signum: int, frame: Any) -> None:
-        flag.fired = True
+        flag.signum = signum
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``), so ``docker stop`` or a
+    scheduler ends a run as Ctrl-C does: with a checkpoint of the last completed step."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _progress(cfg: LightningRLConfig, initial: int) -> Any:

