@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import queue
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,11 +19,8 @@ from agentgym_lightning.trajectory import Status
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _import_graph():
-    spec = importlib.util.spec_from_file_location("import_graph", REPO / "bench" / "import_graph.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _import_graph() -> SimpleNamespace:
+    return SimpleNamespace(**runpy.run_path(str(REPO / "bench" / "import_graph.py")))
 
 
 def test_no_import_circle_in_the_package():
