@@ -179,11 +179,11 @@ def test_the_train_summary_shows_the_reward_with_air_beside_the_task_reward(tmp_
     config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=3)
     history = [{"step": 1.0, "train/reward/mean": 0.0, "train/reward/total": 0.2},
                {"step": 3.0, "train/reward/mean": 0.0, "train/reward/total": 0.45}]
-    text = _summary(config, TrainResult(output_dir=tmp_path, steps=3, history=history), 1.0)
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=3, history=history), 1.0, "report.html")
     assert "train reward      0.000 (step 1) -> 0.000 (step 3)" in text
     assert "with AIR          0.200 (step 1) -> 0.450 (step 3)" in text  # before: only the task reward
     plain = [{"step": 1.0, "train/reward/mean": 0.5, "train/reward/total": 0.5}]
-    assert "with AIR" not in _summary(config, TrainResult(output_dir=tmp_path, steps=1, history=plain), 1.0)
+    assert "with AIR" not in _summary(config, TrainResult(output_dir=tmp_path, steps=1, history=plain), 1.0, "report.html")
 
 
 def test_a_full_disk_at_the_final_model_warns_and_keeps_the_checkpoint(tiny_model_dir, tmp_path, policy, monkeypatch):
