@@ -7,7 +7,6 @@ measured in one run; and whether a 7 MB variable is taken at all (``max_variable
 
 from __future__ import annotations
 
-import json
 import sys
 
 from agentgym_lightning.env import AgentEnv
@@ -37,9 +36,8 @@ def run(size: int) -> tuple[object, str | None]:
 def main() -> None:
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 900_000
     trajectory, _ = run(size)
-    now = len(trajectory.to_json().encode())
-    whole = {**trajectory.to_dict(), "steps": [s.to_dict() for s in trajectory.steps]}  # every step in full
-    before = len(json.dumps(whole, ensure_ascii=False).encode())
+    now = len(trajectory.to_json(compact=True).encode())  # the file's line: each step as what it adds
+    before = len(trajectory.to_json().encode())  # every step in full
     print(f"{size / 1e6:.1f} MB variable x 20 calls: line {before / 1e6:.1f} MB whole -> {now / 1e6:.1f} MB "
           f"as changes ({before / now:.1f}x smaller)")
     _, refused = run(7_000_000)
