@@ -33,7 +33,7 @@ def fresh_loader(monkeypatch):
 def test_real_spider_counts_and_one_warning(spider_dir: Path):
     with pytest.warns(SpiderDataWarning) as record:
         dev = load_spider("dev", spider_dir)
-    assert len(record) == 1 and "wta_1 (62)" in str(record[0].message)
+    assert len(record) == 1 and "wta_1 (62)" in str(record[0].message), [f"{w.category.__name__}: {w.message}" for w in record]
     assert (len(dev), dev.num_skipped, dict(dev.skipped)) == (972, 62, {"wta_1": 62})
     assert dev.source == "argument" and not dev.is_sample
     ids = [e.id for e in dev.examples]
