@@ -33,7 +33,10 @@ def fresh_loader(monkeypatch):
 def test_real_spider_counts_and_one_warning(spider_dir: Path):
     with pytest.warns(SpiderDataWarning) as record:
         dev = load_spider("dev", spider_dir)
-    assert len(record) == 1 and "wta_1 (62)" in str(record[0].message), [f"{w.category.__name__}: {w.message}" for w in record]
+    # Only the data warnings: the window also catches what the garbage collector reports of other
+    # tests (a ResourceWarning for a socket they left open landed here once).
+    data_warnings = [w for w in record if issubclass(w.category, SpiderDataWarning)]
+    assert len(data_warnings) == 1 and "wta_1 (62)" in str(data_warnings[0].message), [f"{w.category.__name__}: {w.message}" for w in record]
     assert (len(dev), dev.num_skipped, dict(dev.skipped)) == (972, 62, {"wta_1": 62})
     assert dev.source == "argument" and not dev.is_sample
     ids = [e.id for e in dev.examples]
