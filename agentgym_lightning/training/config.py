@@ -220,8 +220,16 @@ class LightningRLConfig:
     )
     micro_batch_tokens: int | None = field(
         default=4096,
-        metadata={"help": "Padded tokens per micro-batch at most (rows x longest row; a longer row goes alone; None: rows only). "
-                          "Memory grows with it: multi-call episodes' long rows would otherwise run out of it."},
+        metadata={"help": "Token positions per forward at most: token-tree nodes with packed_update, else padded tokens "
+                          "(rows x longest row); a longer row goes alone; None: no limit. Memory grows with it: multi-call "
+                          "episodes' long rows would otherwise run out of it."},
+    )
+    packed_update: bool | str = field(
+        default="auto",
+        metadata={"help": "Run each micro-batch's rows as one token tree (shared prefixes and identical rows computed once, "
+                          "the same loss and gradients; micro_batch_tokens then counts tree nodes): True, False (padded rows), "
+                          "or `auto` (the tree when the model's attention takes a custom 4D mask — sdpa, eager — else padded "
+                          "rows, with one warning)."},
     )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory (off: slower on CPU)."})
     dtype: str = field(default="float32", metadata={"help": "Weights dtype: float32 (CPU default), bfloat16, float16, auto."})
@@ -296,6 +304,8 @@ class LightningRLConfig:
         at_least("micro_batch_tokens", 1, allow_none=True)
         if self.micro_batch_tokens is not None and not isinstance(self.micro_batch_tokens, int):
             raise ValueError(f"micro_batch_tokens must be an integer or None; got {self.micro_batch_tokens!r}")
+        if not (isinstance(self.packed_update, bool) or self.packed_update == "auto"):
+            raise ValueError(f"packed_update must be true, false or 'auto'; got {self.packed_update!r}")
         at_least("rollout_workers", 0)
         if not isinstance(self.rollout_workers, int):
             raise ValueError(f"rollout_workers must be an integer; got {self.rollout_workers!r}")

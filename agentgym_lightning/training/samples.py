@@ -241,6 +241,7 @@ def build_samples(
         samples.extend(rows)
     stats["rows"] = float(len(samples))
     stats["loss_tokens"] = float(sum(s.num_loss_tokens for s in samples))
+    stats["tokens/total"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
     return SampleBatch(samples=samples, stats=dict(stats))
 
 

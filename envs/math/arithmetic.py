@@ -21,13 +21,13 @@ The numbered levels (:data:`LEVELS`) are the presets the zero-shot numbers in
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import sympy
 
-from .calculator import evaluate
+from .calculator import DEFAULT_LIMITS, evaluate
 
 __all__ = ["Difficulty", "LEVELS", "HELDOUT_SEED", "ArithmeticTasks", "make_problem", "resolve_difficulty"]
 
@@ -99,6 +99,12 @@ def _operand(rng: np.random.Generator, digits: int) -> int:
     return int(rng.integers(low, 10**digits))
 
 
+#: The calculator's limits for computing a generated problem's answer: its own (bounded size,
+#: digits, depth) but a wall-clock limit no loaded machine reaches. The agent's 0.5 s is a guard
+#: against hostile input; on a problem we wrote, a timeout under load killed training runs.
+_ANSWER_LIMITS = replace(DEFAULT_LIMITS, time_limit_s=3600.0)
+
+
 def make_problem(rng: np.random.Generator, difficulty: Difficulty, max_tries: int = 1000) -> tuple[str, int]:
     """One ``(expression, answer)`` drawn with ``rng`` (redrawn until it meets the difficulty's rules)."""
     for _ in range(max_tries):
@@ -123,7 +129,7 @@ def make_problem(rng: np.random.Generator, difficulty: Difficulty, max_tries: in
         for op, x in zip(ops, operands[1:]):
             parts.append(f" {op} {x}")
         expression = "".join(parts)
-        value = evaluate(expression)
+        value = evaluate(expression, _ANSWER_LIMITS)
         if not isinstance(value, sympy.Integer):
             continue
         if value < 0 and not difficulty.allow_negative:

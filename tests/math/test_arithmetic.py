@@ -82,3 +82,18 @@ def test_resolve_difficulty():
         Difficulty(operators="+^")
     with pytest.raises(ValueError, match="digits"):
         Difficulty(digits=0)
+
+
+def test_a_loaded_machine_does_not_fail_problem_generation(monkeypatch):
+    # Each clock read a second later: the calculator's own 0.5 s limit would time every problem
+    # out (as it did two training runs on a machine at load 12); generating tasks must not care.
+    from itertools import count
+
+    from agentgym_lightning.envs.math import calculator
+
+    ticks = count()
+    monkeypatch.setattr(calculator.time, "monotonic", lambda: float(next(ticks)))
+    with pytest.raises(calculator.CalculatorError, match="more than 0.5 s"):
+        calculator.evaluate("12 * 34 + 5")
+    expression, answer = make_problem(np.random.default_rng(0), resolve_difficulty(3))
+    assert answer == int(calculator.evaluate(expression, calculator.CalculatorLimits(time_limit_s=1e9)))

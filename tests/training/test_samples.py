@@ -98,6 +98,7 @@ def test_transition_rows_and_equal_episode_weights():
     sigma = sample_std([1.2, 0.0])
     assert a0.advantages == pytest.approx([0.6 / (sigma + EPS)] * 2)
     assert batch.stats["episodes/infra_failed"] == 1 and batch.stats["rows"] == 3 and batch.stats["loss_tokens"] == 6
+    assert batch.stats["tokens/total"] == sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples) == 4 + 6 + 5
 
 
 def test_per_call_weighting():
