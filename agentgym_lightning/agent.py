@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import openai
 
     from agentgym_lightning.episode import Episode
+    from agentgym_lightning.gateway.endpoint import EpisodeEndpoint
     from agentgym_lightning.llm import Completion
 
 __all__ = ["AgentContext", "AgentFn", "emit_variable", "emit_reward", "current_context", "AgentCancelled", "takes_two_arguments"]
@@ -58,10 +59,12 @@ class AgentCancelled(BaseException):
 
 
 class AgentContext:
-    """Handed to the agent callable; one per episode."""
+    """Handed to the agent callable; one per episode: its record (task, variables, rewards) and
+    its endpoint (URL, key, clients)."""
 
-    def __init__(self, episode: Episode) -> None:
+    def __init__(self, episode: Episode, endpoint: EpisodeEndpoint) -> None:
         self._episode = episode
+        self._endpoint = endpoint
         #: Set when the episode is cancelled; long-running tools may poll it.
         self.cancelled: threading.Event = episode.cancelled
 
@@ -88,22 +91,22 @@ class AgentContext:
 
         Give it to any OpenAI client, in this process or another one.
         """
-        return self._episode.gateway.base_url(self.episode_id)
+        return self._endpoint.base_url
 
     @property
     def api_key(self) -> str:
         """The key to send (the gateway's bearer token; any value works on 127.0.0.1)."""
-        return self._episode.gateway.api_key
+        return self._endpoint.api_key
 
     def http_client(self) -> httpx.Client:
         """An ``httpx.Client`` for this episode: in-process unless the env uses ``transport="http"``.
         It is closed when the episode ends."""
-        return self._episode.http_client()
+        return self._endpoint.http_client()
 
     def async_http_client(self) -> httpx.AsyncClient:
         """An ``httpx.AsyncClient`` for this episode; closed when the episode ends (``async def``
         agents)."""
-        return self._episode.async_http_client()
+        return self._endpoint.async_http_client()
 
     def openai_client(self, **kwargs: Any) -> openai.OpenAI:
         """An ``openai.OpenAI`` pointed at this episode (no retries: a failed call is a signal)."""
@@ -125,19 +128,19 @@ class AgentContext:
     @property
     def base_url_for_clients(self) -> str:
         """The base URL the ready-made clients use: in-process it needs no server."""
-        return self._episode.gateway.client_base_url(self.episode_id, self._episode.transport)
+        return self._endpoint.client_base_url
 
     def chat_completion(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
         """Make one LLM call with no HTTP client at all (the fastest path, for agents written
         for this library); returns the :class:`~agentgym_lightning.llm.Completion` with its token
         ids. ``params`` are OpenAI request fields (``tools``, ``temperature``, ``metadata``...)."""
         body = {"model": self.model, "messages": messages, **params}
-        return self._episode.gateway.submit(self.episode_id, body).wait()
+        return self._endpoint.submit(body).wait()
 
     async def achat_completion(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
         """``async`` twin of :meth:`chat_completion`."""
         body = {"model": self.model, "messages": messages, **params}
-        return await self._episode.gateway.submit(self.episode_id, body).wait_async()
+        return await self._endpoint.submit(body).wait_async()
 
     def emit_variable(self, name: str, value: Any) -> None:
         """Expose a semantic variable (shown in later observations; recorded on the step)."""
@@ -169,5 +172,7 @@ def emit_reward(value: float, source: str = "agent") -> None:
     current_context().emit_reward(value, source)
 
 
-def _bind(ctx: AgentContext) -> contextvars.Token[AgentContext | None]:
+def bind_context(ctx: AgentContext) -> contextvars.Token[AgentContext | None]:
+    """Make ``ctx`` what :func:`current_context` returns in this thread / task (the agent's
+    worker does this before it calls the agent)."""
     return _current.set(ctx)

@@ -48,13 +48,15 @@ import numpy as np
 
 from agentgym_lightning.agent_match import AgentMatch, AgentMatchSpec, as_agent_match
 from agentgym_lightning.episode import CallEvent, DoneEvent, Episode, EpisodeEvent
+from agentgym_lightning.gateway.endpoint import EpisodeEndpoint
 from agentgym_lightning.gateway.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.llm import ChatRequest, as_completion
+from agentgym_lightning.llm import ChatRequest, as_completion, ids_extend
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
+from agentgym_lightning.worker import AgentWorker
 
 __all__ = ["AgentEnv", "adapt_agent", "call_seed", "TaskSource", "RewardFn", "TimeLimitAsMaxTurns", "NoRewardWarning"]
 
@@ -193,6 +195,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self._events = _Inbox()
         self._warned_no_reward = False
         self._episode: Episode | None = None
+        self._worker: AgentWorker | None = None
         self._call: Any = None  # the PendingCall the last observation showed
         self._unfinalized: list[Step] = []
         self._last_obs: Observation | None = None
@@ -262,21 +265,22 @@ class AgentEnv(gym.Env[Observation, Any]):
         self._last_obs = None
         self._early_end = None
         self._call = None
-        self._episode = Episode(
-            self.agent,
+        episode = Episode(
             task=task,
-            gateway=self.gateway,
-            transport=self.transport,
             model_name=self.model_name,
             env_id=self.env_id,
             seed=int(self.np_random.integers(2**31 - 1)),
             group_id=options.get("group_id"),
             events=self._events,  # type: ignore[arg-type]  # put() is all an Episode uses
+            max_variables=self.gateway.limits.max_variables,
+            max_variable_bytes=self.gateway.limits.max_variable_bytes,
         )
-        self._hook.agentgym_episode_start(trajectory=self._episode.trajectory)
+        self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
+        self._episode = episode
+        self._hook.agentgym_episode_start(trajectory=episode.trajectory)
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
         self._waiting_since = None
-        self._episode.start()
+        self._worker.start()
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Observation, dict[str, Any]]:
         """Run the started agent to its first LLM call (see :meth:`reset_async`).
@@ -369,12 +373,9 @@ class AgentEnv(gym.Env[Observation, Any]):
         """Answer the pending call with an OpenAI error instead of a completion."""
         self._resume_clock()
         call, self._call = self._call, None
-        step = call.step
-        step.error = f"{error.status} {error.code}: {error.message}"
-        step.trainable = False  # no completion: nothing to learn from
-        step.timings.answered_at = time.time()
-        call.resolve(error=error)
-        self._unfinalized.append(step)
+        assert self._episode is not None
+        self._episode.refuse(call, error)
+        self._unfinalized.append(call.step)
 
     def _resume_clock(self) -> None:
         """The answer came: the time the call waited for it is not the agent's."""
@@ -493,10 +494,10 @@ class AgentEnv(gym.Env[Observation, Any]):
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
             status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
-        trajectory.status, trajectory.error, trajectory.final_reward = status, error, final
-        trajectory.ended_at = time.time()
+        episode.end(status, error, final)
         self._call = None
-        episode.stop(self.stop_grace)
+        assert self._worker is not None
+        self._worker.stop(self.stop_grace)
         reward += (final or 0.0) + sum(r.value for r in trajectory.rewards)
         self._hook.agentgym_episode_end(trajectory=trajectory)
         terminated = status in (Status.SUCCEEDED, Status.TASK_FAILED)
@@ -528,12 +529,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         assert prev is not None
         if prev.prompt_token_ids is None or prev.completion_token_ids is None:
             return
-        ids, head, tail = completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids
-        step.prompt_extends_previous = (
-            len(ids) >= len(head) + len(tail)
-            and ids[: len(head)] == head
-            and ids[len(head) : len(head) + len(tail)] == tail
-        )
+        step.prompt_extends_previous = ids_extend(completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids)
         if not step.prompt_extends_previous:
             step.prompt_rebuilt = not _messages_continue(previous, step)
 

@@ -15,24 +15,8 @@ one env, every ``--policy-kwarg`` against the backend's options, that ``--output
 written): a mistake is one line on stderr and exit status 2. A run in which every episode is an
 infrastructure failure exits with status 1 and says so; Ctrl-C exits 130.
 
-The summary (also sent to the ``agentgym_log_metrics`` plugin hook, see :func:`summarize`):
-
-* ``reward/mean`` — mean final reward of the *scored* episodes: not infrastructure failures (an
-  ``infra_failed`` episode has no reward; it says nothing about the model), and not ``unscored``
-  ones; ``nan`` (``null`` in ``--json``, ``n/a`` printed) when none is scored;
-* ``reward/unscored`` — episodes that succeeded with no final reward at all (``None``: the env has
-  no reward function and no plugin gave one); they are left out of ``reward/mean`` and
-  ``success_rate`` instead of counting as 0;
-* ``success_rate`` — among the scored episodes, the fraction with status ``succeeded`` *and* a
-  final reward > 0 (the agent finished on its own and the task was solved);
-* ``turns/mean`` — LLM calls per episode;
-* ``tokens_per_s`` — completion tokens of every call / wall time of the run (policy load excluded);
-* ``metrics/<name>`` — the mean of each number the env put in ``trajectory.variables["metrics"]``
-  (Spider reports ``official`` and ``strict`` execution accuracy there);
-* ``status/<status>`` — episode counts per status; ``chat_template/mismatches`` — calls that
-  continued the previous call's conversation but whose prompt ids did not extend its
-  prompt+completion ids (chat-template drift); ``chat_template/rebuilt_prompts`` — calls for which
-  the agent started a new conversation (their ids cannot extend; expected, e.g. Spider's checker).
+The summary (also sent to the ``agentgym_log_metrics`` plugin hook) is
+:func:`agentgym_lightning.metrics.summarize`; its metrics are defined there.
 """
 
 from __future__ import annotations
@@ -42,13 +26,12 @@ import json
 import math
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_lightning.metrics import json_metrics
+from agentgym_lightning.metrics import json_metrics, summarize
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
 __all__ = ["register", "run", "evaluate", "summarize", "EvalResult", "parse_kwargs"]
@@ -123,53 +106,6 @@ class EvalResult:
     interrupted: bool = False
     #: Why ``output`` could not be written (a full disk...), if it could not; the eval went on.
     output_error: str | None = None
-
-
-def _unscored(t: Trajectory) -> bool:
-    return t.status is Status.SUCCEEDED and t.final_reward is None
-
-
-def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str, float]:
-    """The eval metrics of finished trajectories (definitions in the module docstring)."""
-    n = len(trajectories)
-    scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED and not _unscored(t)]
-    rewards = [float(t.final_reward or 0.0) for t in scored]
-    successes = [t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0 for t in scored]
-    turns = [len(t.steps) for t in trajectories]
-    completions = [s.completion for t in trajectories for s in t.steps if s.completion is not None]
-    tokens = sum(len(c.completion_token_ids or []) for c in completions)
-    checks = [s.prompt_extends_previous for t in trajectories for s in t.steps if s.prompt_extends_previous is not None]
-
-    metrics: dict[str, float] = {
-        "episodes": float(n),
-        "reward/mean": _mean(rewards) if scored else math.nan,
-        "reward/unscored": float(sum(1 for t in trajectories if _unscored(t))),
-        "return/mean": _mean([t.total_reward for t in scored]) if scored else math.nan,
-        "success_rate": _mean([float(s) for s in successes]) if scored else math.nan,
-        "turns/mean": _mean([float(x) for x in turns]),
-        "completion_tokens": float(tokens),
-        "tokens_per_s": tokens / wall_time if wall_time > 0 else 0.0,
-        "wall_time_s": float(wall_time),
-        "chat_template/checks": float(len(checks)),
-        "chat_template/mismatches": float(sum(t.template_mismatches for t in trajectories)),
-        "chat_template/rebuilt_prompts": float(sum(t.prompt_rebuilds for t in trajectories)),
-    }
-    for status, count in sorted(Counter(t.status.value for t in trajectories).items()):
-        metrics[f"status/{status}"] = float(count)
-    per_variant: dict[str, list[float]] = {}
-    for t in trajectories:
-        variants = t.variables.get("metrics") if isinstance(t.variables, Mapping) else None
-        if isinstance(variants, Mapping):
-            for name, value in variants.items():
-                if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
-                    per_variant.setdefault(str(name), []).append(float(value))
-    for name, values in sorted(per_variant.items()):
-        metrics[f"metrics/{name}"] = _mean(values)
-    return metrics
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else 0.0
 
 
 def evaluate(

@@ -1,4 +1,5 @@
-"""The two halves of one LLM call: the request an agent sent, and the completion that answers it.
+"""The two halves of one LLM call: the request an agent sent, and the completion that answers it
+(or the OpenAI-shaped error, :class:`GatewayError`, that refuses it).
 
 These are the observation and the action of :class:`~agentgym_lightning.env.AgentEnv`, and the
 currency every policy backend speaks. Token ids and logprobs ride on :class:`Completion` so that a
@@ -10,11 +11,22 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["SamplingParams", "ChatRequest", "ToolCall", "Completion", "as_completion", "EPISODE_KEY", "new_tool_call_id"]
+__all__ = [
+    "SamplingParams",
+    "ChatRequest",
+    "ToolCall",
+    "Completion",
+    "GatewayError",
+    "as_completion",
+    "EPISODE_KEY",
+    "new_tool_call_id",
+    "new_call_id",
+    "ids_extend",
+]
 
 #: The ``metadata`` key under which the rollout driver names a request's episode when it hands
 #: the request to a policy (a policy with several replicas keeps an episode on one of them).
@@ -259,6 +271,37 @@ class ToolCall:
 def new_tool_call_id() -> str:
     """A fresh OpenAI-style call id, ``call_<24 hex digits>``."""
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def ids_extend(ids: Sequence[int], *prefix: Sequence[int]) -> bool:
+    """Whether token ids ``ids`` begin with the ``prefix`` sequences, one after another: a call's
+    prompt extending the previous call's prompt + completion (the one check of the env, the chat
+    template monitor and the trainer's row merging; no concatenation is built)."""
+    start = 0
+    for part in prefix:
+        end = start + len(part)
+        if len(ids) < end:
+            return False
+        head = ids[start:end]
+        if head != part and list(head) != list(part):  # a list never equals a tuple: compare as lists
+            return False
+        start = end
+    return True
+
+
+def new_call_id() -> str:
+    """A fresh id for one intercepted LLM call (its completion's ``chatcmpl-<id>``)."""
+    return uuid.uuid4().hex[:24]
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses; rendered as an OpenAI error body with ``status``."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
 
 
 @dataclass

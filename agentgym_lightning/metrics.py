@@ -1,17 +1,41 @@
-"""Metric values in JSON: a NaN or infinite metric (a loss of a skipped update, a mean over no
-episodes) is written as ``null``, never as the invalid JSON tokens ``NaN`` / ``Infinity``.
+"""Metrics: what is measured of finished episodes, and how metric values are written.
 
-One rule for every writer of metrics: ``metrics.jsonl``, checkpoints' ``trainer_state.json``, the
-``--json`` summaries of ``train`` and ``eval``.
+Episode metrics (:func:`summarize`: the summary of ``agentgym-lightning eval``, of the trainer's
+rollouts and held-out evals):
+
+* ``reward/mean`` — mean final reward of the *scored* episodes: not infrastructure failures (an
+  ``infra_failed`` episode has no reward; it says nothing about the model), and not ``unscored``
+  ones; ``nan`` (``null`` in ``--json``, ``n/a`` printed) when none is scored;
+* ``reward/unscored`` — episodes that succeeded with no final reward at all (``None``: the env has
+  no reward function and no plugin gave one); they are left out of ``reward/mean`` and
+  ``success_rate`` instead of counting as 0;
+* ``success_rate`` — among the scored episodes, the fraction with status ``succeeded`` *and* a
+  final reward > 0 (the agent finished on its own and the task was solved);
+* ``turns/mean`` — LLM calls per episode;
+* ``tokens_per_s`` — completion tokens of every call / wall time of the run (policy load excluded);
+* ``metrics/<name>`` — the mean of each number the env put in ``trajectory.variables["metrics"]``
+  (Spider reports ``official`` and ``strict`` execution accuracy there);
+* ``status/<status>`` — episode counts per status; ``chat_template/mismatches`` — calls that
+  continued the previous call's conversation but whose prompt ids did not extend its
+  prompt+completion ids (chat-template drift); ``chat_template/rebuilt_prompts`` — calls for which
+  the agent started a new conversation (their ids cannot extend; expected, e.g. Spider's checker).
+
+Metric values in JSON (:func:`json_metrics`): a NaN or infinite metric (a loss of a skipped
+update, a mean over no episodes) is written as ``null``, never as the invalid JSON tokens ``NaN``
+/ ``Infinity``. One rule for every writer of metrics: ``metrics.jsonl``, checkpoints'
+``trainer_state.json``, the ``--json`` summaries of ``train`` and ``eval``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["finite_or_none", "json_metrics"]
+from agentgym_lightning.trajectory import Status, Trajectory
+
+__all__ = ["summarize", "finite_or_none", "json_metrics"]
 
 
 def finite_or_none(value: Any) -> Any:
@@ -22,3 +46,50 @@ def finite_or_none(value: Any) -> Any:
 def json_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``metrics`` with every non-finite float replaced by ``None``."""
     return {key: finite_or_none(value) for key, value in metrics.items()}
+
+
+def _unscored(t: Trajectory) -> bool:
+    return t.status is Status.SUCCEEDED and t.final_reward is None
+
+
+def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str, float]:
+    """The eval metrics of finished trajectories (defined in the module docstring)."""
+    n = len(trajectories)
+    scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED and not _unscored(t)]
+    rewards = [float(t.final_reward or 0.0) for t in scored]
+    successes = [t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0 for t in scored]
+    turns = [len(t.steps) for t in trajectories]
+    completions = [s.completion for t in trajectories for s in t.steps if s.completion is not None]
+    tokens = sum(len(c.completion_token_ids or []) for c in completions)
+    checks = [s.prompt_extends_previous for t in trajectories for s in t.steps if s.prompt_extends_previous is not None]
+
+    metrics: dict[str, float] = {
+        "episodes": float(n),
+        "reward/mean": _mean(rewards) if scored else math.nan,
+        "reward/unscored": float(sum(1 for t in trajectories if _unscored(t))),
+        "return/mean": _mean([t.total_reward for t in scored]) if scored else math.nan,
+        "success_rate": _mean([float(s) for s in successes]) if scored else math.nan,
+        "turns/mean": _mean([float(x) for x in turns]),
+        "completion_tokens": float(tokens),
+        "tokens_per_s": tokens / wall_time if wall_time > 0 else 0.0,
+        "wall_time_s": float(wall_time),
+        "chat_template/checks": float(len(checks)),
+        "chat_template/mismatches": float(sum(t.template_mismatches for t in trajectories)),
+        "chat_template/rebuilt_prompts": float(sum(t.prompt_rebuilds for t in trajectories)),
+    }
+    for status, count in sorted(Counter(t.status.value for t in trajectories).items()):
+        metrics[f"status/{status}"] = float(count)
+    per_variant: dict[str, list[float]] = {}
+    for t in trajectories:
+        variants = t.variables.get("metrics") if isinstance(t.variables, Mapping) else None
+        if isinstance(variants, Mapping):
+            for name, value in variants.items():
+                if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
+                    per_variant.setdefault(str(name), []).append(float(value))
+    for name, values in sorted(per_variant.items()):
+        metrics[f"metrics/{name}"] = _mean(values)
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0

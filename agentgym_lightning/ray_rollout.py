@@ -2,7 +2,7 @@
 
 Each :class:`RolloutWorker` actor holds its own envs, gateway, agent threads and policy (built
 in the actor by the ``policy_factory`` you give: normally the ``openai`` backend pointed at the
-generation servers, see :class:`~agentgym_lightning.policies.openai_server.OpenAIPolicy`), and runs
+generation servers, see :class:`~agentgym_lightning.policies.openai.OpenAIPolicy`), and runs
 its share of the step exactly as :func:`~agentgym_lightning.rollout.rollout` would in one process:
 the step is planned once, here (:func:`~agentgym_lightning.rollout.plan_rollout`: the same tasks,
 groups and reset seeds as the single-process run), and whole GRPO groups are dealt round-robin

@@ -1,9 +1,11 @@
 """Registers the ``lightning/...`` environment ids with Gymnasium (on ``import agentgym_lightning``).
 
-Gymnasium 1.x has no entry-point env plugins, so third-party plugins add theirs through the
-``agentgym_register_envs`` hook, registered here too. An env of one's own needs none of that:
-``module:Id`` (Gymnasium's form: ``module`` registers ``Id`` when imported) and
-``path/to/file.py:make_env`` (a function returning an ``AgentEnv``) work wherever an env id does.
+Gymnasium 1.x has no entry-point env plugins, so environments come through the
+``agentgym_register_envs`` hook: the bundled env packages' own plugins (``envs/<name>/plugin.py``,
+see :mod:`agentgym_lightning.plugin_manager`) and third-party ones alike. Only the core's own demo
+env is named here. An env of one's own needs none of that: ``module:Id`` (Gymnasium's form:
+``module`` registers ``Id`` when imported) and ``path/to/file.py:make_env`` (a function returning an
+``AgentEnv``) work wherever an env id does.
 """
 
 from __future__ import annotations
@@ -16,15 +18,10 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import WrapperSpec
 
-#: The bundled environments: id -> entry point.
+#: The environments the core registers itself: id -> entry point (the env packages under
+#: ``envs/`` register theirs through their plugins).
 BUNDLED_ENVS: dict[str, str] = {
     "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
-    "lightning/Spider-v0": "agentgym_lightning.envs.spider.env:make_env",
-    "lightning/MuSiQue-v0": "agentgym_lightning.envs.rag.env:make_musique_env",
-    "lightning/HotpotQA-v0": "agentgym_lightning.envs.rag.env:make_hotpotqa_env",
-    "lightning/GSM8K-v0": "agentgym_lightning.envs.math.env:make_gsm8k_env",
-    "lightning/CalcX-v0": "agentgym_lightning.envs.math.env:make_calcx_env",
-    "lightning/Arithmetic-v0": "agentgym_lightning.envs.math.env:make_arithmetic_env",
 }
 
 #: Applied by ``gym.make`` after its ``TimeLimit``: ``max_episode_steps=N`` ends agent episodes

@@ -23,13 +23,11 @@ How it drives (continuous batching):
   recorded request is left as the agent sent it), so a policy with several replicas keeps each
   episode on one of them.
 
-When ``generate`` raises, the batch is split in halves and retried until the requests that fail
-alone are found: the others are answered as usual, and each culprit's call gets an OpenAI-style
-400 error (the agent decides what to do, as with any API error). When no request of a batch
-succeeds, the last request that did is generated again as a probe: if it succeeds, the backend is
-healthy and the failures are the requests' own (400s); if it fails (or there is none yet), the
-backend is down: the batch's episodes end ``infra_failed``, and after ``MAX_POLICY_FAILURES`` such
-batches in a row the error is raised.
+When ``generate`` raises, the requests that fail on their own are found and answered with an
+OpenAI-style 400 error (the agent decides what to do, as with any API error), the others as usual
+(:class:`~agentgym_lightning.policies.isolation.FailureIsolator`). When the backend itself is
+down, the batch's episodes end ``infra_failed``, and after ``MAX_POLICY_FAILURES`` such batches in
+a row the error is raised.
 """
 
 from __future__ import annotations
@@ -52,8 +50,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.llm import EPISODE_KEY, ChatRequest
+from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
 from agentgym_lightning.registration import file_factory, is_file_factory
 from agentgym_lightning.spaces import Observation
 from agentgym_lightning.trajectory import Status, Trajectory
@@ -141,66 +139,6 @@ class _Slot(Enum):
     PENDING = "pending"  # a call waits for the policy
 
 
-class _PolicyDown(Exception):
-    """The backend failed requests that it answered before: it is the infrastructure."""
-
-
-class _Batcher:
-    """Answers a batch of requests; isolates the requests a backend rejects (see module doc)."""
-
-    def __init__(self, policy: Any) -> None:
-        self._generate_fn = policy.generate if hasattr(policy, "generate") else policy
-        self._probe: ChatRequest | None = None  # a request the backend answered before
-        self.failures = 0  # consecutive batches the backend failed
-
-    def _call(self, requests: list[ChatRequest]) -> list[Any]:
-        out = list(self._generate_fn(requests))
-        if len(out) != len(requests):
-            raise RuntimeError(f"the policy returned {len(out)} completions for {len(requests)} requests")
-        return out
-
-    def _bisect(self, requests: list[ChatRequest]) -> list[Any]:
-        """Completions, with the exception in place of each request that fails on its own."""
-        try:
-            return self._call(requests)
-        except Exception as exc:  # noqa: BLE001 - sorted out below: a request's or the backend's
-            if len(requests) == 1:
-                return [exc]
-            log.warning("policy.generate failed for a batch of %d (%s); retrying in halves", len(requests), exc)
-            mid = len(requests) // 2
-            return self._bisect(requests[:mid]) + self._bisect(requests[mid:])
-
-    def _backend_healthy(self) -> bool:
-        if self._probe is None:
-            return False
-        probe = dataclasses.replace(self._probe, sampling=dataclasses.replace(self._probe.sampling, max_tokens=1))
-        try:
-            self._call([probe])
-        except Exception as exc:  # noqa: BLE001
-            log.error("policy.generate failed a request it answered before: %s", exc)
-            return False
-        return True
-
-    def answer(self, requests: list[ChatRequest]) -> list[Any]:
-        """One completion or :class:`GatewayError` (400: the backend rejected that request) per
-        request; raises :class:`_PolicyDown` (with the error as its cause) when the backend
-        itself failed."""
-        results = self._bisect(requests)
-        errors = [r for r in results if isinstance(r, Exception)]
-        if len(errors) < len(results):
-            self._probe = requests[next(i for i, r in enumerate(results) if not isinstance(r, Exception))]
-        elif not self._backend_healthy():
-            self.failures += 1
-            raise _PolicyDown(str(errors[0])) from errors[0]
-        self.failures = 0
-        return [
-            GatewayError(400, f"the policy backend rejected this request: {r}", code="invalid_request_error")
-            if isinstance(r, Exception)
-            else r
-            for r in results
-        ]
-
-
 class _Driver:
     """The state of one stream of episodes (see the module docstring for the rules).
 
@@ -214,7 +152,7 @@ class _Driver:
         factory: Callable[[], AgentEnv],
         envs: list[AgentEnv],
         work: deque[_Work],
-        batcher: _Batcher,
+        batcher: FailureIsolator,
         max_batch_wait: float | None,
         max_batch_size: int | None,
         concurrency: int,
@@ -415,7 +353,7 @@ class _Driver:
         started = time.monotonic()
         try:
             answers = self.batcher.answer([self._tagged(s) for s in slots])
-        except _PolicyDown as exc:
+        except PolicyDown as exc:
             cause = exc.__cause__ or exc
             log.error("policy.generate failed (%d batches in a row): %s", self.batcher.failures, cause)
             for slot in slots:
@@ -482,7 +420,7 @@ class RolloutStream:
         _check_settings(concurrency, max_batch_wait, max_batch_size)
         self._factory = make_env_factory(env, env_kwargs)
         self._driver = _Driver(
-            self._factory, [], deque(), _Batcher(policy), max_batch_wait, max_batch_size, concurrency, open_ended=True
+            self._factory, [], deque(), FailureIsolator(policy), max_batch_wait, max_batch_size, concurrency, open_ended=True
         )
         self._iterator: Iterator[Trajectory] | None = None
         self._submitted = 0
@@ -502,7 +440,7 @@ class RolloutStream:
         """A stream over a fixed plan (what :func:`iter_rollout` runs)."""
         stream = cls.__new__(cls)
         stream._factory = factory
-        stream._driver = _Driver(factory, envs, work, _Batcher(policy), max_batch_wait, max_batch_size, concurrency)
+        stream._driver = _Driver(factory, envs, work, FailureIsolator(policy), max_batch_wait, max_batch_size, concurrency)
         stream._iterator = None
         stream._submitted = len(work)
         stream._lock = threading.Lock()

@@ -7,7 +7,7 @@
 
 Three processes, as in a real Training-Agent Disaggregation deployment:
 
-* **upstream**: the instant mock OpenAI server (:mod:`agentgym_lightning.policies.openai_mock`),
+* **upstream**: the instant mock OpenAI server (:mod:`agentgym_lightning.testing.mock_openai_server`),
   standing in for ``vllm serve``;
 * **agents**: a runner process whose agents make chat calls, each on its own keep-alive
   connection, to the base URL their episode was given: by default with a lean HTTP client (aiohttp)
@@ -282,7 +282,7 @@ class Upstream:
     """The mock upstream in its own process, and its control endpoints."""
 
     def __init__(self) -> None:
-        from agentgym_lightning.policies.openai_mock import spawn_mock_server
+        from agentgym_lightning.testing.mock_openai_server import spawn_mock_server
 
         self.proc, self.url = spawn_mock_server()
         self.base_url = f"{self.url}/v1"
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner_main(args.agent_client)
         return 0
 
-    from agentgym_lightning.policies.openai_server import OpenAIPolicy
+    from agentgym_lightning.policies.openai import OpenAIPolicy
 
     upstream = Upstream()
     runner = None if args.agents_in_process else AgentRunner(args.agent_client)

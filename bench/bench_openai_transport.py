@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentgym_lightning.llm import ChatRequest, SamplingParams  # noqa: E402
-from agentgym_lightning.policies.openai_mock import spawn_mock_server  # noqa: E402
-from agentgym_lightning.policies.openai_server import OpenAIPolicy  # noqa: E402
+from agentgym_lightning.testing.mock_openai_server import spawn_mock_server  # noqa: E402
+from agentgym_lightning.policies.openai import OpenAIPolicy  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is 6 * 7? Answer with the number."}]
 

@@ -69,8 +69,8 @@ def main() -> None:
     import cloudpickle
     import ray
 
-    from agentgym_lightning.policies.openai_mock import spawn_mock_server
-    from agentgym_lightning.policies.openai_server import OpenAIPolicy
+    from agentgym_lightning.testing.mock_openai_server import spawn_mock_server
+    from agentgym_lightning.policies.openai import OpenAIPolicy
     from agentgym_lightning.ray_rollout import RayRolloutRunner, init_ray
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -406,7 +406,7 @@ def stage_swallow(args: argparse.Namespace, *, count: int = 50, batch: int = 10)
             for env in envs:
                 env.reset(seed=0)
                 env.step_async("once")
-            threads = [env._episode._thread for env in envs]  # noqa: SLF001 - what we measure
+            threads = [env._worker._thread for env in envs]  # noqa: SLF001 - what we measure
             closers = [threading.Thread(target=env.close) for env in envs]
             for c in closers:
                 c.start()

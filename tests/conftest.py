@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 # The conformance kit's fixture (agent_conformance), as adapter authors use it.
-pytest_plugins = ["agentgym_lightning.pytest_plugin"]
+pytest_plugins = ["agentgym_lightning.testing.pytest_plugin"]
 
 # Third-party plugins installed on a developer's machine must not change test results.
 os.environ.setdefault("AGENTGYM_LIGHTNING_DISABLE_PLUGIN_AUTOLOAD", "1")

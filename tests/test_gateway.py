@@ -136,6 +136,21 @@ def test_a_gateway_off_loopback_requires_a_bearer_token():
     gw.check_auth(f"Bearer {gw.token}")
 
 
+def test_one_token_rule_for_every_server():
+    from agentgym_lightning.gateway.auth import server_token
+    from agentgym_lightning.policies.policy_server import PolicyServer
+
+    assert server_token("127.0.0.1", None) is None and server_token("::1", None) is None
+    assert server_token("localhost", "given") == "given" and server_token("10.0.0.5", "given") == "given"
+    generated = server_token("10.0.0.5", None)
+    assert generated and generated != server_token("10.0.0.5", None)
+    # The policy server follows the gateway's rule (it used to refuse a host off loopback without
+    # a token, and its callers each made one up); never started here.
+    server = PolicyServer(lambda requests: [], host="0.0.0.0")
+    assert server.token and Gateway(host="0.0.0.0").token
+    assert PolicyServer(lambda requests: [], host="127.0.0.1").token is None
+
+
 def test_a_token_is_enforced_over_http_and_in_process():
     gw = Gateway(token="s3cret")
 

@@ -75,3 +75,15 @@ def test_anything_else_is_rejected_with_a_clear_error(bad, fragment):
 def test_tool_calls_must_be_a_list():
     with pytest.raises(ValueError, match="list of tool calls"):
         Completion(tool_calls={"name": "f"})  # type: ignore[arg-type]
+
+
+def test_ids_extend_checks_a_prompt_against_the_previous_prompt_and_completion():
+    from agentgym_lightning.llm import ids_extend
+
+    assert ids_extend([1, 2, 3, 4], [1, 2], [3])
+    assert ids_extend([1, 2, 3], [1, 2], [3])  # equal is extending
+    assert ids_extend((1, 2, 3), [1, 2], (3,))  # lists and tuples alike
+    assert not ids_extend([1, 2], [1, 2], [3])
+    assert not ids_extend([1, 9, 3, 4], [1, 2], [3])
+    assert not ids_extend([1, 2, 9, 4], [1, 2], [3])
+    assert ids_extend([5], [])

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHECK = """
 import importlib.util, sys
 import agentgym_lightning, agentgym_lightning.plugins.credit, agentgym_lightning.envs.guess_number
+import agentgym_lightning.testing.conformance, agentgym_lightning.testing.pytest_plugin
 import gymnasium as gym
 site = sys.argv[1]
 for mod in (agentgym_lightning, agentgym_lightning.plugins.credit, agentgym_lightning.envs.guess_number):
@@ -36,6 +37,10 @@ def test_wheel_maps_plugins_and_envs_under_the_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "agentgym_lightning/plugins/credit.py" in names
     assert "agentgym_lightning/envs/guess_number.py" in names
+    # Every subpackage of the source tree ships (each must be in pyproject's `packages` list).
+    subpackages = sorted(p.parent.relative_to(REPO).as_posix() for p in (REPO / "agentgym_lightning").rglob("__init__.py"))
+    assert "agentgym_lightning/testing" in subpackages
+    assert [s for s in subpackages if f"{s}/__init__.py" not in names] == []
     assert not [n for n in names if n.split("/")[0] in ("plugins", "envs", "tests", "bench")]
     top_level = next(n for n in names if n.endswith("top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["agentgym_lightning"]

@@ -34,7 +34,7 @@ from agentgym_lightning.gateway.openai_wire import (
 )
 
 if TYPE_CHECKING:
-    from agentgym_lightning.gateway.gateway import Gateway
+    from agentgym_lightning.gateway.router import EpisodeRouter
 
 EPISODE_HEADER = "x-agentgym-episode"
 
@@ -46,7 +46,7 @@ def _error(exc: GatewayError) -> JSONResponse:
     return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=headers)
 
 
-def build_app(gateway: Gateway, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+def build_app(gateway: EpisodeRouter, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The Starlette app serving ``gateway`` (plus ``extra_routes``, matched first: the
     standalone gateway's episode API)."""
 

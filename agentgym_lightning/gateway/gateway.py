@@ -1,35 +1,31 @@
-"""The interception gateway: routes each OpenAI request to its episode.
+"""The interception gateway: its router (:mod:`.router`) plus what agents reach it through.
 
 One gateway serves every episode of the process. Agents reach it two ways, with the same
 semantics: in-process through an httpx transport (no socket, see :mod:`.transport`), or over
-HTTP at ``http://127.0.0.1:<port>/episodes/<id>/v1`` (see :mod:`.app`), which is also how an
-agent in another process or on another machine takes part (Training-Agent Disaggregation).
+HTTP at ``http://127.0.0.1:<port>/episodes/<id>/v1`` (see :mod:`.app`; the server starts on first
+use), which is also how an agent in another process or on another machine takes part
+(Training-Agent Disaggregation). It also keeps the event loop ``async def`` agents share and the
+agent workers that outlived their episodes (:mod:`agentgym_lightning.worker`).
 """
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import os
-import secrets
 import ssl
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
-from agentgym_lightning.gateway.background_loop import BackgroundLoop
+from agentgym_lightning.gateway.auth import server_token
+from agentgym_lightning.background_loop import BackgroundLoop
 from agentgym_lightning.gateway.limits import GatewayLimits
-from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.gateway.validation import check_chat_request, parse_json
-from agentgym_lightning.llm import ChatRequest
-
-if TYPE_CHECKING:
-    from agentgym_lightning.episode import Episode, PendingCall
-    from agentgym_lightning.gateway.server import GatewayServer
+from agentgym_lightning.gateway.router import EpisodeRouter
+from agentgym_lightning.gateway.server import GatewayServer
+from agentgym_lightning.gateway.transport import AsyncInProcessTransport, InProcessTransport
 
 __all__ = ["Gateway", "get_gateway", "INPROC_HOST", "LingeringAgent"]
 
@@ -38,15 +34,6 @@ INPROC_HOST = "agentgym.inproc"
 HOST_ENV = "AGENTGYM_LIGHTNING_GATEWAY_HOST"
 PORT_ENV = "AGENTGYM_LIGHTNING_GATEWAY_PORT"
 TOKEN_ENV = "AGENTGYM_LIGHTNING_GATEWAY_TOKEN"
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -65,8 +52,9 @@ class LingeringAgent:
         return is_alive() if is_alive is not None else not self.worker.done()
 
 
-class Gateway:
-    """Episode registry plus the OpenAI-compatible endpoint in front of it.
+class Gateway(EpisodeRouter):
+    """The episode router (registry, auth, requests) plus the OpenAI-compatible endpoint in
+    front of it: the HTTP server, in-process clients, and the loop ``async def`` agents run on.
 
     Args:
         host: Address the HTTP server binds when first needed. ``127.0.0.1`` by default; any
@@ -90,46 +78,19 @@ class Gateway:
         limits: GatewayLimits | None = None,
         extra_routes: Sequence[Any] = (),
     ) -> None:
-        if not _is_loopback(host) and not token:
-            token = secrets.token_urlsafe(24)
+        super().__init__(token=server_token(host, token), limits=limits)
         self.host = host
         self.port = port
-        self.token = token
-        self.limits = limits or GatewayLimits()
         self.extra_routes = list(extra_routes)
-        self._episodes: dict[str, Episode] = {}
         self._lingering: list[LingeringAgent] = []
-        self._lock = threading.Lock()
         self._server: GatewayServer | None = None
         self._loop: BackgroundLoop | None = None
         self._ssl: ssl.SSLContext | None = None
 
-    # ------------------------------------------------------------------ episodes
-
-    def register(self, episode: Episode) -> None:
-        with self._lock:
-            self._episodes[episode.episode_id] = episode
-
-    def unregister(self, episode_id: str) -> None:
-        with self._lock:
-            self._episodes.pop(episode_id, None)
-
-    def episode(self, episode_id: str) -> Episode:
-        ep = self._episodes.get(episode_id)
-        if ep is None:
-            raise GatewayError(
-                404, f"no running episode {episode_id!r}: it ended or never existed; use the base URL the env handed you"
-            )
-        return ep
-
-    @property
-    def episode_count(self) -> int:
-        return len(self._episodes)
-
     # ------------------------------------------------------------------ workers that outlive episodes
 
     def add_lingering(self, episode_id: str, worker: Any, where: str) -> None:
-        """Record an agent worker that did not stop with its episode (see :meth:`Episode.stop`)."""
+        """Record an agent worker that did not stop with its episode (see :meth:`AgentWorker.stop`)."""
         with self._lock:
             self._lingering.append(LingeringAgent(episode_id, worker, where, time.time()))
 
@@ -151,74 +112,6 @@ class Gateway:
                 "(AGENTGYM_LIGHTNING_GATEWAY_MAX_LINGERING_AGENTS)"
             )
 
-    # ------------------------------------------------------------------ requests
-
-    def check_auth(self, authorization: str | None) -> None:
-        if not self.token:
-            return
-        expected = f"Bearer {self.token}"
-        if not authorization or not hmac.compare_digest(authorization.encode(), expected.encode()):
-            raise GatewayError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'", "authentication_error")
-
-    def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
-        """Check a chat-completion request fully, then hand it to its episode as a pending call.
-
-        Everything that can make it fail is checked before the episode records a step: a
-        refused request (a :class:`GatewayError`) leaves no trace in the trajectory.
-        """
-        episode = self.episode(episode_id)
-        episode.raise_if_stopped()
-        data = self._parse(body)
-        check_chat_request(data, self.limits.content_part_types)
-        try:
-            request = ChatRequest.from_openai(data)
-        except ValueError as exc:
-            raise GatewayError(400, str(exc)) from None
-        return episode.submit(request)
-
-    def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
-        """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""
-        data = self.json_object(body)
-        episode = self.episode(episode_id)
-        value = data.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise GatewayError(400, f"a reward needs a 'value' that is a number (and optionally a 'source'), got {value!r:.40}")
-        try:
-            episode.emit_reward(value, str(data.get("source", "agent")))
-        except ValueError as exc:
-            raise GatewayError(400, str(exc)) from None
-        return {"ok": True}
-
-    def post_variables(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
-        """``POST /episodes/{id}/variables`` with an object of ``name: value`` pairs."""
-        data = self.json_object(body)
-        episode = self.episode(episode_id)
-        if "" in data:
-            raise GatewayError(400, "a semantic variable needs a non-empty name; got \"\"")
-        for name, value in data.items():
-            try:
-                episode.emit_variable(name, value)
-            except ValueError as exc:  # over a limit: the client's fault
-                raise GatewayError(400, str(exc)) from None
-        return {"ok": True, "variables": sorted(data)}
-
-    def _parse(self, body: bytes | Mapping[str, Any]) -> Any:
-        return parse_json(body, max_bytes=self.limits.max_body_bytes)
-
-    def json_object(self, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
-        """``body`` parsed by the strict parser (``max_body_bytes``, depth, UTF-8, no NaN or
-        Infinity: :func:`~agentgym_lightning.gateway.validation.parse_json`), or a 400/413 if it
-        is not a JSON object. Every route with a JSON body uses it (the standalone server's too)."""
-        data = self._parse(body)
-        if not isinstance(data, dict):
-            raise GatewayError(400, "request body must be a JSON object")
-        return data
-
-    def describe(self, episode_id: str) -> dict[str, Any]:
-        """``GET /episodes/{id}``: where the episode stands."""
-        ep = self.episode(episode_id)
-        return {"episode_id": ep.episode_id, "steps": len(ep.trajectory.steps), "status": ep.trajectory.status.value}
-
     # ------------------------------------------------------------------ endpoints
 
     def start(self) -> None:
@@ -226,9 +119,7 @@ class Gateway:
         if self._server is None:
             with self._lock:
                 if self._server is None:
-                    from agentgym_lightning.gateway.server import GatewayServer
-
-                    server = GatewayServer(self, self.host, self.port, self.limits)
+                    server = GatewayServer(self, self.host, self.port, self.limits, self.extra_routes)
                     server.start()
                     self.port = server.port
                     self._server = server
@@ -268,8 +159,6 @@ class Gateway:
         agent stopped by force while holding one must not freeze every other agent.
         """
         if transport == "inproc":
-            from agentgym_lightning.gateway.transport import InProcessTransport
-
             return httpx.Client(transport=InProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context)
         # One client (one pool) per agent: httpx's pool does work that grows with its size on every
         # request, so a single pool shared by hundreds of agents is far slower. Construction is
@@ -284,8 +173,6 @@ class Gateway:
     def async_http_client(self, transport: str) -> httpx.AsyncClient:
         """A new async client (async clients are bound to the event loop that uses them)."""
         if transport == "inproc":
-            from agentgym_lightning.gateway.transport import AsyncInProcessTransport
-
             return httpx.AsyncClient(
                 transport=AsyncInProcessTransport(self), timeout=None, trust_env=False, verify=self.ssl_context
             )

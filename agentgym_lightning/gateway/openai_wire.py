@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion
+# GatewayError and new_call_id live with the data model (an episode refuses calls with it); they
+# are part of the wire format too, so this module exports them.
+from agentgym_lightning.llm import ChatRequest, Completion, GatewayError, new_call_id
 
 __all__ = [
     "GatewayError",
+    "new_call_id",
     "completion_body",
     "completion_sse",
     "error_body",
@@ -25,16 +27,6 @@ __all__ = [
 #: Tells the openai client not to retry: a failed call is a signal for the agent, and a retry
 #: against a closed episode only delays the agent's exit.
 ERROR_HEADERS = {"x-should-retry": "false"}
-
-
-class GatewayError(Exception):
-    """A request the gateway refuses; rendered as an OpenAI error body with ``status``."""
-
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
 
 
 def internal_error(exc: BaseException) -> GatewayError:
@@ -127,7 +119,3 @@ def completion_sse(request: ChatRequest, completion: Completion, call_id: str) -
     if (request.extra.get("stream_options") or {}).get("include_usage"):
         chunks.append({**base, "choices": [], "usage": _usage(completion)})
     return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
-
-
-def new_call_id() -> str:
-    return uuid.uuid4().hex[:24]

@@ -1,5 +1,6 @@
-"""HTTP servers of this process (the gateway's, the policy server's): uvicorn on a daemon thread,
-bound before it is announced, with the byte, time and connection limits of ``docs/limits.md``."""
+"""HTTP servers of this process (the gateway's, the policy server's, the mock OpenAI server's):
+uvicorn on a daemon thread, bound before it is announced, with the byte, time and connection
+limits of ``docs/limits.md``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import functools
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -16,7 +18,9 @@ from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
 from agentgym_lightning.gateway.limits import GatewayLimits
 
 if TYPE_CHECKING:
-    from agentgym_lightning.gateway.gateway import Gateway
+    from starlette.routing import BaseRoute
+
+    from agentgym_lightning.gateway.router import EpisodeRouter
 
 
 class ThreadedServer:
@@ -70,13 +74,23 @@ class ThreadedServer:
             time.sleep(0.005)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close the socket (also when it was never started). Idempotent."""
         self._server.should_exit = True
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
         self._sock.close()
 
 
 class GatewayServer(ThreadedServer):
-    """Serves a gateway's app (:func:`build_app`) under the gateway's limits."""
+    """Serves a gateway's app (:func:`build_app`: its router plus ``extra_routes``) under the
+    gateway's limits."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int, limits: GatewayLimits | None = None) -> None:
-        super().__init__(build_app(gateway, gateway.extra_routes), host, port, limits=limits or gateway.limits)
+    def __init__(
+        self,
+        router: EpisodeRouter,
+        host: str,
+        port: int,
+        limits: GatewayLimits | None = None,
+        extra_routes: Sequence[BaseRoute] = (),
+    ) -> None:
+        super().__init__(build_app(router, extra_routes), host, port, limits=limits or router.limits)

@@ -22,7 +22,7 @@ from agentgym_lightning.gateway.openai_wire import (
 
 if TYPE_CHECKING:
     from agentgym_lightning.episode import PendingCall
-    from agentgym_lightning.gateway.gateway import Gateway
+    from agentgym_lightning.gateway.router import EpisodeRouter
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,11 @@ def _error(exc: GatewayError) -> httpx.Response:
     return _json(exc.status, error_body(exc.status, exc.message, exc.code), ERROR_HEADERS)
 
 
-class _Router:
-    def __init__(self, gateway: Gateway) -> None:
+class _Requests:
+    """An httpx request against the router's routes: begun (checked, handed over) and finished
+    (the answer rendered as the HTTP app renders it)."""
+
+    def __init__(self, gateway: EpisodeRouter) -> None:
         self.gateway = gateway
 
     def begin(self, request: httpx.Request) -> PendingCall | httpx.Response:
@@ -82,34 +85,34 @@ class _Router:
 class InProcessTransport(httpx.BaseTransport):
     """For ``openai.OpenAI``: the calling thread blocks until the driver answers."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._router = _Router(gateway)
+    def __init__(self, gateway: EpisodeRouter) -> None:
+        self._requests = _Requests(gateway)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
-        result = self._router.begin(request)
+        result = self._requests.begin(request)
         if isinstance(result, httpx.Response):
             return result
         try:
             result.wait()
         except GatewayError:
             pass  # rendered by finish()
-        return self._router.finish(result)
+        return self._requests.finish(result)
 
 
 class AsyncInProcessTransport(httpx.AsyncBaseTransport):
     """For ``openai.AsyncOpenAI``: the calling task awaits the driver's answer."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._router = _Router(gateway)
+    def __init__(self, gateway: EpisodeRouter) -> None:
+        self._requests = _Requests(gateway)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
-        result = self._router.begin(request)
+        result = self._requests.begin(request)
         if isinstance(result, httpx.Response):
             return result
         try:
             await result.wait_async()
         except GatewayError:
             pass
-        return self._router.finish(result)
+        return self._requests.finish(result)

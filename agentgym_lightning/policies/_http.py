@@ -1,4 +1,4 @@
-"""The HTTP transports of :class:`~agentgym_lightning.policies.openai_server.OpenAIPolicy`, on kept
+"""The HTTP transports of :class:`~agentgym_lightning.policies.openai.OpenAIPolicy`, on kept
 client libraries.
 
 * :class:`AiohttpTransport` — aiohttp, for every real upstream (``http://`` and ``https://``,

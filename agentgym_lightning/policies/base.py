@@ -1,13 +1,15 @@
-"""The policy interface: what answers an environment's pending LLM calls."""
+"""The policy interface: what answers an environment's pending LLM calls; and what the trainer
+needs of a policy whose weights it trains (:class:`TrainablePolicy` and its two kinds)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from agentgym_lightning.llm import ChatRequest, Completion
 
-__all__ = ["Policy"]
+__all__ = ["Policy", "TrainablePolicy", "ModelSharingPolicy", "WeightLoadingPolicy"]
 
 
 class Policy(ABC):
@@ -36,3 +38,37 @@ class Policy(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@runtime_checkable
+class TrainablePolicy(Protocol):
+    """A generator the trainer can train: it names its weights and tokenizes as the trained
+    model does. Either it generates with the trained model itself (:class:`ModelSharingPolicy`,
+    ``hf``) or it receives the trained weights after each update (:class:`WeightLoadingPolicy`,
+    ``vllm``); an API backend (``openai``) is neither."""
+
+    #: The local folder of the weights it generates with (the trainer loads its copy from here).
+    path: str
+    #: The ``transformers`` tokenizer of those weights.
+    tokenizer: Any
+
+
+@runtime_checkable
+class ModelSharingPolicy(TrainablePolicy, Protocol):
+    """Generates with an in-process ``transformers`` model that the trainer trains in place (no
+    copy, no weight sync); the trainer may swap in a wrapped model (a LoRA adapter)."""
+
+    #: The ``transformers`` causal LM it generates with.
+    hf_model: Any
+    #: The id padding its batches (the trainer pads its own batches with the same).
+    pad_token_id: int
+
+
+@runtime_checkable
+class WeightLoadingPolicy(TrainablePolicy, Protocol):
+    """Generates with weights of its own (another engine, another device), replaced by the
+    trained ones after each update."""
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Replace the generator's weights; ``weights`` are ``(name, tensor)`` under the base
+        model's parameter names."""

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.llm import ChatRequest, Completion, ids_extend
 from agentgym_lightning.policies.tool_calls import (
     ParsedToolCalls,
     parse_tool_calls,
@@ -265,8 +265,7 @@ def prompt_extends(
     """
     if prev_prompt_ids is None or prev_completion_ids is None or prompt_ids is None:
         return False
-    prev = list(prev_prompt_ids) + list(prev_completion_ids)
-    return len(prompt_ids) >= len(prev) and list(prompt_ids[: len(prev)]) == prev
+    return ids_extend(prompt_ids, prev_prompt_ids, prev_completion_ids)
 
 
 class ChatTemplateMonitor:
@@ -298,7 +297,7 @@ class ChatTemplateMonitor:
             self._last[episode_id] = list(prompt) + list(generated)
             if prev is None:
                 return None
-            extends = len(prompt) >= len(prev) and list(prompt[: len(prev)]) == prev
+            extends = ids_extend(prompt, prev)
             self.checks += 1
             if not extends:
                 self.mismatches += 1

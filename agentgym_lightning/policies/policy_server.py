@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from agentgym_lightning.gateway.gateway import _is_loopback
+from agentgym_lightning.gateway.auth import check_bearer, server_token
 from agentgym_lightning.gateway.openai_wire import (
     ERROR_HEADERS,
     GatewayError,
@@ -35,6 +35,7 @@ from agentgym_lightning.gateway.openai_wire import (
     new_call_id,
 )
 from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
 
 __all__ = ["PolicyServer"]
 
@@ -46,9 +47,10 @@ class PolicyServer:
 
     Args:
         policy: Any :class:`~agentgym_lightning.policies.Policy` or ``fn(requests) -> completions``.
-        host: Address to bind (off loopback ``token`` is required).
+        host: Address to bind.
         port: Port (0: a free one).
-        token: Bearer token clients must send (``None``: none checked).
+        token: Bearer token clients must send. Off loopback one is required: if none is given
+            there, one is generated (read it from :attr:`token`); on loopback ``None`` checks none.
         model_name: The model name ``/v1/models`` lists.
         max_batch_wait: Seconds the oldest request waits for others to join its batch.
         max_batch_size: Most requests per ``generate`` (``None``: all that are waiting).
@@ -65,15 +67,11 @@ class PolicyServer:
         max_batch_wait: float = 0.005,
         max_batch_size: int | None = None,
     ) -> None:
-        from agentgym_lightning.rollout import _Batcher
-
-        if not _is_loopback(host) and not token:
-            raise ValueError(f"serving a policy on {host} (off loopback) needs a token")
-        self.token = token
+        self.token = server_token(host, token)
         self.model_name = model_name
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
-        self._batcher = _Batcher(policy)
+        self._batcher = FailureIsolator(policy)
         self._queue: queue.SimpleQueue[tuple[ChatRequest, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         self._host, self._port = host, port
         self._server: Any = None
@@ -122,8 +120,6 @@ class PolicyServer:
     # ------------------------------------------------------------------ batching (its own thread)
 
     def _generate_loop(self) -> None:
-        from agentgym_lightning.rollout import _PolicyDown
-
         while True:
             first = self._queue.get()
             if first is None:
@@ -143,7 +139,7 @@ class PolicyServer:
             self.requests += len(batch)
             try:
                 answers = self._batcher.answer([request for request, _ in batch])
-            except _PolicyDown as exc:
+            except PolicyDown as exc:
                 error = GatewayError(503, f"the policy failed: {exc.__cause__ or exc}", "server_error")
                 for _, fut in batch:
                     fut.set_result(error)
@@ -159,18 +155,13 @@ class PolicyServer:
     # ------------------------------------------------------------------ HTTP
 
     def _app(self) -> Any:
-        import hmac
-
         from starlette.applications import Starlette
         from starlette.requests import Request
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
         def check(request: Request) -> None:
-            if self.token:
-                got = (request.headers.get("authorization") or "").encode()
-                if not hmac.compare_digest(got, f"Bearer {self.token}".encode()):
-                    raise GatewayError(401, "missing or wrong bearer token", "authentication_error")
+            check_bearer(request.headers.get("authorization"), self.token)
 
         def error(exc: GatewayError) -> Response:
             return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status, headers=ERROR_HEADERS)

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion
-from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, WeightLoadingPolicy
 
 __all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights"]
 
@@ -52,7 +52,7 @@ class SamplingOverride(Policy):
 
 def shares_model(policy: Any, model: Any) -> bool:
     """Whether ``policy`` generates with ``model`` itself (the ``hf`` backend: no copy, no sync)."""
-    return getattr(policy, "hf_model", None) is model
+    return isinstance(policy, ModelSharingPolicy) and policy.hf_model is model
 
 
 @contextlib.contextmanager
@@ -82,13 +82,12 @@ def sync_weights(policy: Any, model: Any, *, peft: bool) -> float:
     the policy shares the model)."""
     if shares_model(policy, model):
         return 0.0
-    load = getattr(policy, "load_weights", None)
-    if load is None:
+    if not isinstance(policy, WeightLoadingPolicy):
         raise TypeError(
             f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy can neither share the trained "
             "model nor receive weights (no load_weights): train with the hf or vllm backend"
         )
     start = time.perf_counter()
     with merged_weights(model, peft) as weights:
-        load(weights)
+        policy.load_weights(weights)
     return time.perf_counter() - start

@@ -10,12 +10,10 @@ calls from all workers are batched together into one ``generate``.
 from __future__ import annotations
 
 import functools
-import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.gateway.gateway import _is_loopback
 from agentgym_lightning.trajectory import Trajectory
 
 __all__ = ["RemoteRollouts"]
@@ -25,14 +23,14 @@ class RemoteRollouts:
     """Serves ``policy`` and runs rollouts of ``env_factory`` on ``config.rollout_workers`` actors."""
 
     def __init__(self, env_factory: Callable[[], AgentEnv], policy: Any, config: Any) -> None:
-        from agentgym_lightning.policies.openai_server import OpenAIPolicy
+        from agentgym_lightning.policies.openai import OpenAIPolicy
         from agentgym_lightning.policies.policy_server import PolicyServer
         from agentgym_lightning.ray_rollout import RayRolloutRunner
 
-        token = None if _is_loopback(config.generation_host) else secrets.token_urlsafe(24)
-        self.server = PolicyServer(policy, host=config.generation_host, token=token).start()
+        # Off loopback the server makes up a token (the one rule, gateway/auth.py); the workers send it.
+        self.server = PolicyServer(policy, host=config.generation_host).start()
         worker_policy = functools.partial(
-            OpenAIPolicy, "policy", base_url=self.server.base_url, api_key=token, timeout=config.rollout_worker_timeout
+            OpenAIPolicy, "policy", base_url=self.server.base_url, api_key=self.server.token, timeout=config.rollout_worker_timeout
         )
         try:
             self.runner = RayRolloutRunner(

@@ -51,6 +51,7 @@ from typing import Any
 
 from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
+from agentgym_lightning.llm import ids_extend
 from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
@@ -321,7 +322,7 @@ def _trajectory_rows(
         prompt = list(c.prompt_token_ids)
         on = _trainable_tokens(step, mask_truncated, match, stats)
         n = len(c.completion_token_ids)
-        if current is not None and len(prompt) >= len(full) and prompt[: len(full)] == full:
+        if current is not None and ids_extend(prompt, full):
             between = prompt[len(full) :]
             current.completion_ids += between + list(c.completion_token_ids)
             current.loss_mask += [0] * len(between) + [on] * n

@@ -55,7 +55,9 @@ import numpy as np
 import torch
 
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.metrics import summarize
 from agentgym_lightning.plugin_manager import get_plugin_manager
+from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
 from agentgym_lightning.registration import is_file_factory
 from agentgym_lightning.rollout import make_env_factory, rollout
 from agentgym_lightning.training.checkpoint import (
@@ -202,7 +204,8 @@ class LightningRLTrainer:
         self.policy = policy if policy is not None else _build_policy(cfg)
         self.model, self.tokenizer = _trainable_model(self.policy, cfg)
         self.device = next(self.model.parameters()).device
-        self.pad_token_id = int(getattr(self.policy, "pad_token_id", None) or self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
+        own_pad = self.policy.pad_token_id if isinstance(self.policy, ModelSharingPolicy) else None
+        self.pad_token_id = int(own_pad or self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
         from trl.trainer.utils import disable_dropout_in_model
 
         disable_dropout_in_model(self.model)
@@ -485,8 +488,6 @@ class LightningRLTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) and log it."""
-        from agentgym_lightning.eval import summarize
-
         cfg = self.config
         if self.eval_factory is None:
             raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
@@ -580,8 +581,6 @@ class LightningRLTrainer:
 
 def episode_metrics(trajectories: Sequence[Trajectory], wall_s: float, prefix: str = "") -> dict[str, float]:
     """Rollout metrics: the eval summary, plus the mean per-episode reward of every source."""
-    from agentgym_lightning.eval import summarize
-
     metrics = {f"{prefix}{k}": v for k, v in summarize(trajectories, wall_s).items()}
     scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED]
     by_source: dict[str, float] = defaultdict(float)
@@ -630,14 +629,12 @@ def _build_policy(cfg: LightningRLConfig) -> Any:
     return make_policy(cfg.backend, cfg.model, **kwargs)
 
 
-def _trainable_model(policy: Any, cfg: LightningRLConfig) -> tuple[Any, Any]:
+def _trainable_model(policy: Policy, cfg: LightningRLConfig) -> tuple[Any, Any]:
     """The model to train and its tokenizer: the hf policy's own model, or a fresh copy of the
     generator's weights for a backend that holds them elsewhere."""
-    model = getattr(policy, "hf_model", None)
-    if model is not None:
-        return model, policy.tokenizer
-    path = getattr(policy, "path", None)
-    if path is None:
+    if isinstance(policy, ModelSharingPolicy) and policy.hf_model is not None:
+        return policy.hf_model, policy.tokenizer
+    if not isinstance(policy, TrainablePolicy):
         raise TypeError(
             f"cannot train the {getattr(policy, 'backend', type(policy).__name__)!r} policy: it holds no weights "
             "(use the hf or vllm backend)"
@@ -646,7 +643,7 @@ def _trainable_model(policy: Any, cfg: LightningRLConfig) -> tuple[Any, Any]:
 
     device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device)
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=dtype).to(device)
     return model, policy.tokenizer
 
 

@@ -44,7 +44,7 @@ What the agent emits (semantic variables; each lands in the ``outcome`` of the c
 * ``answer``, ``answer_status`` (``ok``, ``unparsable``, ``missing``) and ``calculator_calls``
   (calls in the whole episode) — after the last call (also when turns ran out).
 
-``plugins/math_air.py`` turns these into AIR signals.
+``envs/math/plugin.py`` turns these into AIR signals.
 """
 
 from __future__ import annotations

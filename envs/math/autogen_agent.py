@@ -10,7 +10,7 @@ agent's ``model_context`` history (AutoGen's way to seed a conversation), so the
 from-scratch agent's ``tools``-protocol conversation. The model client is the AutoGen
 ``OpenAIChatCompletionClient`` the adapter hands in (``plugins/autogen_adapter.py``).
 
-Signals, as the from-scratch agent's (so ``plugins/math_air.py`` and the reward apply unchanged):
+Signals, as the from-scratch agent's (so ``envs/math/plugin.py`` and the reward apply unchanged):
 ``calculator`` after each calculation (``[record]``; when one reply makes several calls at once,
 the step keeps the last one's: the tool cannot see which reply it belongs to), then
 ``answer``, ``answer_status`` and ``calculator_calls``. AutoGen calls tools natively only: the

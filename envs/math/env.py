@@ -15,7 +15,7 @@ tolerance of 1e-2 for Calc-X as in the Calc-X paper) and 0.0 otherwise. Each epi
 calculator call) and ``answer_parsed`` (its final answer was found and read); ``agentgym-lightning
 eval`` prints their means.
 
-AIR (``plugins/math_air.py``) is on for ``math.no_tool`` with weight 0 (reported on the step,
+AIR (``envs/math/plugin.py``) is on for ``math.no_tool`` with weight 0 (reported on the step,
 adds nothing); give ``air_weights`` to shape rewards, e.g. ``{"math.calc_ok": 0.1,
 "math.calc_error": -0.1, "math.answer_missing": -0.2}``.
 """
@@ -197,7 +197,7 @@ def make_gsm8k_env(
         data_dir: The GSM8K folder or one ``.jsonl`` file (else ``$AGENTGYM_LIGHTNING_GSM8K_DIR``,
             the imported copy, or the bundled sample; see :mod:`.data`).
         rel_tol: Relative tolerance of the answer check (0: exact, GSM8K's own rule).
-        air_weights: AIR weights (sources in ``plugins/math_air.py``), merged over
+        air_weights: AIR weights (sources in ``envs/math/plugin.py``), merged over
             :data:`DEFAULT_AIR_WEIGHTS`.
         max_turns: Most LLM calls per episode.
         limit: Keep only the first ``limit`` problems.

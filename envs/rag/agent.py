@@ -34,7 +34,7 @@ the last call such a reply ends it instead, its whole text scored as the answer 
 searching on its last call has no answer (``missing``).
 
 **Signals.** After each call the agent emits what happened, into that step's ``outcome`` (read
-by ``plugins/rag_air.py``): ``action`` (``search``, ``answer``, ``no_directive``,
+by ``envs/rag/plugin.py``): ``action`` (``search``, ``answer``, ``no_directive``,
 ``bad_tool_call``, ``unknown_tool``),
 ``queries``, ``retrieved`` (passage ids), ``empty_queries``, ``repeated_queries``,
 ``new_supporting`` (supporting passages this call found first, where the data marks them), and

@@ -123,7 +123,7 @@ def make_env(
             the bundled sample; see :mod:`.data`).
         reward: ``"f1"`` (default) or ``"em"``.
         air_weights: AIR weights, e.g. ``{"rag.supporting": 0.1, "rag.answer_missing": -0.5}``
-            (sources in ``plugins/rag_air.py``); AIR is off without them.
+            (sources in ``envs/rag/plugin.py``); AIR is off without them.
         max_turns: Most LLM calls per episode (searches and the answer).
         limit: Keep only the first ``limit`` questions (after ``offset``).
         offset: Skip the first ``offset`` questions: a data set with one split (the shared

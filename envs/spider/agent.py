@@ -12,7 +12,7 @@ rewriter (``role`` ``writer``/``rewriter``) are trainable; the checker
 ``train_checker=True``. After each call the agent emits what followed it as semantic variables,
 which land in that step's ``outcome``: ``sql``, ``sql_status`` (``no_sql``, ``parse_error``,
 ``exec_error``, ``executes``) and ``sql_error`` after a writer/rewriter call, ``check``
-(``correct``/``incorrect``) after a checker call. The AIR plugin (``plugins/spider_air.py``)
+(``correct``/``incorrect``) after a checker call. The AIR plugin (``envs/spider/plugin.py``)
 turns ``sql_status`` into intermediate rewards.
 """
 

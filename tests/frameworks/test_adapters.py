@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from agentgym_lightning.conformance import no_network
+from agentgym_lightning.testing.conformance import no_network
 from agentgym_lightning.env import AgentEnv
 
 TASK = "What is 2 + 3?"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agentgym_lightning.llm import ChatRequest
-from agentgym_lightning.plugin_manager import BUNDLED_PLUGINS, get_plugin_manager
-from agentgym_lightning.plugins import math_air
+from agentgym_lightning.plugin_manager import env_plugins, get_plugin_manager
+from agentgym_lightning.envs.math import plugin as math_air
 from agentgym_lightning.trajectory import Step, Trajectory
 
 WEIGHTS = dict.fromkeys(math_air.SOURCES, 1.0)
@@ -28,5 +28,11 @@ def test_signals():
 
 
 def test_registered():
-    assert "math_air" in BUNDLED_PLUGINS
-    assert get_plugin_manager().get_plugin("math_air") is math_air
+    # Found beside its env, not listed by the core; it also registers the math env ids.
+    assert "agentgym_lightning.envs.math.plugin" in env_plugins()
+    assert get_plugin_manager().get_plugin("envs.math.plugin") is math_air
+    assert [s["id"] for s in math_air.agentgym_register_envs()] == [
+        "lightning/GSM8K-v0",
+        "lightning/CalcX-v0",
+        "lightning/Arithmetic-v0",
+    ]

@@ -16,8 +16,8 @@ import pytest
 
 from agentgym_lightning.llm import ChatRequest, Completion, SamplingParams
 from agentgym_lightning.policies import make_policy
-from agentgym_lightning.policies.openai_mock import MockOpenAIServer, default_reply
-from agentgym_lightning.policies.openai_server import (
+from agentgym_lightning.testing.mock_openai_server import MockOpenAIServer, default_reply
+from agentgym_lightning.policies.openai import (
     DEFAULT_CONCURRENCY,
     OpenAIPolicy,
     PolicyBackendError,

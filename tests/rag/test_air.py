@@ -1,10 +1,10 @@
-"""plugins/rag_air.py: outcome variables of the RAG agent -> weighted AIR signals."""
+"""envs/rag/plugin.py: outcome variables of the RAG agent -> weighted AIR signals."""
 
 from __future__ import annotations
 
 from agentgym_lightning.llm import ChatRequest
-from agentgym_lightning.plugin_manager import BUNDLED_PLUGINS
-from agentgym_lightning.plugins import rag_air
+from agentgym_lightning.envs.rag import plugin as rag_air
+from agentgym_lightning.plugin_manager import env_plugins
 from agentgym_lightning.trajectory import Step, Trajectory
 
 
@@ -20,7 +20,7 @@ def signals(outcome: dict, weights=ALL) -> list[tuple[str, float]]:
 
 
 def test_signals_from_the_outcome():
-    assert "rag_air" in BUNDLED_PLUGINS
+    assert "agentgym_lightning.envs.rag.plugin" in env_plugins()
     search = {"action": "search", "new_supporting": 2, "empty_queries": 0, "repeated_queries": 1}
     assert signals(search) == [("rag.supporting", 2.0), ("rag.repeated_query", 1.0)]
     assert signals({"action": "search", "empty_queries": 1}) == [("rag.empty_query", 1.0)]

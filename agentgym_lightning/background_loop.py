@@ -1,4 +1,5 @@
-"""An asyncio event loop on a daemon thread, for ``async def`` agents."""
+"""An asyncio event loop on a daemon thread: the one ``async def`` agents share (the gateway's),
+and the OpenAI policy's I/O loop."""
 
 from __future__ import annotations
 

@@ -1,0 +1,125 @@
+"""The gateway's router: the registry of running episodes, the bearer-token check, and each
+request handed to its episode.
+
+Both ways an agent reaches the gateway route through here with the same semantics: the HTTP app
+(:mod:`.app`) and the in-process transport (:mod:`.transport`). What listens on a socket, and
+what an agent is handed to reach it, is :class:`~agentgym_lightning.gateway.gateway.Gateway`'s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from agentgym_lightning.episode import Episode, PendingCall
+from agentgym_lightning.gateway.auth import check_bearer
+from agentgym_lightning.gateway.limits import GatewayLimits
+from agentgym_lightning.gateway.openai_wire import GatewayError
+from agentgym_lightning.gateway.validation import check_chat_request, parse_json
+from agentgym_lightning.llm import ChatRequest
+
+__all__ = ["EpisodeRouter"]
+
+
+class EpisodeRouter:
+    """Running episodes by id, and the requests of their agents: checked, then handed over.
+
+    Args:
+        token: Bearer token every request must send; ``None``: none is checked.
+        limits: Bounds on request sizes (see
+            :class:`~agentgym_lightning.gateway.limits.GatewayLimits` and ``docs/limits.md``).
+    """
+
+    def __init__(self, token: str | None = None, limits: GatewayLimits | None = None) -> None:
+        self.token = token
+        self.limits = limits or GatewayLimits()
+        self._episodes: dict[str, Episode] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ episodes
+
+    def register(self, episode: Episode) -> None:
+        with self._lock:
+            self._episodes[episode.episode_id] = episode
+
+    def unregister(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    def episode(self, episode_id: str) -> Episode:
+        ep = self._episodes.get(episode_id)
+        if ep is None:
+            raise GatewayError(
+                404, f"no running episode {episode_id!r}: it ended or never existed; use the base URL the env handed you"
+            )
+        return ep
+
+    @property
+    def episode_count(self) -> int:
+        return len(self._episodes)
+
+    # ------------------------------------------------------------------ requests
+
+    def check_auth(self, authorization: str | None) -> None:
+        """Raise a 401 :class:`GatewayError` unless ``authorization`` carries the token (see :mod:`.auth`)."""
+        check_bearer(authorization, self.token)
+
+    def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
+        """Check a chat-completion request fully, then hand it to its episode as a pending call.
+
+        Everything that can make it fail is checked before the episode records a step: a
+        refused request (a :class:`GatewayError`) leaves no trace in the trajectory.
+        """
+        episode = self.episode(episode_id)
+        episode.raise_if_stopped()
+        data = self._parse(body)
+        check_chat_request(data, self.limits.content_part_types)
+        try:
+            request = ChatRequest.from_openai(data)
+        except ValueError as exc:
+            raise GatewayError(400, str(exc)) from None
+        return episode.submit(request)
+
+    def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""
+        data = self.json_object(body)
+        episode = self.episode(episode_id)
+        value = data.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise GatewayError(400, f"a reward needs a 'value' that is a number (and optionally a 'source'), got {value!r:.40}")
+        try:
+            episode.emit_reward(value, str(data.get("source", "agent")))
+        except ValueError as exc:
+            raise GatewayError(400, str(exc)) from None
+        return {"ok": True}
+
+    def post_variables(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /episodes/{id}/variables`` with an object of ``name: value`` pairs."""
+        data = self.json_object(body)
+        episode = self.episode(episode_id)
+        if "" in data:
+            raise GatewayError(400, "a semantic variable needs a non-empty name; got \"\"")
+        for name, value in data.items():
+            try:
+                episode.emit_variable(name, value)
+            except ValueError as exc:  # over a limit: the client's fault
+                raise GatewayError(400, str(exc)) from None
+        return {"ok": True, "variables": sorted(data)}
+
+    def _parse(self, body: bytes | Mapping[str, Any]) -> Any:
+        return parse_json(body, max_bytes=self.limits.max_body_bytes)
+
+    def json_object(self, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
+        """``body`` parsed by the strict parser (``max_body_bytes``, depth, UTF-8, no NaN or
+        Infinity: :func:`~agentgym_lightning.gateway.validation.parse_json`), or a 400/413 if it
+        is not a JSON object. Every route with a JSON body uses it (the standalone server's too)."""
+        data = self._parse(body)
+        if not isinstance(data, dict):
+            raise GatewayError(400, "request body must be a JSON object")
+        return data
+
+    def describe(self, episode_id: str) -> dict[str, Any]:
+        """``GET /episodes/{id}``: where the episode stands."""
+        ep = self.episode(episode_id)
+        return {"episode_id": ep.episode_id, "steps": len(ep.trajectory.steps), "status": ep.trajectory.status.value}

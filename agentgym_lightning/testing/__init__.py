@@ -1,0 +1,8 @@
+"""Test doubles and checks for people who build on agentgym-lightning; nothing here runs in training.
+
+- :mod:`.conformance`: the conformance kit (``check_agent``): one scripted episode through an
+  agent or adapter, checked against the gateway's contract.
+- :mod:`.pytest_plugin`: its ``agent_conformance`` fixture (``pytest_plugins =
+  ["agentgym_lightning.testing.pytest_plugin"]``).
+- :mod:`.mock_openai_server`: an instant OpenAI-compatible server for tests and benchmarks.
+"""

@@ -1,0 +1,206 @@
+"""The package's layout: no import circle, and the episode's record stands on its own."""
+
+from __future__ import annotations
+
+import json
+import queue
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agentgym_lightning.episode import CallEvent, DoneEvent, Episode
+from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
+from agentgym_lightning.trajectory import Status
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _import_graph() -> SimpleNamespace:
+    return SimpleNamespace(**runpy.run_path(str(REPO / "bench" / "import_graph.py")))
+
+
+def test_no_import_circle_in_the_package():
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(REPO)
+    assert graph.number_of_nodes() > 50  # it read the package, plugins/ and envs/
+    # Every edge counts, TYPE_CHECKING ones too: a circle drawn only for the type checker is
+    # still two modules that each need the other to be understood.
+    assert graph_tools.circles(graph, graph_tools.KINDS) == []
+
+
+def test_the_import_graph_sees_a_circle_through_a_package_init(tmp_path):
+    # a.x imports b.y; b/__init__ imports b.z, which imports a.x: a circle only through b's __init__.
+    pkg = tmp_path / "agentgym_lightning"
+    (pkg / "b").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "x.py").write_text("from agentgym_lightning.b.y import Y\n")
+    (pkg / "b" / "__init__.py").write_text("from agentgym_lightning.b.z import Z\n")
+    (pkg / "b" / "y.py").write_text("Y = 1\n")
+    (pkg / "b" / "z.py").write_text("def f():\n    from agentgym_lightning.x import X\n")
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(tmp_path)
+    assert graph_tools.circles(graph, ("module",)) == []
+    assert graph_tools.circles(graph, ("module", "function")) == [
+        ["agentgym_lightning.b", "agentgym_lightning.b.z", "agentgym_lightning.x"]
+    ]
+
+
+def test_the_import_graph_script_runs():
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "import_graph.py")], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert "all (typing too): 0 circle(s)" in out
+
+
+def _request(text: str = "hi") -> ChatRequest:
+    return ChatRequest.from_openai({"model": "m", "messages": [{"role": "user", "content": text}]})
+
+
+def test_episode_is_a_record_without_a_gateway_or_worker():
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    episode = Episode(task={"q": 1}, events=events, seed=3)
+
+    first = episode.submit(_request())
+    event = events.get_nowait()
+    assert isinstance(event, CallEvent) and event.pending is first and first.step.index == 0
+    episode.answer(first, Completion(text="ok"))
+    assert first.wait(0) == Completion(text="ok")
+    episode.emit_variable("x", 1)
+    episode.emit_reward(0.5, "tool")
+    assert first.step.outcome == {"x": 1} and [r.value for r in first.step.rewards] == [0.5]
+
+    second = episode.submit(_request("again"))
+    episode.refuse(second, GatewayError(400, "bad request", code="invalid_request_error"))
+    with pytest.raises(GatewayError, match="bad request"):
+        second.wait(0)
+    assert second.step.error == "400 invalid_request_error: bad request" and second.step.trainable is False
+    assert second.step.timings.answered_at is not None
+    with pytest.raises(RuntimeError, match="not pending"):  # a refused call is answered: no longer pending
+        episode.answer(second, Completion(text="late"))
+
+    episode.finish("done", None)
+    done = [e for e in iter(lambda: None if events.empty() else events.get_nowait(), None) if isinstance(e, DoneEvent)]
+    assert [(d.result, d.error) for d in done] == [("done", None)]
+    episode.end(Status.SUCCEEDED, None, 1.0)
+    episode.note_error("[agentgym] a note")
+    trajectory = episode.trajectory
+    assert (trajectory.status, trajectory.final_reward, trajectory.error) == (Status.SUCCEEDED, 1.0, "[agentgym] a note")
+    assert trajectory.ended_at is not None and len(trajectory.steps) == 2
+
+
+def test_a_closed_episode_refuses_calls_and_no_longer_announces_its_end():
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    episode = Episode(task=None, events=events)
+    pending = episode.submit(_request())
+    events.get_nowait()
+    episode.close()
+    with pytest.raises(GatewayError, match="is over: stopped"):
+        pending.wait(0)
+    with pytest.raises(GatewayError, match="is over"):
+        episode.submit(_request())
+    episode.finish(None, RuntimeError("unwound"))
+    assert events.empty() and episode.finished
+
+
+MOVED = {
+    "agentgym_lightning.conformance": "agentgym_lightning.testing.conformance",
+    "agentgym_lightning.pytest_plugin": "agentgym_lightning.testing.pytest_plugin",
+    "agentgym_lightning.policies.openai_mock": "agentgym_lightning.testing.mock_openai_server",
+    "agentgym_lightning.policies.openai_server": "agentgym_lightning.policies.openai",
+    "agentgym_lightning.plugins.spider_air": "agentgym_lightning.envs.spider.plugin",
+    "agentgym_lightning.plugins.rag_air": "agentgym_lightning.envs.rag.plugin",
+    "agentgym_lightning.plugins.math_air": "agentgym_lightning.envs.math.plugin",
+}
+
+
+def test_a_moved_module_keeps_its_old_name_for_a_release():
+    # A fresh interpreter: an alias warns at its first import only.
+    code = (
+        "import importlib, json, sys, warnings\n"
+        f"moved = {MOVED!r}\n"
+        "seen = {}\n"
+        "for old, new in moved.items():\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        exec(f'import {old}')  # an import statement, as users write it\n"
+        "    module = sys.modules[old]\n"
+        "    assert module is importlib.import_module(new), (old, module)\n"
+        "    seen[old] = [(str(w.message), w.filename) for w in caught if w.category is DeprecationWarning]\n"
+        "print(json.dumps(seen))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+    seen = json.loads(out)
+    for old, new in MOVED.items():
+        # Attributed to the importing code (here the -c script), so Python shows it by default there.
+        assert [m for m, where in seen[old] if m.startswith(f"{old} moved to {new};") and where == "<string>"], seen[old]
+
+
+def test_the_old_names_import_what_they_did():
+    with pytest.warns(DeprecationWarning):
+        from agentgym_lightning.conformance import check_agent, no_network  # noqa: F401
+        from agentgym_lightning.policies.openai_server import OpenAIPolicy
+    from agentgym_lightning.policies.openai import OpenAIPolicy as Moved
+
+    assert OpenAIPolicy is Moved
+
+
+def test_the_old_mock_server_module_still_runs_as_a_script():
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentgym_lightning.policies.openai_mock", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--port" in proc.stdout
+
+
+def test_the_old_pytest_plugin_name_still_gives_the_fixture(tmp_path):
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["agentgym_lightning.pytest_plugin"]\n')
+    (tmp_path / "test_fixture.py").write_text("def test_it(agent_conformance):\n    assert callable(agent_conformance)\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "default::DeprecationWarning", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout and "agentgym_lightning.pytest_plugin moved to" in proc.stdout
+
+
+def test_the_trainer_takes_its_metrics_from_the_metrics_module_not_the_eval_command():
+    graph = _import_graph().build_graph(REPO)
+    assert "agentgym_lightning.eval" not in graph.successors("agentgym_lightning.training.trainer")
+    assert "agentgym_lightning.metrics" in graph.successors("agentgym_lightning.training.trainer")
+
+
+def test_the_failure_isolator_is_public_and_isolates_a_rejected_request():
+    from agentgym_lightning.policies import FailureIsolator, PolicyDown
+
+    def generate(requests):
+        if any(r.messages[-1]["content"] == "bad" for r in requests):
+            raise ValueError("cannot render this one")
+        return [Completion(text="ok") for _ in requests]
+
+    isolator = FailureIsolator(generate)
+    answers = isolator.answer([_request("a"), _request("bad"), _request("c")])
+    assert answers[0] == answers[2] == Completion(text="ok")
+    assert isinstance(answers[1], GatewayError) and answers[1].status == 400
+    with pytest.raises(PolicyDown):  # nothing answered and the probe fails too: the backend is down
+        FailureIsolator(lambda requests: 1 / 0).answer([_request("a")])
+
+
+def test_the_env_packages_register_their_own_envs_and_air():
+    from agentgym_lightning.plugin_manager import BUNDLED_PLUGINS, env_plugins, get_plugin_manager
+    from agentgym_lightning.registration import BUNDLED_ENVS, lightning_env_ids
+
+    assert env_plugins() == [f"agentgym_lightning.envs.{name}.plugin" for name in ("math", "rag", "spider")]
+    assert not {"spider_air", "rag_air", "math_air"} & set(BUNDLED_PLUGINS)  # the core names none of them
+    assert list(BUNDLED_ENVS) == ["lightning/GuessNumber-v0"]
+    names = {name for name, _ in get_plugin_manager().list_name_plugin()}
+    assert {"envs.math.plugin", "envs.rag.plugin", "envs.spider.plugin"} <= names
+    assert {"lightning/Spider-v0", "lightning/MuSiQue-v0", "lightning/HotpotQA-v0", "lightning/GSM8K-v0"} <= set(
+        lightning_env_ids()
+    )
