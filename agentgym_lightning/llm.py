@@ -25,6 +25,7 @@ __all__ = [
     "EPISODE_KEY",
     "new_tool_call_id",
     "new_call_id",
+    "common_prefix_length",
     "ids_extend",
 ]
 
@@ -271,6 +272,17 @@ class ToolCall:
 def new_tool_call_id() -> str:
     """A fresh OpenAI-style call id, ``call_<24 hex digits>``."""
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def common_prefix_length(*sequences: Sequence[Any]) -> int:
+    """How many leading items all ``sequences`` share (token ids, messages); the one count of the
+    trajectory file's steps, the hf backend's prefix cache and the token tree's micro-batch cuts."""
+    length = 0
+    for column in zip(*sequences):
+        if any(item != column[0] for item in column[1:]):
+            break
+        length += 1
+    return length
 
 
 def ids_extend(ids: Sequence[int], *prefix: Sequence[int]) -> bool:

@@ -34,7 +34,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.llm import ChatRequest, Completion, common_prefix_length
 
 __all__ = [
     "Status",
@@ -136,7 +136,7 @@ class Step:
     def shared_messages(self, previous: Step | None) -> int:
         """How many leading messages of this call's request repeat ``previous``'s request (all
         of them when the agent continued its conversation); the rest is what this call added."""
-        return _common_prefix(previous.request.messages, self.request.messages) if previous is not None else 0
+        return common_prefix_length(previous.request.messages, self.request.messages) if previous is not None else 0
 
     def to_dict(self, previous: Step | None = None) -> dict[str, Any]:
         """This step as plain data; given the ``previous`` step of the same episode, only what this
@@ -286,15 +286,6 @@ class Trajectory:
             return json.dumps(_jsonable(data, 0, set()), ensure_ascii=False, allow_nan=False)
 
 
-def _common_prefix(a: list[Any], b: list[Any]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _take_from_previous(data: dict[str, Any], step: Step, previous: Step) -> dict[str, Any]:
     """Cut from ``data`` (``step``'s full dict) what ``previous`` already holds; returns what was
     taken, for :func:`_put_back_previous`."""
@@ -311,7 +302,7 @@ def _take_from_previous(data: dict[str, Any], step: Step, previous: Step) -> dic
     before = previous.completion
     if ids and before is not None and before.prompt_token_ids is not None:
         # A continued conversation's prompt starts with the previous prompt and completion.
-        shared = _common_prefix(before.prompt_token_ids + (before.completion_token_ids or []), ids)
+        shared = common_prefix_length(before.prompt_token_ids + (before.completion_token_ids or []), ids)
         if shared:
             data["completion"] = {**data["completion"], "prompt_token_ids": ids[shared:]}
             taken["prompt_token_ids"] = shared

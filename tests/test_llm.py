@@ -87,3 +87,12 @@ def test_ids_extend_checks_a_prompt_against_the_previous_prompt_and_completion()
     assert not ids_extend([1, 9, 3, 4], [1, 2], [3])
     assert not ids_extend([1, 2, 9, 4], [1, 2], [3])
     assert ids_extend([5], [])
+
+
+def test_common_prefix_length_counts_what_every_sequence_shares():
+    from agentgym_lightning.llm import common_prefix_length
+
+    assert common_prefix_length([1, 2, 3], [1, 2, 4], [1, 2]) == 2
+    assert common_prefix_length([1, 2], (1, 2, 3)) == 2  # lists and tuples compare item by item
+    assert common_prefix_length([{"role": "user"}], [{"role": "system"}]) == 0
+    assert common_prefix_length([5, 6]) == 2

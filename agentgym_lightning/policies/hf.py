@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.llm import ChatRequest, Completion, common_prefix_length
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
@@ -65,13 +65,9 @@ class _Group:
 _MIN_SHARED_PREFIX = 16
 
 
-def _common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    length = 0
-    for column in zip(*prompts):
-        if any(t != column[0] for t in column):
-            break
-        length += 1
-    return length
+def _cacheable_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """The prefix all ``prompts`` share, less what leaves each at least one token of its own."""
+    return min(common_prefix_length(*prompts), min(len(p) for p in prompts) - 1)
 
 
 def _prefix_layout(prompts: Sequence[Sequence[int]]) -> tuple[int, list[list[int]]]:
@@ -82,20 +78,19 @@ def _prefix_layout(prompts: Sequence[Sequence[int]]) -> tuple[int, list[list[int
     pass of their own count as none."""
     if len(prompts) < 2:
         return 0, []
-    shared = min(_common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+    shared = _cacheable_prefix(prompts)
     if shared < _MIN_SHARED_PREFIX:
         shared = 0
     order = sorted(range(len(prompts)), key=lambda b: prompts[b])
     runs: list[list[int]] = [[order[0]]]
     for before, b in zip(order, order[1:]):
-        if _common_prefix_length([prompts[before], prompts[b]]) >= shared + _MIN_SHARED_PREFIX:
+        if common_prefix_length(prompts[before], prompts[b]) >= shared + _MIN_SHARED_PREFIX:
             runs[-1].append(b)
         else:
             runs.append([b])
     groups = []
     for run in runs:
-        members = [prompts[b] for b in run]
-        if len(run) > 1 and min(_common_prefix_length(members), min(map(len, members)) - 1) >= shared + _MIN_SHARED_PREFIX:
+        if len(run) > 1 and _cacheable_prefix([prompts[b] for b in run]) >= shared + _MIN_SHARED_PREFIX:
             groups.append(sorted(run))
     return shared, groups
 
@@ -387,7 +382,7 @@ class HFPolicy(Policy):
         for g, members in enumerate(groups, start=1):
             for b in members:
                 group_of[b] = g
-            ends.append(min(_common_prefix_length([prompts[b] for b in members]), min(len(prompts[b]) for b in members) - 1))
+            ends.append(_cacheable_prefix([prompts[b] for b in members]))
         group_width = max(end - shared for end in ends)
         rest_width = max(len(p) - ends[group_of[b]] for b, p in enumerate(prompts))
         width = shared + group_width + rest_width

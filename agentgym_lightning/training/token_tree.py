@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentgym_lightning.llm import common_prefix_length
 from agentgym_lightning.training.loss import PaddedBatch
 from agentgym_lightning.training.samples import Sample
 
@@ -164,13 +165,7 @@ def tree_micro_batches(samples: Sequence[Sample], max_tokens: int | None) -> lis
     rows = sorted(samples, key=_row)
     tokens = [_row(s) for s in rows]
     # shared[i]: the tokens row i shares with row i - 1, its longest shared prefix with any earlier row
-    shared = [0] * len(rows)
-    for i in range(1, len(rows)):
-        a, b = tokens[i - 1], tokens[i]
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        shared[i] = n
+    shared = [0] + [common_prefix_length(tokens[i - 1], tokens[i]) for i in range(1, len(rows))]
     if max_tokens is None:
         return [rows] if rows else []
 
