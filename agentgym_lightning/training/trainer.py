@@ -248,6 +248,13 @@ class LightningRLTrainer:
         self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
+        if self.adapters is not None:
+            self._sync()  # a generator of its own must hold every adapter before the first call names one
+
+    def _sync(self) -> float:
+        """Push the trained weights (or each agent's adapter) to the generator; returns seconds."""
+        names = self.adapters.names if self.adapters is not None else None
+        return sync_weights(self.policy, self.model, peft=self.config.use_peft, adapters=names)
 
     @property
     def generator(self) -> Any:
@@ -377,7 +384,7 @@ class LightningRLTrainer:
             update = self.update(batch)
             update_s = time.perf_counter() - t0
             # 5. sync
-            sync_s = sync_weights(self.policy, self.model, peft=cfg.use_peft)
+            sync_s = self._sync()
             self.step += 1
             self._mid_update = False
             # 6. log and checkpoint
@@ -628,7 +635,7 @@ class LightningRLTrainer:
         )
         self.step = self._last_saved = state.step
         self.history = [dict(h) for h in state.history]
-        sync_weights(self.policy, self.model, peft=self.config.use_peft)
+        self._sync()
 
     def _save_final(self) -> None:
         # The run checkpoints its last step: final/ links those weights, no second copy (and
@@ -692,6 +699,9 @@ def _build_policy(cfg: LightningRLConfig) -> Any:
             kwargs.setdefault("num_threads", cfg.num_threads)
     else:
         kwargs.setdefault("seed", cfg.seed)
+        if cfg.lora_per_agent is not False:  # vLLM multi-LoRA: one adapter per trained agent in a batch
+            kwargs.setdefault("max_loras", len(AgentAdapters.from_config(cfg).names))  # type: ignore[union-attr]
+            kwargs.setdefault("max_lora_rank", max(8, 1 << (cfg.lora_r - 1).bit_length()))  # vLLM takes 8, 16, 32...
     return make_policy(cfg.backend, cfg.model, **kwargs)
 
 
