@@ -348,7 +348,7 @@ class LightningRLTrainer:
         if cfg.rollout_workers and self._remote is None:
             from agentgym_lightning.training.remote_rollouts import RemoteRollouts
 
-            self._remote = RemoteRollouts(self.env_factory, sampling, cfg)
+            self._remote = RemoteRollouts(self.env_factory, sampling, cfg, self.adapters)
         written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
         with TrajectoryWriter(written) as writer:
             run = self._remote.rollout if self._remote is not None else functools.partial(rollout, self.env_factory, sampling, progress=False)

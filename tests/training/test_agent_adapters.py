@@ -359,3 +359,46 @@ def test_resume_restores_every_adapter_and_continues_exactly(tiny_model_dir, tmp
         trained = _lora_weights(straight.model, adapter)
         assert weights.keys() == trained.keys()
         assert all(torch.equal(weights[n], trained[n]) for n in trained)
+
+
+# ----------------------------------------------------------------------------- past one process
+
+
+def test_the_openai_backend_sends_the_adapter_as_the_model():
+    from agentgym_lightning.policies.openai import OpenAIPolicy
+
+    policy = OpenAIPolicy("base-model", base_url="http://127.0.0.1:9/v1")
+    routed = _request("writer")
+    routed.metadata[ADAPTER_KEY] = "w"
+    base = _request("checker")
+    base.metadata[ADAPTER_KEY] = "__base__"
+    assert policy.build_body(routed)["model"] == "w"
+    assert policy.build_body(base)["model"] == "base-model"
+    assert "metadata" not in policy.build_body(routed)  # the routing travels as the model, not as metadata
+    policy.close()
+
+
+def test_a_rollout_workers_calls_reach_the_trainers_generator_with_their_adapters():
+    """The Ray path without Ray: a worker's policy (what RemoteRollouts builds, pickled) routes
+    and sends over HTTP to the trainer's PolicyServer, whose routing keeps the adapter."""
+    import functools
+    import pickle
+
+    from agentgym_lightning.policies.openai import OpenAIPolicy
+    from agentgym_lightning.policies.policy_server import PolicyServer
+    from agentgym_lightning.training.remote_rollouts import _routed
+
+    adapters = AgentAdapters({"writer": "w", "rewriter": "r"})
+    seen: list[str] = []
+
+    def generator(requests):
+        seen.extend(r.metadata[ADAPTER_KEY] for r in requests)
+        return [Completion(text="ok") for _ in requests]
+
+    with PolicyServer(AdapterRouting(generator, adapters)).start() as server:
+        factory = pickle.loads(pickle.dumps(functools.partial(_routed, functools.partial(OpenAIPolicy, "policy", base_url=server.base_url), adapters)))
+        worker = factory()
+        answers = worker.generate([_request("writer"), _request("rewriter"), _request("checker")])
+        worker.policy.close()
+    assert [a.text for a in answers] == ["ok"] * 3
+    assert sorted(seen) == ["__base__", "r", "w"]
