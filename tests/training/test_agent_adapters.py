@@ -402,3 +402,14 @@ def test_a_rollout_workers_calls_reach_the_trainers_generator_with_their_adapter
         worker.policy.close()
     assert [a.text for a in answers] == ["ok"] * 3
     assert sorted(seen) == ["__base__", "r", "w"]
+
+
+def test_the_viewer_shows_the_per_agent_advantages_the_update_used(tmp_path):
+    from agentgym_lightning.viewer.pages import _credit
+    from agentgym_lightning.viewer.run import EpisodeFile
+
+    config = {"lora_per_agent": {"writer": "wa", "rewriter": "rw"}, "agent_match": None}
+    shown = _credit(EpisodeFile("train", 1, tmp_path / "step.jsonl"), _group(), config).advantages
+    batch = build_samples(_group(), adapters=AgentAdapters(config["lora_per_agent"]))
+    for row in batch.samples:
+        assert shown[row.episode_id][row.steps[0]] == pytest.approx(row.advantages[0])
