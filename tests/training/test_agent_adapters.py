@@ -413,3 +413,15 @@ def test_the_viewer_shows_the_per_agent_advantages_the_update_used(tmp_path):
     batch = build_samples(_group(), adapters=AgentAdapters(config["lora_per_agent"]))
     for row in batch.samples:
         assert shown[row.episode_id][row.steps[0]] == pytest.approx(row.advantages[0])
+
+
+@needs_train
+def test_kl_to_the_base_model_and_several_iterations_run_per_adapter(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path / "run", beta=0.5, num_iterations=2)
+    batch, _ = _rows(trainer, "writer", tiny_model_dir)
+    for row in batch.samples:
+        row.advantages = [1.0] * len(row.advantages)
+    trainer.update(batch)  # the adapters leave the base model: the KL to it is no longer 0
+    metrics = trainer.update(batch)
+    for adapter in ("writer", "rewriter"):
+        assert metrics[f"adapters/{adapter}/kl"] > 0 and math.isfinite(metrics[f"adapters/{adapter}/loss"])
