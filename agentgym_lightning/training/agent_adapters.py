@@ -36,7 +36,7 @@ from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = [
     "AgentAdapters", "AdapterRouting", "agent_routes", "add_agent_adapters", "activate", "adapter_parameters",
-    "adapter_rollout_metrics", "BASE_ADAPTER",
+    "adapter_rollout_metrics", "lora_config", "BASE_ADAPTER",
 ]
 
 #: What an adapter may be called: it becomes a folder name (``final/adapters/<name>/``) and a
@@ -156,20 +156,27 @@ class AdapterRouting(Policy):
             close()
 
 
-def add_agent_adapters(model: Any, config: Any, names: Sequence[str]) -> Any:
-    """``model`` as a PEFT model holding one LoRA adapter per name (the config's ``lora_*``
-    options, the same initialisation for each: every agent starts from the base model), all
-    trainable, the first active, in eval mode."""
-    from peft import LoraConfig, get_peft_model
+def lora_config(config: Any) -> Any:
+    """PEFT's ``LoraConfig`` from the run's ``lora_*`` options (one adapter's)."""
+    from peft import LoraConfig
 
     targets = config.lora_target_modules
-    lora = LoraConfig(
+    return LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=targets if isinstance(targets, str) else list(targets),
         task_type="CAUSAL_LM",
     )
+
+
+def add_agent_adapters(model: Any, config: Any, names: Sequence[str]) -> Any:
+    """``model`` as a PEFT model holding one LoRA adapter per name (the config's ``lora_*``
+    options, the same initialisation for each: every agent starts from the base model), all
+    trainable, the first active, in eval mode."""
+    from peft import get_peft_model
+
+    lora = lora_config(config)
     peft_model = get_peft_model(model, lora, adapter_name=names[0])
     for name in names[1:]:
         peft_model.add_adapter(name, lora)

@@ -67,6 +67,7 @@ from agentgym_lightning.training.agent_adapters import (
     adapter_parameters,
     adapter_rollout_metrics,
     add_agent_adapters,
+    lora_config,
 )
 from agentgym_lightning.training.checkpoint import (
     CheckpointNotSavedWarning,
@@ -724,17 +725,9 @@ def _trainable_model(policy: Policy, cfg: LightningRLConfig) -> tuple[Any, Any]:
 
 
 def _add_lora(model: Any, cfg: LightningRLConfig) -> Any:
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    targets = cfg.lora_target_modules
-    config = LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=targets if isinstance(targets, str) else list(targets),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    return get_peft_model(model, lora_config(cfg))
 
 
 def _packed_update(model: Any, option: bool | str) -> bool:
