@@ -343,8 +343,8 @@ def test_resume_restores_every_adapter_and_continues_exactly(tiny_model_dir, tmp
         a, b = _lora_weights(straight.model, adapter), _lora_weights(resumed.model, adapter)
         initial_b = {n: v for n, v in a.items() if "lora_B" in n}
         assert max(float(v.abs().max()) for v in initial_b.values()) > 1e-4, "the adapter must have trained"
-        for n in a:
-            assert torch.allclose(a[n], b[n], atol=1e-6), n
+        for n in a:  # (the generator's logprobs vary ~1e-6 with how calls were batched: the kill -9 test's tolerance)
+            assert torch.allclose(a[n], b[n], atol=1e-5), n
     history = straight.history[-1]
     assert {"adapters/writer/loss", "adapters/rewriter/grad_norm", "adapters/writer/reward", "adapters/rewriter/calls"} <= set(history)
 
@@ -425,3 +425,27 @@ def test_kl_to_the_base_model_and_several_iterations_run_per_adapter(tiny_model_
     metrics = trainer.update(batch)
     for adapter in ("writer", "rewriter"):
         assert metrics[f"adapters/{adapter}/kl"] > 0 and math.isfinite(metrics[f"adapters/{adapter}/loss"])
+
+
+@needs_train
+def test_agents_sharing_one_adapter_train_exactly_as_one_lora(tiny_model_dir, tmp_path):
+    """All agents mapped to one adapter, episode advantages: the same seeds give the same tokens
+    at every step and the same weights as plain --lora with the same agent_match."""
+    from agentgym_lightning import load_trajectories
+
+    shared = _trainer(tiny_model_dir, tmp_path / "shared", lora_per_agent={"writer": "sql", "rewriter": "sql"},
+                      agent_advantages="episode", save_steps=2)
+    plain = _trainer(tiny_model_dir, tmp_path / "plain", lora_per_agent=False, use_peft=True, save_steps=2)
+    shared.train()
+    plain.train()
+    for step in (1, 2):
+        a = list(load_trajectories(tmp_path / "shared" / "trajectories" / f"step-{step:06d}.jsonl"))
+        b = list(load_trajectories(tmp_path / "plain" / "trajectories" / f"step-{step:06d}.jsonl"))
+        ids = lambda ts: sorted((t.seed, [s.completion.completion_token_ids for s in t.steps]) for t in ts)  # noqa: E731
+        assert ids(a) == ids(b)
+    trained = {n.replace(".sql.", "."): p for n, p in shared.model.named_parameters() if "lora_" in n}
+    reference = {n.replace(".default.", "."): p for n, p in plain.model.named_parameters() if "lora_" in n}
+    assert trained.keys() == reference.keys()
+    assert max(float(p.abs().max()) for n, p in reference.items() if "lora_B" in n) > 1e-4, "the adapter must have trained"
+    for n in trained:  # (the generator's logprobs vary ~1e-6 with how calls were batched: the kill -9 test's tolerance)
+        assert torch.allclose(trained[n], reference[n], atol=1e-5), n
