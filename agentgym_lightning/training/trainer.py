@@ -16,7 +16,9 @@ Each training step:
    over micro-batches of at most ``micro_batch_tokens`` token positions, each run as one token
    tree (:mod:`.token_tree`: shared prefixes once, the same loss and gradients) or, with
    ``packed_update=False`` or a model that cannot take the tree's mask, as padded rows (at most
-   ``per_device_train_batch_size`` of them) (``num_iterations`` steps when > 1).
+   ``per_device_train_batch_size`` of them) (``num_iterations`` steps when > 1). With
+   ``lora_per_agent`` each trained agent has a LoRA adapter of its own: its calls are generated
+   with it, and its rows train it alone (:mod:`.agent_adapters`).
 5. **Sync.** The generator gets the new weights (``hf`` shares the model: nothing to do; ``vllm``
    reloads them).
 6. **Log, evaluate, checkpoint.** Metrics go to the ``agentgym_log_metrics`` hook (W&B and the
