@@ -462,6 +462,9 @@ class LightningRLTrainer:
                 totals["grad_norm"] += float(grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
+                # Nothing reads the gradients again: freed now, they don't sit through the next
+                # rollouts and evals (a full fine-tune's gradients are as big as its weights).
+                self.optimizer.zero_grad(set_to_none=True)
         finally:
             self.model.eval()
         n = cfg.num_iterations
