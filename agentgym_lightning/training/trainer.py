@@ -16,7 +16,9 @@ Each training step:
    over micro-batches of at most ``micro_batch_tokens`` token positions, each run as one token
    tree (:mod:`.token_tree`: shared prefixes once, the same loss and gradients) or, with
    ``packed_update=False`` or a model that cannot take the tree's mask, as padded rows (at most
-   ``per_device_train_batch_size`` of them) (``num_iterations`` steps when > 1).
+   ``per_device_train_batch_size`` of them) (``num_iterations`` steps when > 1). The gradients
+   are freed once applied, and each phase's freed memory is returned to the OS before the next
+   (:func:`release_freed_memory`), so a step peaks at its largest phase, not their sum.
 5. **Sync.** The generator gets the new weights (``hf`` shares the model: nothing to do; ``vllm``
    reloads them).
 6. **Log, evaluate, checkpoint.** Metrics go to the ``agentgym_log_metrics`` hook (W&B and the
