@@ -122,3 +122,14 @@ def test_the_kit_reports_a_call_on_another_wire(agent_conformance):
 
     report = agent_conformance(agent, TASK, expect_wire="responses")
     assert report.problems == ["call 0 came on the 'chat' wire, expected 'responses'"]
+
+
+def test_the_agents_sdk_models_give_the_policy_the_same_prompt(agent_conformance, agent_file):
+    """Switching the adapter's default from the SDK's Chat Completions model to its Responses
+    model changes nothing the policy renders: the same messages and tools, call by call."""
+    pytest.importorskip("agents", reason="needs the [openai-agents] extra")
+    from agentgym_lightning.plugins.openai_agents_adapter import OpenAIAgentsAgent
+
+    solver = agent_file("openai_agents_calculator").solver
+    runs = [agent_conformance(OpenAIAgentsAgent(solver, api=api), TASK).trajectory.steps for api in ("chat", "responses")]
+    assert [(s.request.messages, s.request.tools) for s in runs[0]] == [(s.request.messages, s.request.tools) for s in runs[1]]
