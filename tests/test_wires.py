@@ -118,7 +118,7 @@ def test_a_responses_api_agent_sees_what_its_chat_twin_sees(transport):
 def test_an_anthropic_agent_with_a_tool_sees_what_its_chat_twin_sees(transport):
     twin, _, _ = run(chat_twin, transport)
     seen, wires, (text, tool_input) = run(anthropic_agent, transport)
-    # The chat twin sends max_tokens only because Anthropic requires it; the rest is the same.
+    # Anthropic requires max_tokens (the chat twin sends none): messages and tools are compared.
     for ours, theirs in zip(seen, twin):
         same_observation(ours, theirs)
     assert wires == ["messages", "messages"] and seen[0].sampling.max_tokens == 64

@@ -74,7 +74,7 @@ class EpisodeRouter:
         """
         episode = self.episode(episode_id)
         episode.raise_if_stopped()
-        return wire.submit(episode, self._parse(body), self.limits.content_part_types)
+        return wire.submit(episode, self.json_object(body), self.limits.content_part_types)
 
     def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""

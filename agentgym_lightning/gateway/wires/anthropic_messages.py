@@ -163,8 +163,6 @@ class MessagesWire(Wire):
     path = "messages"
 
     def parse(self, data: Any, episode: Episode, content_part_types: Collection[str]) -> ChatRequest:
-        if not isinstance(data, dict):
-            raise GatewayError(400, "request body must be a JSON object")
         max_tokens = data.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
             raise GatewayError(400, f"max_tokens: a positive integer is required, got {max_tokens!r:.40}")

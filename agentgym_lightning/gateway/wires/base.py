@@ -31,12 +31,12 @@ class Wire:
     #: The route under an episode's ``/v1/`` (``"chat/completions"``, ``"responses"``...).
     path: ClassVar[str]
 
-    def parse(self, data: Any, episode: Episode, content_part_types: Collection[str]) -> ChatRequest:
-        """The request body (already parsed as strict JSON) as a ``ChatRequest``; raises a 4xx
+    def parse(self, data: dict[str, Any], episode: Episode, content_part_types: Collection[str]) -> ChatRequest:
+        """The request body (already parsed as a strict JSON object) as a ``ChatRequest``; raises a 4xx
         :class:`GatewayError` saying what is wrong before anything is recorded."""
         raise NotImplementedError
 
-    def submit(self, episode: Episode, data: Any, content_part_types: Collection[str]) -> PendingCall:
+    def submit(self, episode: Episode, data: dict[str, Any], content_part_types: Collection[str]) -> PendingCall:
         """Read the body (:meth:`parse`) and hand the call to ``episode``; a wire that keeps
         state of its own per call (the Responses API's stored responses) records it here."""
         return episode.submit(self.parse(data, episode, content_part_types))

@@ -45,8 +45,6 @@ class CompletionsWire(Wire):
     path = "completions"
 
     def parse(self, data: Any, episode: Episode, content_part_types: Collection[str]) -> ChatRequest:
-        if not isinstance(data, dict):
-            raise GatewayError(400, "request body must be a JSON object")
         check_params({"prompt": "", **data}, CompletionCreateParamsBase)
         if data.get("echo"):
             raise GatewayError(400, "'echo' is not served: the prompt is yours already; leave it out")

@@ -250,8 +250,6 @@ class ResponsesWire(Wire):
     def _read(self, data: Any, episode: Episode, content_part_types: Collection[str]) -> tuple[ChatRequest, list[dict[str, Any]]]:
         """The request, and its conversation without its instructions (what a later
         ``previous_response_id`` continues)."""
-        if not isinstance(data, dict):
-            raise GatewayError(400, "request body must be a JSON object")
         # The SDK's types make a function tool's "strict" required; OpenAI's server (and every
         # client that leaves it out) treats it as optional.
         tools = [{"strict": None, **t} if isinstance(t, dict) else t for t in data.get("tools") or ()]
