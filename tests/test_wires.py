@@ -252,3 +252,19 @@ def test_the_anthropic_base_url_is_the_episode_url_without_v1():
     gw = get_gateway()
     assert gw.anthropic_base_url("e1") == gw.base_url("e1").removesuffix("/v1")
     assert httpx.URL(gw.anthropic_base_url("e1")).path == "/episodes/e1"
+
+
+def test_a_cut_answer_is_incomplete_on_responses_and_max_tokens_on_messages():
+    def agent(task, ctx):
+        r = ctx.openai_client().responses.create(model=ctx.model, input="x", max_output_tokens=2)
+        events = [e.type for e in ctx.openai_client().responses.create(model=ctx.model, input="x", stream=True)]
+        m = ctx.anthropic_client().messages.create(model=ctx.model, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        return r.status, r.incomplete_details.reason, events[-1], m.stop_reason
+
+    env = AgentEnv(agent, [{}], NO_REWARD)
+    env.reset(seed=0)
+    cut = Completion(text="ab", finish_reason="length", prompt_token_ids=[1], completion_token_ids=[2, 3])
+    for _ in range(2):
+        env.step(cut)
+    *_, info = env.step(cut)
+    assert info["trajectory"].result == ("incomplete", "max_output_tokens", "response.incomplete", "max_tokens")

@@ -169,9 +169,12 @@ class MessagesWire(Wire):
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
             raise GatewayError(400, "messages: a non-empty list of messages is required")
-        for key in ("top_k", "thinking", "container", "mcp_servers"):
+        for key in ("top_k", "container", "mcp_servers"):
             if data.get(key) is not None:
                 raise GatewayError(400, f"'{key}' is not served by this gateway; leave it out")
+        thinking = data.get("thinking")
+        if thinking is not None and (not isinstance(thinking, dict) or thinking.get("type") != "disabled"):
+            raise GatewayError(400, "'thinking' is not served by this gateway (the policy writes no thinking blocks); leave it out or disable it")
         chat: dict[str, Any] = {
             "model": data.get("model") or "",
             "messages": messages_to_chat(data.get("system"), messages, _arguments(episode)),
