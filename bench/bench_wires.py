@@ -46,12 +46,23 @@ BODIES = {
     ),
     "responses": (
         "responses",
-        {"model": "m", "instructions": SYSTEM, "input": USER, "tools": [{"type": "function", "name": "calc", "parameters": SCHEMA, "strict": False}]},
+        {
+            "model": "m",
+            "instructions": SYSTEM,
+            "input": USER,
+            "tools": [{"type": "function", "name": "calc", "parameters": SCHEMA, "strict": False}],
+        },
     ),
     "completions": ("completions", {"model": "m", "prompt": f"{SYSTEM}\n{USER}\n", "max_tokens": 8}),
     "messages": (
         "messages",
-        {"model": "m", "system": SYSTEM, "max_tokens": 8, "messages": [{"role": "user", "content": USER}], "tools": [{"name": "calc", "input_schema": SCHEMA}]},
+        {
+            "model": "m",
+            "system": SYSTEM,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": USER}],
+            "tools": [{"name": "calc", "input_schema": SCHEMA}],
+        },
     ),
 }
 
@@ -61,7 +72,11 @@ def sdk_call(wire: str, ctx, http: bool):  # noqa: ANN001, ANN202 - bench helper
     if wire == "messages":
         import anthropic
 
-        client = anthropic.Anthropic(base_url=ctx.anthropic_base_url, api_key=ctx.api_key, max_retries=0) if http else ctx.anthropic_client()
+        client = (
+            anthropic.Anthropic(base_url=ctx.anthropic_base_url, api_key=ctx.api_key, max_retries=0)
+            if http
+            else ctx.anthropic_client()
+        )
     else:
         import openai
 
@@ -115,7 +130,9 @@ def main() -> None:
         for path in paths:
             for wire in BODIES:
                 times[(wire, path)].append(per_call(wire, path, args.calls))
-    print(f"per-call time through the gateway, {args.calls} calls x {args.rounds} rounds (median), ratio to chat on the same path")
+    print(
+        f"per-call time through the gateway, {args.calls} calls x {args.rounds} rounds (median), ratio to chat on the same path"
+    )
     print(f"{'wire':<12}" + "".join(f"{p:>22}" for p in paths))
     for wire in BODIES:
         cells = []

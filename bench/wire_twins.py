@@ -33,7 +33,9 @@ ENV_KWARGS = {"split": "test", "difficulty": 3, "examples": 1}  # the main job's
 class ResponsesMathAgent(MathAgent):
     """The math agent (text protocol) calling the Responses API instead of Chat Completions."""
 
-    def _chat(self, client: Any, model: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, str]], list[str], dict[str, Any]]:
+    def _chat(
+        self, client: Any, model: str, messages: list[dict[str, Any]]
+    ) -> tuple[str, list[dict[str, str]], list[str], dict[str, Any]]:
         cfg = self.config
         assert cfg.protocol == "text", "this twin speaks the text protocol (Arithmetic's default)"
         kwargs: dict[str, Any] = {"metadata": {"role": "solver", "trainable": "true"}}
@@ -63,11 +65,15 @@ def main() -> None:
     runs = {}
     for wire in ("chat", "responses"):
         start = time.perf_counter()
-        trajectories = rollout(lambda w=wire: make_env(w), policy, episodes=args.episodes, concurrency=args.episodes, progress=False)
+        trajectories = rollout(
+            lambda w=wire: make_env(w), policy, episodes=args.episodes, concurrency=args.episodes, progress=False
+        )
         runs[wire] = sorted(trajectories, key=lambda t: str(t.task))
         wires = {s.request.wire for t in trajectories for s in t.steps}
         reward = sum(t.final_reward or 0.0 for t in trajectories) / len(trajectories)
-        print(f"{wire:<10} wires seen {sorted(wires)}  mean final reward {reward:.3f}  ({time.perf_counter() - start:.1f} s)")
+        print(
+            f"{wire:<10} wires seen {sorted(wires)}  mean final reward {reward:.3f}  ({time.perf_counter() - start:.1f} s)"
+        )
     chat, responses = runs["chat"], runs["responses"]
     assert [t.task for t in chat] == [t.task for t in responses], "the two runs drew different tasks"
     same_prompts = same_tokens = calls = 0
@@ -77,8 +83,10 @@ def main() -> None:
             same_prompts += x.completion.prompt_token_ids == y.completion.prompt_token_ids
             same_tokens += x.completion.completion_token_ids == y.completion.completion_token_ids
     per_task = sum((a.final_reward or 0.0) == (b.final_reward or 0.0) for a, b in zip(chat, responses))
-    print(f"tasks with the same reward: {per_task}/{len(chat)}; calls compared: {calls}, same prompt ids: {same_prompts}, "
-          f"same completion ids: {same_tokens}; steps per run: {sum(len(t.steps) for t in chat)} vs {sum(len(t.steps) for t in responses)}")
+    print(
+        f"tasks with the same reward: {per_task}/{len(chat)}; calls compared: {calls}, same prompt ids: {same_prompts}, "
+        f"same completion ids: {same_tokens}; steps per run: {sum(len(t.steps) for t in chat)} vs {sum(len(t.steps) for t in responses)}"
+    )
     policy.close()
 
 

@@ -41,17 +41,32 @@ def chat_twin(task, ctx):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": task}]
     r = client.chat.completions.create(model=ctx.model, messages=messages, tools=CHAT_TOOLS)
     call = r.choices[0].message.tool_calls[0]
-    messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    messages += [
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
     r = client.chat.completions.create(model=ctx.model, messages=messages, tools=CHAT_TOOLS, stream=True)
     return "".join(c.choices[0].delta.content or "" for c in r if c.choices)
 
 
 def responses_agent(task, ctx):
-    client = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0) if ctx.task == "http" else ctx.openai_client()
+    client = (
+        openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+        if ctx.task == "http"
+        else ctx.openai_client()
+    )
     tools = [{"type": "function", "name": "add", "description": "add one", "parameters": SCHEMA}]
-    r = client.responses.create(model=ctx.model, instructions="be brief", input=task, tools=tools, include=["message.output_text.logprobs"])
+    r = client.responses.create(
+        model=ctx.model, instructions="be brief", input=task, tools=tools, include=["message.output_text.logprobs"]
+    )
     call = next(item for item in r.output if item.type == "function_call")
-    seen = (r.output_text, r.usage.input_tokens, r.usage.output_tokens, r.model_extra["token_ids"], r.output[0].content[0].logprobs[0].logprob)
+    seen = (
+        r.output_text,
+        r.usage.input_tokens,
+        r.usage.output_tokens,
+        r.model_extra["token_ids"],
+        r.output[0].content[0].logprobs[0].logprob,
+    )
     stream = client.responses.create(
         model=ctx.model,
         instructions="be brief",
@@ -68,7 +83,11 @@ def responses_agent(task, ctx):
 
 
 def anthropic_agent(task, ctx):
-    client = anthropic.Anthropic(base_url=ctx.anthropic_base_url, api_key=ctx.api_key) if ctx.task == "http" else ctx.anthropic_client()
+    client = (
+        anthropic.Anthropic(base_url=ctx.anthropic_base_url, api_key=ctx.api_key)
+        if ctx.task == "http"
+        else ctx.anthropic_client()
+    )
     tools = [{"name": "add", "description": "add one", "input_schema": SCHEMA}]
     messages = [{"role": "user", "content": task}]
     r = client.messages.create(model=ctx.model, system="be brief", max_tokens=64, messages=messages, tools=tools)
@@ -152,7 +171,11 @@ def test_previous_response_id_reaches_only_the_episode_that_returned_it():
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_legacy_completions_record_the_raw_prompt(transport):
     def agent(task, ctx):
-        client = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0) if transport == "http" else ctx.openai_client()
+        client = (
+            openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+            if transport == "http"
+            else ctx.openai_client()
+        )
         refused = []
         for bad in ({"echo": True}, {"n": 2}, {"best_of": 3}, {"prompt": [[1, 2]]}):
             try:
@@ -160,13 +183,26 @@ def test_legacy_completions_record_the_raw_prompt(transport):
             except openai.BadRequestError as exc:
                 refused.append(exc.status_code)
         r = client.completions.create(model=ctx.model, prompt="2+2=", max_tokens=4, logprobs=1)
-        chunks = list(client.completions.create(model=ctx.model, prompt=["3+3="], stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.completions.create(model=ctx.model, prompt=["3+3="], stream=True, stream_options={"include_usage": True})
+        )
         streamed = "".join(c.choices[0].text for c in chunks if c.choices)
-        return refused, r.choices[0].text, r.choices[0].logprobs.token_logprobs, r.usage.prompt_tokens, streamed, chunks[-1].usage.total_tokens
+        return (
+            refused,
+            r.choices[0].text,
+            r.choices[0].logprobs.token_logprobs,
+            r.usage.prompt_tokens,
+            streamed,
+            chunks[-1].usage.total_tokens,
+        )
 
     env = AgentEnv(agent, [{}], NO_REWARD, transport=transport)
     obs, _ = env.reset(seed=0)
-    assert (obs.request.wire, obs.request.prompt, obs.request.messages) == ("completions", "2+2=", [{"role": "user", "content": "2+2="}])
+    assert (obs.request.wire, obs.request.prompt, obs.request.messages) == (
+        "completions",
+        "2+2=",
+        [{"role": "user", "content": "2+2="}],
+    )
     obs, *_ = env.step(Completion(text="4", prompt_token_ids=[9, 9], completion_token_ids=[4], logprobs=[-0.2]))
     assert obs.request.prompt == "3+3=" and obs.request.stream
     *_, info = env.step(Completion(text="6", prompt_token_ids=[9], completion_token_ids=[6]))
@@ -235,7 +271,9 @@ def test_anthropic_content_read_back_is_the_chat_answer():
     for completion in (CALL, FINAL):
         blocks = content_blocks(completion)
         arguments = {tc.id: tc.arguments for tc in completion.tool_calls}
-        assert messages_to_chat(None, [{"role": "assistant", "content": blocks}], arguments) == [assistant_message(completion)]
+        assert messages_to_chat(None, [{"role": "assistant", "content": blocks}], arguments) == [
+            assistant_message(completion)
+        ]
     # Without the remembered text, the arguments are the input's JSON.
     (message,) = messages_to_chat(None, [{"role": "assistant", "content": content_blocks(CALL)}])
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 2}
@@ -258,7 +296,9 @@ def test_a_cut_answer_is_incomplete_on_responses_and_max_tokens_on_messages():
     def agent(task, ctx):
         r = ctx.openai_client().responses.create(model=ctx.model, input="x", max_output_tokens=2)
         events = [e.type for e in ctx.openai_client().responses.create(model=ctx.model, input="x", stream=True)]
-        m = ctx.anthropic_client().messages.create(model=ctx.model, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+        m = ctx.anthropic_client().messages.create(
+            model=ctx.model, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+        )
         return r.status, r.incomplete_details.reason, events[-1], m.stop_reason
 
     env = AgentEnv(agent, [{}], NO_REWARD)

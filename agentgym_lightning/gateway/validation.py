@@ -12,6 +12,8 @@ would reject it for every episode of the round.
   coerced), then what is ours: content parts and tools our backends render. The sampling values
   (finite, in range, a seed torch and vLLM accept) are checked by
   :meth:`~agentgym_lightning.llm.ChatRequest.from_openai`.
+- :func:`check_params` — the same strict check against another of the ``openai`` package's
+  request types (the Responses API's, legacy Completions'), for the other wires.
 """
 
 from __future__ import annotations

@@ -22,7 +22,11 @@ def check(report, wire):
     steps = report.trajectory.steps
     assert report.wires == [wire] * len(steps)
     assert len(steps) == 2 and steps[0].completion.tool_calls
-    assert steps[1].request.messages[-1] == {"role": "tool", "tool_call_id": steps[0].completion.tool_calls[0].id, "content": "2"}
+    assert steps[1].request.messages[-1] == {
+        "role": "tool",
+        "tool_call_id": steps[0].completion.tool_calls[0].id,
+        "content": "2",
+    }
     assert report.trajectory.result == "Answer: 2"
 
 
@@ -69,7 +73,9 @@ def test_an_anthropic_agent_with_a_tool_conforms(agent_conformance, stream):
                 return "".join(b.text for b in r.content if b.type == "text")
             messages.append({"role": "assistant", "content": r.content})
             results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": calculator(**b.input)} for b in r.content if b.type == "tool_use"
+                {"type": "tool_result", "tool_use_id": b.id, "content": calculator(**b.input)}
+                for b in r.content
+                if b.type == "tool_use"
             ]
             messages.append({"role": "user", "content": results})
 
@@ -109,7 +115,9 @@ def test_the_agents_sdk_runs_on_its_default_responses_model(agent_conformance, a
 
 def test_a_legacy_completions_agent_conforms(agent_conformance):
     def agent(task, ctx):
-        return ctx.openai_client().completions.create(model=ctx.model, prompt=f"Q: {task}\nA:", max_tokens=16).choices[0].text
+        return (
+            ctx.openai_client().completions.create(model=ctx.model, prompt=f"Q: {task}\nA:", max_tokens=16).choices[0].text
+        )
 
     report = agent_conformance(agent, TASK, expect_wire="completions")
     report.assert_ok()
@@ -132,4 +140,6 @@ def test_the_agents_sdk_models_give_the_policy_the_same_prompt(agent_conformance
 
     solver = agent_file("openai_agents_calculator").solver
     runs = [agent_conformance(OpenAIAgentsAgent(solver, api=api), TASK).trajectory.steps for api in ("chat", "responses")]
-    assert [(s.request.messages, s.request.tools) for s in runs[0]] == [(s.request.messages, s.request.tools) for s in runs[1]]
+    assert [(s.request.messages, s.request.tools) for s in runs[0]] == [
+        (s.request.messages, s.request.tools) for s in runs[1]
+    ]

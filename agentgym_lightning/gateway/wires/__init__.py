@@ -1,14 +1,14 @@
 """The APIs an agent may speak to the gateway, each translated to and from the one internal model
 (:class:`~agentgym_lightning.llm.ChatRequest`, :class:`~agentgym_lightning.llm.Completion`).
 
-======================  ==========================  ===========================================
-wire (``ChatRequest.wire``)  route under ``/episodes/<id>``  clients
-======================  ==========================  ===========================================
-``chat``                ``POST /v1/chat/completions``   ``openai`` ``chat.completions``, most frameworks
-``responses``           ``POST /v1/responses``          ``openai`` ``responses``, Agents SDK, pydantic-ai
-``completions``         ``POST /v1/completions``        legacy text completions (raw prompt)
-``messages``            ``POST /v1/messages``           ``anthropic`` SDK (base URL without ``/v1``)
-======================  ==========================  ===========================================
+- ``chat`` (``POST /episodes/<id>/v1/chat/completions``): ``openai`` ``chat.completions``, most frameworks;
+- ``responses`` (``.../v1/responses``): ``openai`` ``responses``, the Agents SDK's and pydantic-ai's
+  default models;
+- ``completions`` (``.../v1/completions``): legacy text completions, a raw prompt;
+- ``messages`` (``.../v1/messages``): the ``anthropic`` SDK, whose base URL is the episode's
+  without ``/v1``.
+
+The name is what a step records as ``ChatRequest.wire``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,17 @@ from agentgym_lightning.gateway.wires.completions import CompletionsWire
 from agentgym_lightning.gateway.wires.responses import ResponsesWire
 from agentgym_lightning.llm import GatewayError
 
-__all__ = ["Wire", "ChatWire", "ResponsesWire", "CompletionsWire", "MessagesWire", "CHAT", "WIRES", "SERVED", "unserved_route"]
+__all__ = [
+    "Wire",
+    "ChatWire",
+    "ResponsesWire",
+    "CompletionsWire",
+    "MessagesWire",
+    "CHAT",
+    "WIRES",
+    "SERVED",
+    "unserved_route",
+]
 
 CHAT = ChatWire()
 #: Every wire by its route under an episode's ``/v1/``.

@@ -75,7 +75,8 @@ def _block_text(content: Any, where: str) -> str:
     for j, block in enumerate(_blocks(content, where)):
         if block["type"] != "text":
             raise GatewayError(
-                400, f"{where}.content[{j}]: blocks of type {block['type']!r:.40} cannot be rendered by this gateway's policy; send text"
+                400,
+                f"{where}.content[{j}]: blocks of type {block['type']!r:.40} cannot be rendered by this gateway's policy; send text",
             )
         texts.append(str(block.get("text", "")))
     return "".join(texts)
@@ -101,10 +102,22 @@ def messages_to_chat(
                     text.append(str(block.get("text", "")))
                 elif block["type"] == "tool_use":
                     known = (arguments or {}).get(block.get("id", ""))
-                    raw = known if known is not None and _input(known) == block.get("input") else json.dumps(block.get("input", {}))
-                    calls.append({"id": block.get("id"), "type": "function", "function": {"name": block.get("name"), "arguments": raw}})
+                    raw = (
+                        known
+                        if known is not None and _input(known) == block.get("input")
+                        else json.dumps(block.get("input", {}))
+                    )
+                    calls.append(
+                        {
+                            "id": block.get("id"),
+                            "type": "function",
+                            "function": {"name": block.get("name"), "arguments": raw},
+                        }
+                    )
                 else:
-                    raise GatewayError(400, f"{where}.content[{j}]: assistant blocks of type {block['type']!r:.40} are not served")
+                    raise GatewayError(
+                        400, f"{where}.content[{j}]: assistant blocks of type {block['type']!r:.40} are not served"
+                    )
             msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
             if calls:
                 msg["tool_calls"] = calls
@@ -129,7 +142,9 @@ def _tools_to_chat(tools: list[Any]) -> list[dict[str, Any]]:
     for j, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type", "custom") != "custom" or "input_schema" not in tool:
             kind = tool.get("type") if isinstance(tool, dict) else tool
-            raise GatewayError(400, f"tools[{j}]: only custom tools ({{name, description, input_schema}}) are served, got {kind!r:.40}")
+            raise GatewayError(
+                400, f"tools[{j}]: only custom tools ({{name, description, input_schema}}) are served, got {kind!r:.40}"
+            )
         function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
@@ -174,7 +189,10 @@ class MessagesWire(Wire):
                 raise GatewayError(400, f"'{key}' is not served by this gateway; leave it out")
         thinking = data.get("thinking")
         if thinking is not None and (not isinstance(thinking, dict) or thinking.get("type") != "disabled"):
-            raise GatewayError(400, "'thinking' is not served by this gateway (the policy writes no thinking blocks); leave it out or disable it")
+            raise GatewayError(
+                400,
+                "'thinking' is not served by this gateway (the policy writes no thinking blocks); leave it out or disable it",
+            )
         chat: dict[str, Any] = {
             "model": data.get("model") or "",
             "messages": messages_to_chat(data.get("system"), messages, _arguments(episode)),
@@ -238,13 +256,25 @@ class MessagesWire(Wire):
             if block["type"] == "text":
                 out.append({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
                 if block["text"]:
-                    out.append({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": block["text"]}})
+                    out.append(
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {"type": "text_delta", "text": block["text"]},
+                        }
+                    )
             else:
                 raw = completion.tool_calls[index - texts].arguments
                 # The exact text when it is the object sent as ``input``; the client parses it back.
                 partial = raw if block["input"] and json.loads(raw) == block["input"] else json.dumps(block["input"])
                 out.append({"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}})
-                out.append({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": partial}})
+                out.append(
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": partial},
+                    }
+                )
             out.append({"type": "content_block_stop", "index": index})
         delta = {"stop_reason": final["stop_reason"], "stop_sequence": None}
         out.append({"type": "message_delta", "delta": delta, "usage": {"output_tokens": final["usage"]["output_tokens"]}})

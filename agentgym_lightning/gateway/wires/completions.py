@@ -26,7 +26,17 @@ if TYPE_CHECKING:
 
 __all__ = ["CompletionsWire"]
 
-_SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "stream", "metadata")
+_SAMPLING = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "stream",
+    "metadata",
+)
 
 
 def _prompt(data: dict[str, Any]) -> str:
@@ -35,7 +45,8 @@ def _prompt(data: dict[str, Any]) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise GatewayError(
-            400, "'prompt' must be a string (or a list of one string): one prompt per call, as text (token-id prompts are not served)"
+            400,
+            "'prompt' must be a string (or a list of one string): one prompt per call, as text (token-id prompts are not served)",
         )
     return prompt
 
@@ -72,7 +83,12 @@ class CompletionsWire(Wire):
         if call.request.sampling.logprobs and completion.logprobs is not None:
             ids = completion.completion_token_ids or []
             # Token ids as their own text, as the chat wire gives them.
-            logprobs = {"tokens": [str(t) for t in ids], "token_logprobs": completion.logprobs, "top_logprobs": None, "text_offset": None}
+            logprobs = {
+                "tokens": [str(t) for t in ids],
+                "token_logprobs": completion.logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            }
         choice: dict[str, Any] = {
             "index": 0,
             "text": completion.text,
@@ -97,7 +113,11 @@ class CompletionsWire(Wire):
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def body(self, call: PendingCall, completion: Completion) -> dict[str, Any]:
-        body = {**self._base(call, completion), "choices": [self._choice(call, completion)], "usage": self._usage(completion)}
+        body = {
+            **self._base(call, completion),
+            "choices": [self._choice(call, completion)],
+            "usage": self._usage(completion),
+        }
         if completion.prompt_token_ids is not None:
             body["prompt_token_ids"] = completion.prompt_token_ids
         return body
@@ -106,7 +126,9 @@ class CompletionsWire(Wire):
         base, last = self._base(call, completion), self._choice(call, completion)
         chunks = []
         if completion.text:
-            chunks.append({**base, "choices": [{"index": 0, "text": completion.text, "logprobs": None, "finish_reason": None}]})
+            chunks.append(
+                {**base, "choices": [{"index": 0, "text": completion.text, "logprobs": None, "finish_reason": None}]}
+            )
         chunks.append({**base, "choices": [{**last, "text": ""}]})
         if (call.request.extra.get("stream_options") or {}).get("include_usage"):
             chunks.append({**base, "choices": [], "usage": self._usage(completion)})

@@ -82,7 +82,8 @@ def _text(content: Any, where: str, assistant: bool) -> Any:
         kind = part.get("type")
         if kind not in ("input_text", "output_text"):
             raise GatewayError(
-                400, f"{where}.content[{j}]: content of type {kind!r:.40} cannot be rendered by this gateway's policy; send text"
+                400,
+                f"{where}.content[{j}]: content of type {kind!r:.40} cannot be rendered by this gateway's policy; send text",
             )
         texts.append(part.get("text", ""))
     if assistant or len(texts) == 1:
@@ -102,7 +103,11 @@ def input_to_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]
             role = item.get("role")
             messages.append({"role": role, "content": _text(item.get("content"), where, role == "assistant")})
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -174,7 +179,9 @@ def output_items(call: PendingCall, completion: Completion) -> list[dict[str, An
         if call.request.sampling.logprobs and completion.logprobs is not None:
             ids = completion.completion_token_ids or []
             # We carry ids, not token strings: the id is given as its own text, as chat does.
-            part["logprobs"] = [{"token": str(t), "logprob": lp, "bytes": [], "top_logprobs": []} for t, lp in zip(ids, completion.logprobs)]
+            part["logprobs"] = [
+                {"token": str(t), "logprob": lp, "bytes": [], "top_logprobs": []} for t, lp in zip(ids, completion.logprobs)
+            ]
         items.append(
             {"type": "message", "id": f"msg_{call.call_id}", "role": "assistant", "status": "completed", "content": [part]}
         )
@@ -247,7 +254,9 @@ class ResponsesWire(Wire):
         _stored(episode)[response_id(call)] = _Stored(conversation)
         return call
 
-    def _read(self, data: Any, episode: Episode, content_part_types: Collection[str]) -> tuple[ChatRequest, list[dict[str, Any]]]:
+    def _read(
+        self, data: Any, episode: Episode, content_part_types: Collection[str]
+    ) -> tuple[ChatRequest, list[dict[str, Any]]]:
         """The request, and its conversation without its instructions (what a later
         ``previous_response_id`` continues)."""
         # The SDK's types make a function tool's "strict" required; OpenAI's server (and every
@@ -320,7 +329,12 @@ class ResponsesWire(Wire):
             ids = {"item_id": item["id"], "output_index": index}
             if item["type"] == "message":
                 part = item["content"][0]
-                out.append(("response.output_item.added", {"output_index": index, "item": {**item, "status": "in_progress", "content": []}}))
+                out.append(
+                    (
+                        "response.output_item.added",
+                        {"output_index": index, "item": {**item, "status": "in_progress", "content": []}},
+                    )
+                )
                 out.append(("response.content_part.added", {**ids, "content_index": 0, "part": {**part, "text": ""}}))
                 if part["text"]:
                     delta = {**ids, "content_index": 0, "delta": part["text"], "logprobs": part.get("logprobs", [])}
@@ -329,9 +343,16 @@ class ResponsesWire(Wire):
                 out.append(("response.output_text.done", done))
                 out.append(("response.content_part.done", {**ids, "content_index": 0, "part": part}))
             else:
-                out.append(("response.output_item.added", {"output_index": index, "item": {**item, "status": "in_progress", "arguments": ""}}))
+                out.append(
+                    (
+                        "response.output_item.added",
+                        {"output_index": index, "item": {**item, "status": "in_progress", "arguments": ""}},
+                    )
+                )
                 out.append(("response.function_call_arguments.delta", {**ids, "delta": item["arguments"]}))
-                out.append(("response.function_call_arguments.done", {**ids, "name": item["name"], "arguments": item["arguments"]}))
+                out.append(
+                    ("response.function_call_arguments.done", {**ids, "name": item["name"], "arguments": item["arguments"]})
+                )
             out.append(("response.output_item.done", {"output_index": index, "item": item}))
         final = _response(call, completion, items)
         out.append(("response.incomplete" if final["status"] == "incomplete" else "response.completed", {"response": final}))
