@@ -290,6 +290,9 @@ def test_the_anthropic_base_url_is_the_episode_url_without_v1():
     gw = get_gateway()
     assert gw.anthropic_base_url("e1") == gw.base_url("e1").removesuffix("/v1")
     assert httpx.URL(gw.anthropic_base_url("e1")).path == "/episodes/e1"
+    env = AgentEnv(lambda task, ctx: ctx.anthropic_base_url, [{}], NO_REWARD)
+    env.reset(seed=0)
+    assert env.trajectory.result == gw.anthropic_base_url(env.trajectory.episode_id)
 
 
 def test_a_cut_answer_is_incomplete_on_responses_and_max_tokens_on_messages():
@@ -308,3 +311,10 @@ def test_a_cut_answer_is_incomplete_on_responses_and_max_tokens_on_messages():
         env.step(cut)
     *_, info = env.step(cut)
     assert info["trajectory"].result == ("incomplete", "max_output_tokens", "response.incomplete", "max_tokens")
+
+
+def test_the_env_hands_out_the_anthropic_base_url_of_its_running_episode():
+    env = AgentEnv(lambda task, ctx: ctx.openai_client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}]), [{}], NO_REWARD)
+    env.reset(seed=0)
+    assert env.anthropic_base_url == env.base_url.removesuffix("/v1")
+    env.close()
