@@ -222,6 +222,13 @@ class AgentEnv(gym.Env[Observation, Any]):
         return self.gateway.base_url(self._episode.episode_id)
 
     @property
+    def anthropic_base_url(self) -> str:
+        """The running episode's base URL for an Anthropic client in another process (no ``/v1``)."""
+        if self._episode is None:
+            raise gym.error.ResetNeeded("no episode is running: call reset() first")
+        return self.gateway.anthropic_base_url(self._episode.episode_id)
+
+    @property
     def deadline(self) -> float | None:
         """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None.
         While a call waits for its answer the clock is stopped; answering moves this later."""

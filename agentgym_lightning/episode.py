@@ -179,6 +179,10 @@ class Episode:
         self._closed = False
         #: Why a reward of this episode was refused (it must not be trained on), if one was.
         self.refused_reward: str | None = None
+        #: What the gateway's wires keep for this episode's agent, by wire (the Responses API's
+        #: stored responses, the exact text of tool calls answered as Anthropic ``tool_use``
+        #: blocks): see :mod:`agentgym_lightning.gateway.wires`.
+        self.wire_state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the agent's end
 

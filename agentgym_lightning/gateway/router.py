@@ -16,8 +16,8 @@ from agentgym_lightning.episode import Episode, PendingCall
 from agentgym_lightning.gateway.auth import check_bearer
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.gateway.validation import check_chat_request, parse_json
-from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.gateway.validation import parse_json
+from agentgym_lightning.gateway.wires import CHAT, Wire
 
 __all__ = ["EpisodeRouter"]
 
@@ -65,21 +65,16 @@ class EpisodeRouter:
         """Raise a 401 :class:`GatewayError` unless ``authorization`` carries the token (see :mod:`.auth`)."""
         check_bearer(authorization, self.token)
 
-    def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
-        """Check a chat-completion request fully, then hand it to its episode as a pending call.
+    def submit(self, episode_id: str, body: bytes | Mapping[str, Any], wire: Wire = CHAT) -> PendingCall:
+        """Check a request of ``wire`` (chat completions by default; see :mod:`.wires`) fully,
+        then hand it to its episode as a pending call.
 
         Everything that can make it fail is checked before the episode records a step: a
         refused request (a :class:`GatewayError`) leaves no trace in the trajectory.
         """
         episode = self.episode(episode_id)
         episode.raise_if_stopped()
-        data = self._parse(body)
-        check_chat_request(data, self.limits.content_part_types)
-        try:
-            request = ChatRequest.from_openai(data)
-        except ValueError as exc:
-            raise GatewayError(400, str(exc)) from None
-        return episode.submit(request)
+        return wire.submit(episode, self.json_object(body), self.limits.content_part_types)
 
     def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""
