@@ -274,6 +274,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             events=self._events,  # type: ignore[arg-type]  # put() is all an Episode uses
             max_variables=self.gateway.limits.max_variables,
             max_variable_bytes=self.gateway.limits.max_variable_bytes,
+            max_spans=self.gateway.limits.max_episode_spans,
         )
         self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
         self._episode = episode
@@ -467,6 +468,9 @@ class AgentEnv(gym.Env[Observation, Any]):
         assert episode is not None
         for step in self._unfinalized:
             step.timings.ended_at = now
+            if self.agent_match is not None and step.error is None and step.request.trainable:
+                # Again: the agent's traces may have named the call since it arrived.
+                step.trainable = bool(self.agent_match(step))
             if self.air_weights:
                 self._apply_air(step, episode.trajectory)
             self._hook.agentgym_step_end(step=step, trajectory=episode.trajectory)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 _CHAT = re.compile(r"^/episodes/([^/]+)/v1/chat/completions$")
 _MODELS = re.compile(r"^/episodes/([^/]+)/v1/models$")
 _POST = re.compile(r"^/episodes/([^/]+)/(rewards|variables)$")
+_TRACES = re.compile(r"^/episodes/([^/]+)/v1/traces$")
 
 
 def _json(status: int, payload: object, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -54,12 +55,18 @@ class _Requests:
         try:
             self.gateway.check_auth(request.headers.get("authorization"))
             if method == "POST" and (m := _CHAT.match(path)):
-                return self.gateway.submit(m.group(1), request.content)
+                return self.gateway.submit(m.group(1), request.content, request.headers.get("traceparent"))
             if method == "GET" and (m := _MODELS.match(path)):
                 return _json(200, models_body(self.gateway.episode(m.group(1)).model_name))
             if method == "POST" and (m := _POST.match(path)):
                 fn = self.gateway.post_reward if m.group(2) == "rewards" else self.gateway.post_variables
                 return _json(200, fn(m.group(1), request.content))
+            if method == "POST" and (m := _TRACES.match(path)):
+                headers = request.headers
+                body, media_type = self.gateway.post_traces(
+                    m.group(1), request.content, headers.get("content-type"), headers.get("content-encoding")
+                )
+                return httpx.Response(200, content=body, headers={"content-type": media_type})
             raise GatewayError(404, f"no route {method} {path} in the in-process gateway")
         except GatewayError as exc:
             return _error(exc)

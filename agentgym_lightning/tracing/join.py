@@ -1,0 +1,191 @@
+"""Spans joined to the steps of one episode.
+
+An episode's agent may trace itself (OpenTelemetry, GenAI semantic conventions). Its spans
+arrive here (:meth:`SpanJoin.add`, from the OTLP receiver or the in-process processor) and are
+joined to the LLM calls the gateway recorded:
+
+- an **agent span** (``invoke_agent``, ``gen_ai.agent.name``) names the calls made inside it:
+  ``step.agent``, where the framework did not name the call itself. Inside: the call's trace
+  context (or its LLM span) descends from the agent span; a call that carried none and has no
+  LLM span (an exporter in another process whose HTTP client propagates nothing) is named by
+  the innermost agent span running when it was made;
+- an **LLM span** (``chat``...) is the call it describes: the call made inside it (the trace
+  context the request carried), else the call in the same place of the episode's order (the
+  n-th LLM span is the n-th call); its agent is the agent span around it;
+- a **tool span** (``execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``) is a semantic
+  variable of the call that asked for the tool (the call whose completion holds that tool call
+  id, else the call answered last before the tool started): appended to that step's
+  ``outcome["otel.tools"]`` (name, call id, arguments and result where recorded, status, error,
+  duration);
+- failures count on the step they belong to, as numbers in its ``outcome`` (and so AIR signals
+  of the same name, which ``air_weights`` weighs as any other, :mod:`~agentgym_lightning.plugins.outcome_air`):
+  ``otel.tool_error`` (tool spans that failed: error status or an exception),
+  ``otel.exception`` (exceptions recorded by other spans), ``otel.error`` (other spans ending
+  in an error status). A span that is not a tool's counts on the call answered last before it
+  ended.
+
+Every finished span is also kept, summarized, on ``trajectory.spans`` (at most ``max_spans``;
+the rest counted in ``trajectory.spans_dropped``). What lands after a step was closed (its AIR
+computed) stays recorded but gives that step no reward: an exporter that batches must flush
+before the agent's next call (``SimpleSpanProcessor``, or in-process tracing, which is immediate).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from agentgym_lightning.tracing.spans import AGENT, LLM, TOOL, SpanRecord
+from agentgym_lightning.trajectory import Step, Trajectory
+
+__all__ = ["SpanJoin", "TOOLS", "TOOL_ERROR", "EXCEPTION", "ERROR", "MAX_TOOLS_PER_STEP"]
+
+#: Outcome names the join writes.
+TOOLS, TOOL_ERROR, EXCEPTION, ERROR = "otel.tools", "otel.tool_error", "otel.exception", "otel.error"
+#: Most tool records one step keeps (later ones are still counted in ``otel.tool_error``).
+MAX_TOOLS_PER_STEP = 32
+# Deepest parent chain walked to find a call's agent (a hostile exporter may send a loop).
+_MAX_DEPTH = 64
+
+
+class SpanJoin:
+    """The spans of one episode, joined to its steps. Not thread-safe: the episode calls it
+    under its own lock.
+
+    Args:
+        trajectory: The episode's record; steps and ``spans`` are written in place.
+        max_spans: Most span summaries kept on the trajectory; also bounds what is remembered to
+            join later spans (four times as many span ids).
+    """
+
+    def __init__(self, trajectory: Trajectory, max_spans: int = 1000) -> None:
+        self.trajectory = trajectory
+        self.max_spans = max_spans
+        self._parents: dict[str, str | None] = {}
+        self._agents: dict[str, str] = {}  # agent span id -> agent name
+        self._agent_times: list[tuple[float, float, str]] = []  # (start, end, name) of finished agent spans
+        self._call_parent: dict[int, str] = {}  # step index -> span current when the call was made
+        self._llm_order: list[tuple[float, str]] = []  # (start, span id) of LLM spans, sorted
+        self._llm_ids: set[str] = set()
+        self._finished: set[str] = set()
+
+    # ------------------------------------------------------------------ from the episode
+
+    def on_call(self, step: Step, parent_span_id: str | None) -> None:
+        """A call was recorded; ``parent_span_id`` is the span that was current when the agent
+        made it (the trace context it carried), if any."""
+        if parent_span_id:
+            self._call_parent[step.index] = parent_span_id
+        if step.agent is None:
+            step.agent = self._agent_above(parent_span_id)
+
+    def add(self, records: Iterable[SpanRecord]) -> None:
+        """Take spans (started or finished) and join the finished ones to their steps."""
+        names_changed = False
+        for record in records:
+            names_changed |= self._remember(record)
+            if record.end is None or record.span_id in self._finished:
+                continue  # still running, or sent twice (an exporter's retry)
+            if len(self._finished) < 4 * self.max_spans:
+                self._finished.add(record.span_id)
+                if record.kind == AGENT and (name := record.agent_name):
+                    self._agent_times.append((record.start, record.end, name))
+                    names_changed = True
+            index = self._step_of(record)
+            if index is not None:
+                self._count(self.trajectory.steps[index], record)
+            self._keep(record, index)
+        if names_changed:
+            self._name_calls()
+
+    # ------------------------------------------------------------------ joining
+
+    def _remember(self, record: SpanRecord) -> bool:
+        """Note the span's place in the tree; True if it may name calls (an agent or LLM span)."""
+        if record.span_id in self._parents or len(self._parents) >= 4 * self.max_spans:
+            return False
+        self._parents[record.span_id] = record.parent_id
+        kind = record.kind
+        if kind == AGENT and (name := record.agent_name):
+            self._agents[record.span_id] = name
+            return True
+        if kind == LLM:
+            bisect.insort(self._llm_order, (record.start, record.span_id))
+            self._llm_ids.add(record.span_id)
+            return True
+        return False
+
+    def _agent_above(self, span_id: str | None) -> str | None:
+        for _ in range(_MAX_DEPTH):
+            if span_id is None:
+                return None
+            if span_id in self._agents:
+                return self._agents[span_id]
+            span_id = self._parents.get(span_id)
+        return None
+
+    def _llm_span_of(self, index: int) -> str | None:
+        """The LLM span describing call ``index``: the one it was made inside, else the n-th."""
+        parent = self._call_parent.get(index)
+        for _ in range(_MAX_DEPTH):
+            if parent is None:
+                break
+            if parent in self._llm_ids:
+                return parent
+            parent = self._parents.get(parent)
+        if not self._call_parent.get(index) and index < len(self._llm_order):
+            return self._llm_order[index][1]
+        return None
+
+    def _name_calls(self) -> None:
+        """Name the calls the framework did not, from the agent spans known by now."""
+        for step in self.trajectory.steps:
+            if step.agent is None:
+                anchor = self._call_parent.get(step.index) or self._llm_span_of(step.index)
+                step.agent = self._agent_above(anchor) if anchor else self._agent_during(step.timings.requested_at)
+
+    def _agent_during(self, at: float) -> str | None:
+        """A call that carried no trace context and has no LLM span: the innermost agent span
+        running when it was made (the latest to start)."""
+        around = [(start, name) for start, end, name in self._agent_times if start <= at <= end]
+        return max(around)[1] if around else None
+
+    def _step_of(self, record: SpanRecord) -> int | None:
+        steps = self.trajectory.steps
+        if record.kind == TOOL:
+            call_id = record.tool().get("call_id")
+            if call_id:
+                for step in reversed(steps):
+                    if step.completion is not None and any(c.id == call_id for c in step.completion.tool_calls):
+                        return step.index
+            at = record.start
+        elif record.kind == LLM:
+            for step in steps:
+                if self._llm_span_of(step.index) == record.span_id:
+                    return step.index
+            return None
+        else:
+            at = record.end if record.end is not None else record.start
+        answered = [s.index for s in steps if s.timings.answered_at is not None and s.timings.answered_at <= at]
+        return answered[-1] if answered else None
+
+    def _count(self, step: Step, record: SpanRecord) -> None:
+        outcome = step.outcome
+        if record.kind == TOOL:
+            tools = outcome.setdefault(TOOLS, [])
+            if len(tools) < MAX_TOOLS_PER_STEP:
+                tools.append(record.tool())
+            if record.failed:
+                outcome[TOOL_ERROR] = outcome.get(TOOL_ERROR, 0) + 1
+            return
+        if record.exceptions:
+            outcome[EXCEPTION] = outcome.get(EXCEPTION, 0) + len(record.exceptions)
+        elif record.status == "error":
+            outcome[ERROR] = outcome.get(ERROR, 0) + 1
+
+    def _keep(self, record: SpanRecord, index: int | None) -> None:
+        trajectory = self.trajectory
+        if len(trajectory.spans) < self.max_spans:
+            trajectory.spans.append(record.summary(index))
+        else:
+            trajectory.spans_dropped += 1
+

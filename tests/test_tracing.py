@@ -1,0 +1,242 @@
+"""The agent's own OpenTelemetry traces joined to its steps, with the real OTel SDK and OTLP
+exporter and no network: in-process (the span processor), over OTLP/HTTP (protobuf and JSON),
+and bad or hostile OTLP payloads refused whole."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+
+import httpx
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="needs the [tracing] extra")
+
+from google.protobuf import json_format  # noqa: E402
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+from agentgym_lightning.env import AgentEnv  # noqa: E402
+from agentgym_lightning.gateway.gateway import Gateway  # noqa: E402
+from agentgym_lightning.llm import Completion, ToolCall  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {}}}}]
+CALL = Completion(text="", tool_calls=[ToolCall(id="call_1", name="calculator", arguments="{}")])
+
+
+def traced_agent(tracer_of):
+    """An agent that traces itself as the GenAI conventions say: an agent span around its calls,
+    a tool span (that fails) between them. ``tracer_of(ctx)`` gives the tracer."""
+
+    def agent(task, ctx):
+        tracer = tracer_of(ctx)
+        client = ctx.openai_client()
+        messages = [{"role": "user", "content": task}]
+        with tracer.start_as_current_span(
+            "invoke_agent solver", attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"}
+        ):
+            reply = client.chat.completions.create(model=ctx.model, messages=messages, tools=TOOLS)
+            call = reply.choices[0].message.tool_calls[0]
+            with tracer.start_as_current_span(
+                "execute_tool calculator",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "calculator",
+                    "gen_ai.tool.call.id": call.id,
+                    "gen_ai.tool.call.arguments": "{}",
+                },
+            ) as span:
+                try:
+                    raise ZeroDivisionError("division by zero")
+                except ZeroDivisionError as exc:
+                    span.record_exception(exc)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call.id, "content": "error"}]
+            return client.chat.completions.create(model=ctx.model, messages=messages).choices[0].message.content
+
+    return agent
+
+
+def run_episode(agent, **kwargs):
+    env = AgentEnv(agent, ["1/0?"], lambda task, result: 1.0, air_weights={"otel.tool_error": -0.5}, **kwargs)
+    try:
+        env.reset(seed=0)
+        env.step(CALL)
+        *_, info = env.step("done")
+        return info["trajectory"]
+    finally:
+        env.close()
+
+
+def _check_joined(trajectory):
+    first, second = trajectory.steps
+    assert [first.agent, second.agent] == ["solver", "solver"]  # from the agent span, no metadata
+    (tool,) = first.outcome["otel.tools"]  # a semantic variable of the step that asked for the tool
+    assert tool["name"] == "calculator" and tool["call_id"] == "call_1" and tool["arguments"] == "{}"
+    assert tool["status"] == "error" and tool["error"] == "division by zero" and tool["duration_s"] >= 0
+    assert first.outcome["otel.tool_error"] == 1 and "otel.tool_error" not in second.outcome
+    # ... and an AIR signal air_weights weighs like any other.
+    assert [(r.source, r.value, r.raw) for r in first.rewards] == [("otel.tool_error", -0.5, 1.0)]
+    assert trajectory.total_reward == pytest.approx(0.5)
+    kinds = {s["kind"]: s for s in trajectory.spans}
+    assert kinds["tool"]["step"] == 0 and kinds["agent"]["name"] == "invoke_agent solver"
+
+
+def test_in_process_spans_reach_their_episode_with_no_exporter():
+    trajectory = run_episode(traced_agent(lambda ctx: trace.get_tracer("agent")))
+    _check_joined(trajectory)
+    # The episode ran in its own trace: its id is the episode id.
+    assert isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def test_otlp_http_protobuf_from_the_real_exporter():
+    """An agent elsewhere points the SDK's own OTLP/HTTP exporter at its episode."""
+
+    def tracer_of(ctx):
+        provider = TracerProvider()  # the agent's own, as in another process
+        endpoint = ctx.base_url.removesuffix("/v1") + "/v1/traces"
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        return provider.get_tracer("agent")
+
+    trajectory = run_episode(traced_agent(tracer_of), transport="http")
+    _check_joined(trajectory)
+
+
+def _export_body(spans) -> bytes:
+    return encode_spans(spans).SerializeToString()
+
+
+def _recorded_spans():
+    """Spans the real SDK recorded of ``traced_agent``'s shape, outside any episode."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("execute_tool calculator", attributes={
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "calculator"}) as span:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, "boom"))
+    return exporter.get_finished_spans()
+
+
+def _otlp_json(spans) -> bytes:
+    """OTLP/JSON as the spec writes it: protobuf's JSON mapping with hex ids."""
+    data = json_format.MessageToDict(encode_spans(spans))
+    for resource in data["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(data).encode()
+
+
+@pytest.fixture()
+def gateway_episode():
+    """A gateway with a token, and an episode that made one answered call."""
+    from agentgym_lightning.episode import Episode
+    from agentgym_lightning.llm import ChatRequest
+
+    gateway = Gateway(token="secret")
+    episode = Episode(task=None)
+    gateway.register(episode)
+    call = episode.submit(ChatRequest(messages=[{"role": "user", "content": "hi"}]))
+    episode.answer(call, CALL)
+    with httpx.Client(base_url=gateway.base_url(episode.episode_id).removesuffix("/v1"),
+                      headers={"authorization": "Bearer secret"}) as client:
+        yield gateway, episode, client
+    gateway.close()
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json", "gzip"])
+def test_otlp_http_encodings(gateway_episode, encoding):
+    _, episode, client = gateway_episode
+    spans = _recorded_spans()
+    if encoding == "json":
+        body, headers = _otlp_json(spans), {"content-type": "application/json"}
+    else:
+        body, headers = _export_body(spans), {"content-type": "application/x-protobuf"}
+    if encoding == "gzip":
+        body, headers = gzip.compress(body), {**headers, "content-encoding": "gzip"}
+    response = client.post("/v1/traces", content=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith(headers["content-type"])
+    step = episode.trajectory.steps[0]
+    assert step.outcome["otel.tool_error"] == 1 and step.outcome["otel.tools"][0]["error"] == "boom"
+    # An exporter's retry of the same spans is not counted twice.
+    assert client.post("/v1/traces", content=body, headers=headers).status_code == 200
+    assert step.outcome["otel.tool_error"] == 1 and len(episode.trajectory.spans) == 1
+
+
+def _gzip_bomb(size: int) -> bytes:
+    return gzip.compress(b"\0" * size)
+
+
+@pytest.mark.parametrize(
+    "body, headers, status",
+    [
+        (b"\xff\xff\xff\xff garbage", {"content-type": "application/x-protobuf"}, 400),
+        (b"{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": [{\"traceId\": \"zz\"}]}]}]}",
+         {"content-type": "application/json"}, 400),
+        (b"{\"resourceSpans\": 5}", {"content-type": "application/json"}, 400),
+        (b"[1, 2]", {"content-type": "application/json"}, 400),
+        (b"{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": [{\"traceId\": \"00\", \"spanId\": \"01\"}]}]}]}",
+         {"content-type": "application/json"}, 400),  # ids of the wrong length
+        (b"{}", {"content-type": "text/plain"}, 415),
+        (b"{}", {"content-type": "application/json", "content-encoding": "br"}, 415),
+        (b"not gzip", {"content-type": "application/x-protobuf", "content-encoding": "gzip"}, 400),
+        (_gzip_bomb(9 * 2**20), {"content-type": "application/x-protobuf", "content-encoding": "gzip"}, 413),
+        (b"\0" * (8 * 2**20 + 1), {"content-type": "application/x-protobuf"}, 413),
+        (b"\n" * 200, {"content-type": "application/x-protobuf"}, 400),  # nesting past protobuf's limit
+    ],
+    ids=["garbage-protobuf", "bad-hex", "not-a-list", "not-an-object", "short-ids", "media-type", "encoding",
+         "corrupt-gzip", "gzip-bomb", "too-large", "deep"],
+)
+def test_bad_or_hostile_otlp_gets_4xx_and_changes_nothing(gateway_episode, body, headers, status):
+    _, episode, client = gateway_episode
+    good = _export_body(_recorded_spans())
+    before = (json.dumps(episode.trajectory.steps[0].outcome), list(episode.trajectory.spans))
+    response = client.post("/v1/traces", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert "error" in response.json()
+    assert (json.dumps(episode.trajectory.steps[0].outcome), episode.trajectory.spans) == before
+    # A valid request with a bad one's tail is refused whole.
+    if status == 400 and headers["content-type"] == "application/x-protobuf" and "content-encoding" not in headers:
+        assert client.post("/v1/traces", content=good + body, headers=headers).status_code == 400
+        assert episode.trajectory.spans == before[1]
+
+
+def test_otlp_needs_the_token_and_a_running_episode(gateway_episode):
+    gateway, episode, client = gateway_episode
+    body, headers = _export_body(_recorded_spans()), {"content-type": "application/x-protobuf"}
+    assert client.post("/v1/traces", content=body, headers={**headers, "authorization": "Bearer wrong"}).status_code == 401
+    url = gateway.base_url("nope").removesuffix("/v1") + "/v1/traces"
+    assert client.post(url, content=body, headers=headers).status_code == 404
+    assert episode.trajectory.spans == [] and "otel.tools" not in episode.trajectory.steps[0].outcome
+
+
+def test_spans_kept_on_the_trajectory_are_bounded():
+    from agentgym_lightning.episode import Episode
+    from agentgym_lightning.tracing.spans import MAX_VALUE_CHARS, SpanRecord
+
+    episode = Episode(task=None, max_spans=3)
+    records = [
+        SpanRecord.build(trace_id="0" * 32, span_id=f"{i:016x}", parent_id=None, name="x" * 10_000, start=1.0, end=2.0,
+                         attributes=[(f"a{j}", "v" * 10_000) for j in range(100)])
+        for i in range(1, 6)
+    ]
+    episode.record_spans(records)
+    spans = episode.trajectory.spans
+    assert len(spans) == 3 and episode.trajectory.spans_dropped == 2
+    assert len(spans[0]["attributes"]) == 64 and all(len(v) == MAX_VALUE_CHARS for v in spans[0]["attributes"].values())
+    assert len(spans[0]["name"]) == MAX_VALUE_CHARS
+    # ...and travel with the trajectory's JSONL.
+    from agentgym_lightning.trajectory import Trajectory
+
+    back = Trajectory.from_dict(json.loads(episode.trajectory.to_json()))
+    assert back.spans == spans and back.spans_dropped == 2
