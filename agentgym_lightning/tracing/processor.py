@@ -16,11 +16,12 @@ process). ``AGENTGYM_LIGHTNING_TRACING=0`` turns all of it off.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentgym_lightning.tracing.spans import record_from_sdk
@@ -37,7 +38,15 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 if TYPE_CHECKING:
     from agentgym_lightning.episode import Episode
 
-__all__ = ["EpisodeSpanProcessor", "PROCESSOR", "DISABLE_ENV", "available", "episode_trace", "call_parent"]
+__all__ = [
+    "EpisodeSpanProcessor",
+    "PROCESSOR",
+    "DISABLE_ENV",
+    "available",
+    "episode_trace",
+    "call_parent",
+    "instrument_once",
+]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +152,24 @@ def episode_trace(episode: Episode) -> Iterator[None]:
             otel_context.detach(token)
         finally:
             PROCESSOR.remove(episode)
+
+
+_instrumented: dict[str, bool] = {}
+_instrument_lock = threading.Lock()
+
+
+def instrument_once(module: str, instrument: Callable[[], object]) -> bool:
+    """Turn a framework's OpenTelemetry instrumentation on, once per process: ``instrument()``
+    (say ``LangChainInstrumentor().instrument()``) runs when tracing is on (:func:`available`),
+    ``module`` (the instrumentor's) is importable and :data:`PROCESSOR` is on the process's
+    tracer provider, so the spans it makes reach their episodes. True if it is on."""
+    with _instrument_lock:
+        if module not in _instrumented:
+            on = available() and importlib.util.find_spec(module) is not None and PROCESSOR.install()
+            if on:
+                instrument()
+            _instrumented[module] = on
+        return _instrumented[module]
 
 
 _PROPAGATOR = TraceContextTextMapPropagator() if trace is not None else None
