@@ -468,9 +468,6 @@ class AgentEnv(gym.Env[Observation, Any]):
         assert episode is not None
         for step in self._unfinalized:
             step.timings.ended_at = now
-            if self.agent_match is not None and step.error is None and step.request.trainable:
-                # Again: the agent's traces may have named the call since it arrived.
-                step.trainable = bool(self.agent_match(step))
             if self.air_weights:
                 self._apply_air(step, episode.trajectory)
             self._hook.agentgym_step_end(step=step, trajectory=episode.trajectory)
@@ -498,6 +495,12 @@ class AgentEnv(gym.Env[Observation, Any]):
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
             status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
+        if self.agent_match is not None:
+            # Again, now that every span is in: the agent's traces may have named a call after it
+            # arrived (an exporter in another process sends an agent's span when it ends).
+            for step in trajectory.steps:
+                if step.error is None and step.request.trainable:
+                    step.trainable = bool(self.agent_match(step))
         episode.end(status, error, final)
         self._call = None
         assert self._worker is not None

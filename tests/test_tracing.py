@@ -240,3 +240,19 @@ def test_spans_kept_on_the_trajectory_are_bounded():
 
     back = Trajectory.from_dict(json.loads(episode.trajectory.to_json()))
     assert back.spans == spans and back.spans_dropped == 2
+
+
+def test_agent_match_selects_by_the_traced_agent_name_even_when_it_arrives_late():
+    """Over OTLP the agent span arrives when the agent ends, after its calls: agent_match is
+    applied again at the episode's end, with the names the traces gave."""
+
+    def tracer_of(ctx):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=ctx.base_url.removesuffix("/v1") + "/v1/traces")))
+        return provider.get_tracer("agent")
+
+    trajectory = run_episode(traced_agent(tracer_of), transport="http", agent_match="solver")
+    assert [s.agent for s in trajectory.steps] == ["solver", "solver"]
+    assert [s.trainable for s in trajectory.steps] == [True, True]
+    trajectory = run_episode(traced_agent(tracer_of), transport="http", agent_match="writer")
+    assert [s.trainable for s in trajectory.steps] == [False, False]
