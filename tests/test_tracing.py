@@ -256,3 +256,68 @@ def test_agent_match_selects_by_the_traced_agent_name_even_when_it_arrives_late(
     assert [s.trainable for s in trajectory.steps] == [True, True]
     trajectory = run_episode(traced_agent(tracer_of), transport="http", agent_match="writer")
     assert [s.trainable for s in trajectory.steps] == [False, False]
+
+
+@pytest.fixture()
+def otlp_collector():
+    """A stand-in OTLP/HTTP collector on 127.0.0.1: the export requests it received."""
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers["content-length"]))
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.append((self.path, request))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+    server.server_close()
+
+
+def test_episodes_exported_as_genai_spans(otlp_collector, monkeypatch):
+    from agentgym_lightning.plugins import otel_exporter
+
+    endpoint, received = otlp_collector
+    monkeypatch.setenv(otel_exporter.ENDPOINT_ENV, endpoint)
+    trajectory = run_episode(traced_agent(lambda ctx: trace.get_tracer("agent")), env_id="demo/Calc-v0")
+    assert otel_exporter.exporter().flush()
+    spans = [(span, path) for path, request in received for rs in request.resource_spans
+             for ss in rs.scope_spans for span in ss.spans]
+    assert {path for _, path in spans} == {"/v1/traces"}
+    by_name = {span.name: span for span, _ in spans}
+    root = by_name["invoke_agent demo/Calc-v0"]
+    assert root.trace_id.hex() == trajectory.episode_id  # one episode, one trace: its id
+    chats = [span for span, _ in spans if span.name.startswith("chat ")]
+    assert len(chats) == 2 and all(c.parent_span_id == root.span_id for c in chats)
+    attrs = [{kv.key: kv.value for kv in c.attributes} for c in chats]
+    first = min(attrs, key=lambda a: a["agentgym.step.index"].int_value)
+    assert first["gen_ai.operation.name"].string_value == "chat"
+    assert first["gen_ai.agent.name"].string_value == "solver"
+    assert first["agentgym.reward.otel.tool_error"].double_value == -0.5
+    root_attrs = {kv.key: kv.value for kv in root.attributes}
+    assert root_attrs["agentgym.total_reward"].double_value == pytest.approx(0.5)
+    assert root_attrs["agentgym.status"].string_value == "succeeded"
+
+
+def test_no_export_unless_an_endpoint_is_set(otlp_collector, monkeypatch):
+    from agentgym_lightning.plugins import otel_exporter
+
+    monkeypatch.delenv(otel_exporter.ENDPOINT_ENV, raising=False)
+    run_episode(traced_agent(lambda ctx: trace.get_tracer("agent")))
+    assert otel_exporter.exporter() is None and otlp_collector[1] == []

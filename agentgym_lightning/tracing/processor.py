@@ -19,12 +19,11 @@ import contextlib
 import importlib.util
 import logging
 import os
-import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentgym_lightning.tracing.spans import record_from_sdk
+from agentgym_lightning.tracing.spans import episode_root_span_id, episode_trace_id, record_from_sdk
 
 try:  # the `tracing` extra
     from opentelemetry import context as otel_context
@@ -71,11 +70,11 @@ class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
     def add(self, episode: Episode) -> None:
         """Route the spans of ``episode``'s trace to it (until :meth:`remove`)."""
         with self._lock:
-            self._episodes[int(episode.episode_id, 16)] = episode
+            self._episodes[episode_trace_id(episode.episode_id)] = episode
 
     def remove(self, episode: Episode) -> None:
         with self._lock:
-            self._episodes.pop(int(episode.episode_id, 16), None)
+            self._episodes.pop(episode_trace_id(episode.episode_id), None)
 
     # The SDK's SpanProcessor interface.
 
@@ -137,8 +136,8 @@ def episode_trace(episode: Episode) -> Iterator[None]:
         return
     root = trace.NonRecordingSpan(
         trace.SpanContext(
-            trace_id=int(episode.episode_id, 16),
-            span_id=int.from_bytes(secrets.token_bytes(8), "big") or 1,
+            trace_id=episode_trace_id(episode.episode_id),
+            span_id=episode_root_span_id(episode.episode_id),
             is_remote=False,
             trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
         )

@@ -24,6 +24,8 @@ __all__ = [
     "OTHER",
     "bounded_value",
     "record_from_sdk",
+    "episode_trace_id",
+    "episode_root_span_id",
 ]
 
 #: Most attributes kept of one span (the rest are dropped, counted in ``dropped_attributes``).
@@ -190,6 +192,18 @@ class SpanRecord:
         if self.exceptions:
             data["exceptions"] = self.exceptions
         return data
+
+
+def episode_trace_id(episode_id: str) -> int:
+    """An episode's trace id: its id (32 hex digits) read as a number."""
+    return int(episode_id, 16)
+
+
+def episode_root_span_id(episode_id: str) -> int:
+    """The id of an episode's root span: the parent of every span its agent makes in-process,
+    and the span the episode exporter (``plugins/otel_exporter.py``) writes for the episode, so
+    a tracing backend shows both in one tree."""
+    return int(episode_id[16:], 16) or 1
 
 
 _STATUS = {0: "unset", 1: "ok", 2: "error"}
