@@ -165,8 +165,10 @@ class SpanJoin:
             return None
         else:
             at = record.end if record.end is not None else record.start
-        answered = [s.index for s in steps if s.timings.answered_at is not None and s.timings.answered_at <= at]
-        return answered[-1] if answered else None
+        for step in reversed(steps):  # usually the last one: the tool runs right after its answer
+            if step.timings.answered_at is not None and step.timings.answered_at <= at:
+                return step.index
+        return None
 
     def _count(self, step: Step, record: SpanRecord) -> None:
         outcome = step.outcome
