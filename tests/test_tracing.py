@@ -321,3 +321,32 @@ def test_no_export_unless_an_endpoint_is_set(otlp_collector, monkeypatch):
     monkeypatch.delenv(otel_exporter.ENDPOINT_ENV, raising=False)
     run_episode(traced_agent(lambda ctx: trace.get_tracer("agent")))
     assert otel_exporter.exporter() is None and otlp_collector[1] == []
+
+
+@pytest.mark.parametrize("agent, protocol", [("scratch", "tools"), ("scratch", "text"), ("autogen", "tools")])
+def test_math_agents_trace_their_calculator_and_a_failure_is_air(agent, protocol):
+    """The bundled math agents trace each calculator call as a GenAI tool span (AutoGen: its own
+    span, given the calculator's error status): ``otel.tool_error`` is AIR with no math plugin."""
+    if agent == "autogen":
+        pytest.importorskip("autogen_agentchat", reason="needs the [autogen] extra")
+    from agentgym_lightning.envs.math.env import calculator_policy, make_arithmetic_env
+
+    env = make_arithmetic_env(difficulty=2, split="test", agent=agent, protocol=protocol,
+                              air_weights={"otel.tool_error": -0.25})
+
+    def policy(obs, task):  # a calculator call that fails, then an answer
+        return calculator_policy(obs, {"expression": "1/0"})
+
+    try:
+        obs, info = env.reset(seed=0, options={"task_index": 0})
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(policy(obs, info.get("task") or env.trajectory.task))
+            done = terminated or truncated
+    finally:
+        env.close()
+    steps = info["trajectory"].steps
+    assert [t["status"] for t in steps[0].outcome["otel.tools"]] == ["error"]
+    assert steps[0].outcome["otel.tools"][0]["name"] == "calculator"
+    assert [(r.source, r.value) for r in steps[0].rewards] == [("otel.tool_error", -0.25)]
+    assert "otel.tools" not in steps[1].outcome and not steps[1].rewards
