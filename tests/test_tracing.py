@@ -350,3 +350,48 @@ def test_math_agents_trace_their_calculator_and_a_failure_is_air(agent, protocol
     assert steps[0].outcome["otel.tools"][0]["name"] == "calculator"
     assert [(r.source, r.value) for r in steps[0].rewards] == [("otel.tool_error", -0.25)]
     assert "otel.tools" not in steps[1].outcome and not steps[1].rewards
+
+
+def test_llm_spans_join_their_calls_by_order_and_name_them_through_their_agent():
+    """No trace context on the calls (an exporter elsewhere): the n-th LLM span is the n-th call,
+    and the agent span above it names it; failures of other spans count where they happened."""
+    from agentgym_lightning.episode import Episode
+    from agentgym_lightning.llm import ChatRequest
+    from agentgym_lightning.tracing.spans import SpanRecord
+
+    episode = Episode(task=None)
+    for _ in range(2):
+        episode.answer(episode.submit(ChatRequest(messages=[{"role": "user", "content": "hi"}])), CALL)
+    first, second = episode.trajectory.steps
+    t0, t1 = first.timings.answered_at, second.timings.answered_at
+
+    def span(span_id, parent, start, end, **attrs):
+        events = attrs.pop("events", ())
+        status = attrs.pop("status", "unset")
+        return SpanRecord.build(trace_id="ab" * 16, span_id=span_id, parent_id=parent, name=span_id, start=start, end=end,
+                                attributes=attrs.items(), status=status, events=events)
+
+    llm = {"gen_ai.operation.name": "chat"}
+    episode.record_spans([
+        span("00000000000000b2", "00000000000000a1", t0 + 1e-6, t1, **llm),  # sent out of order
+        span("00000000000000b1", "00000000000000a1", 1.0, t0, **llm),
+        # The agent span's times hold neither call: only the LLM spans can name them.
+        span("00000000000000a1", None, 2e9, 2e9 + 1, **{"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "writer"}),
+        span("00000000000000c1", None, t1, t1 + 1, events=[("exception", {"exception.type": "KeyError", "exception.message": "x"})]),
+        span("00000000000000c2", None, t0, t0, status="error"),
+    ])
+    assert [first.agent, second.agent] == ["writer", "writer"]
+    steps_of = {s["span_id"]: s["step"] for s in episode.trajectory.spans}
+    assert steps_of["00000000000000b1"] == 0 and steps_of["00000000000000b2"] == 1
+    assert second.outcome["otel.exception"] == 1 and first.outcome["otel.error"] == 1
+    assert "otel.exception" not in first.outcome and "otel.error" not in second.outcome
+    # A hostile exporter's parent loop ends the walk; nothing is named by it.
+    episode.record_spans([span("00000000000000d1", "00000000000000d2", 1.0, 2.0),
+                          span("00000000000000d2", "00000000000000d1", 1.0, 2.0)])
+    assert len(episode.trajectory.spans) == 7
+    # Clocks that disagree (times hold no call): by order, the n-th LLM span is the n-th call.
+    skewed = Episode(task=None)
+    for _ in range(2):
+        skewed.answer(skewed.submit(ChatRequest(messages=[{"role": "user", "content": "hi"}])), CALL)
+    skewed.record_spans([span("00000000000000e2", None, 20.0, 21.0, **llm), span("00000000000000e1", None, 10.0, 11.0, **llm)])
+    assert {s["span_id"]: s["step"] for s in skewed.trajectory.spans} == {"00000000000000e2": 1, "00000000000000e1": 0}

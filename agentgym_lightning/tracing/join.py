@@ -6,12 +6,13 @@ joined to the LLM calls the gateway recorded:
 
 - an **agent span** (``invoke_agent``, ``gen_ai.agent.name``) names the calls made inside it:
   ``step.agent``, where the framework did not name the call itself. Inside: the call's trace
-  context (or its LLM span) descends from the agent span; a call that carried none and has no
-  LLM span (an exporter in another process whose HTTP client propagates nothing) is named by
-  the innermost agent span running when it was made;
+  context (or its LLM span) descends from the agent span; a call with no agent span above it
+  (an exporter in another process whose HTTP client propagates nothing, an instrumentor that does
+  not make its spans current) is named by the innermost agent span running when it was made;
 - an **LLM span** (``chat``...) is the call it describes: the call made inside it (the trace
-  context the request carried), else the call in the same place of the episode's order (the
-  n-th LLM span is the n-th call); its agent is the agent span around it;
+  context the request carried, else the time the call was made: the innermost LLM span running
+  then), else the call in the same place of the episode's order (the n-th LLM span is the n-th
+  call); its agent is the agent span around it;
 - a **tool span** (``execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``) is a semantic
   variable of the call that asked for the tool (the call whose completion holds that tool call
   id, else the call answered last before the tool started): appended to that step's
@@ -66,6 +67,7 @@ class SpanJoin:
         self._call_parent: dict[int, str] = {}  # step index -> span current when the call was made
         self._llm_order: list[tuple[float, str]] = []  # (start, span id) of LLM spans, sorted
         self._llm_ids: set[str] = set()
+        self._llm_times: dict[str, tuple[float, float]] = {}  # finished LLM spans: (start, end)
         self._finished: set[str] = set()
 
     # ------------------------------------------------------------------ from the episode
@@ -80,9 +82,11 @@ class SpanJoin:
 
     def add(self, records: Iterable[SpanRecord]) -> None:
         """Take spans (started or finished) and join the finished ones to their steps."""
+        records = list(records)
         names_changed = False
-        for record in records:
+        for record in records:  # the whole batch's places first: it may come in any order
             names_changed |= self._remember(record)
+        for record in records:
             if record.end is None or record.span_id in self._finished:
                 continue  # still running, or sent twice (an exporter's retry)
             if len(self._finished) < 4 * self.max_spans:
@@ -90,6 +94,8 @@ class SpanJoin:
                 if record.kind == AGENT and (name := record.agent_name):
                     self._agent_times.append((record.start, record.end, name))
                     names_changed = True
+                elif record.kind == LLM:
+                    self._llm_times[record.span_id] = (record.start, record.end)
             index = self._step_of(record)
             if index is not None:
                 self._count(self.trajectory.steps[index], record)
@@ -124,16 +130,26 @@ class SpanJoin:
         return None
 
     def _llm_span_of(self, index: int) -> str | None:
-        """The LLM span describing call ``index``: the one it was made inside, else the n-th."""
+        """The LLM span describing call ``index``: the one its trace context is inside; for a
+        call that carried none, the finished LLM span running when it was made (the innermost),
+        else the n-th LLM span (clocks that disagree)."""
         parent = self._call_parent.get(index)
-        for _ in range(_MAX_DEPTH):
-            if parent is None:
-                break
-            if parent in self._llm_ids:
-                return parent
-            parent = self._parents.get(parent)
-        if not self._call_parent.get(index) and index < len(self._llm_order):
-            return self._llm_order[index][1]
+        if parent is not None:
+            for _ in range(_MAX_DEPTH):
+                if parent is None or parent in self._llm_ids:
+                    return parent
+                parent = self._parents.get(parent)
+            return None
+        steps = self.trajectory.steps
+        at = steps[index].timings.requested_at
+        around = [(start, span) for span, (start, end) in self._llm_times.items() if start <= at <= end]
+        if around:
+            return max(around)[1]
+        if index < len(self._llm_order):  # by order, unless the n-th span's times hold another call
+            span = self._llm_order[index][1]
+            start, end = self._llm_times.get(span, (0.0, -1.0))
+            if not any(start <= s.timings.requested_at <= end for s in steps):
+                return span
         return None
 
     def _name_calls(self) -> None:
@@ -141,7 +157,9 @@ class SpanJoin:
         for step in self.trajectory.steps:
             if step.agent is None:
                 anchor = self._call_parent.get(step.index) or self._llm_span_of(step.index)
-                step.agent = self._agent_above(anchor) if anchor else self._agent_during(step.timings.requested_at)
+                # An instrumentor may not make its spans current: then the call's context has no
+                # agent above it, and the agent span running at the time names it.
+                step.agent = self._agent_above(anchor) or self._agent_during(step.timings.requested_at)
 
     def _agent_during(self, at: float) -> str | None:
         """A call that carried no trace context and has no LLM span: the innermost agent span
