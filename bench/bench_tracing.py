@@ -16,13 +16,11 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import statistics
 import time
 
-from google.protobuf import json_format
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,6 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agentgym_lightning import Completion
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.episode import Episode
+from agentgym_lightning.gateway.otlp import otlp_json
 from agentgym_lightning.gateway.router import EpisodeRouter
 from agentgym_lightning.llm import ChatRequest, ToolCall
 from agentgym_lightning.tracing import processor
@@ -53,17 +52,6 @@ def recorded_spans(n: int) -> list:
     return list(exporter.get_finished_spans())
 
 
-def otlp_json(spans: list) -> bytes:
-    data = json_format.MessageToDict(encode_spans(spans))
-    for resource in data["resourceSpans"]:
-        for scope in resource["scopeSpans"]:
-            for span in scope["spans"]:
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if key in span:
-                        span[key] = base64.b64decode(span[key]).hex()
-    return json.dumps(data).encode()
-
-
 def episode_with_calls(calls: int, max_spans: int) -> Episode:
     episode = Episode(task=None, max_spans=max_spans)
     for _ in range(calls):
@@ -77,7 +65,7 @@ def ingest(spans: list, batch: int) -> dict[str, float]:
     out = {}
     bodies = {
         "application/x-protobuf": [encode_spans(spans[i : i + batch]).SerializeToString() for i in range(0, len(spans), batch)],
-        "application/json": [otlp_json(spans[i : i + batch]) for i in range(0, len(spans), batch)],
+        "application/json": [otlp_json(encode_spans(spans[i : i + batch])) for i in range(0, len(spans), batch)],
     }
     for media, chunks in bodies.items():
         episode = episode_with_calls(20, max_spans=len(spans))

@@ -4,7 +4,6 @@ and bad or hostile OTLP payloads refused whole."""
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 
@@ -13,7 +12,6 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="needs the [tracing] extra")
 
-from google.protobuf import json_format  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
@@ -23,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agentgym_lightning.env import AgentEnv  # noqa: E402
 from agentgym_lightning.gateway.gateway import Gateway  # noqa: E402
+from agentgym_lightning.gateway.otlp import otlp_json  # noqa: E402
 from agentgym_lightning.llm import Completion, ToolCall  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {}}}}]
@@ -124,18 +123,6 @@ def _recorded_spans():
     return exporter.get_finished_spans()
 
 
-def _otlp_json(spans) -> bytes:
-    """OTLP/JSON as the spec writes it: protobuf's JSON mapping with hex ids."""
-    data = json_format.MessageToDict(encode_spans(spans))
-    for resource in data["resourceSpans"]:
-        for scope in resource["scopeSpans"]:
-            for span in scope["spans"]:
-                for key in ("traceId", "spanId", "parentSpanId"):
-                    if key in span:
-                        span[key] = base64.b64decode(span[key]).hex()
-    return json.dumps(data).encode()
-
-
 @pytest.fixture()
 def gateway_episode():
     """A gateway with a token, and an episode that made one answered call."""
@@ -158,7 +145,7 @@ def test_otlp_http_encodings(gateway_episode, encoding):
     _, episode, client = gateway_episode
     spans = _recorded_spans()
     if encoding == "json":
-        body, headers = _otlp_json(spans), {"content-type": "application/json"}
+        body, headers = otlp_json(encode_spans(spans)), {"content-type": "application/json"}
     else:
         body, headers = _export_body(spans), {"content-type": "application/x-protobuf"}
     if encoding == "gzip":

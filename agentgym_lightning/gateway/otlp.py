@@ -30,7 +30,7 @@ try:  # the `tracing` extra (make setup installs it)
 except ImportError:  # pragma: no cover - exercised only without the extra
     ExportTraceServiceRequest = None  # type: ignore[assignment,misc]
 
-__all__ = ["PROTOBUF", "JSON", "parse_export_request", "export_response"]
+__all__ = ["PROTOBUF", "JSON", "parse_export_request", "export_response", "otlp_json"]
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -74,21 +74,40 @@ def _inflate(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     return out
 
 
-def _hex_ids_to_base64(data: Any) -> None:
-    """OTLP/JSON writes ids as hex; protobuf's JSON mapping reads bytes as base64."""
+def _id_holders(data: Any) -> list[dict[str, Any]]:
+    """The spans and span links of an OTLP/JSON trace request (the objects that carry ids)."""
     if not isinstance(data, dict):
         raise GatewayError(400, "an OTLP/JSON body must be an object with 'resourceSpans'")
-    for resource in _items(data, "resourceSpans", "resource_spans"):
-        for scope in _items(resource, "scopeSpans", "scope_spans"):
-            for span in _items(scope, "spans"):
-                for obj in [span, *_items(span, "links")]:
-                    for key in _ID_FIELDS:
-                        value = obj.get(key)
-                        if isinstance(value, str) and value:
-                            try:
-                                obj[key] = base64.b64encode(bytes.fromhex(value)).decode()
-                            except ValueError:
-                                raise GatewayError(400, f"OTLP/JSON {key} must be hex, got {value[:40]!r}") from None
+    return [
+        obj
+        for resource in _items(data, "resourceSpans", "resource_spans")
+        for scope in _items(resource, "scopeSpans", "scope_spans")
+        for span in _items(scope, "spans")
+        for obj in [span, *_items(span, "links")]
+    ]
+
+
+def _hex_ids_to_base64(data: Any) -> None:
+    """OTLP/JSON writes ids as hex; protobuf's JSON mapping reads bytes as base64."""
+    for obj in _id_holders(data):
+        for key in _ID_FIELDS:
+            value = obj.get(key)
+            if isinstance(value, str) and value:
+                try:
+                    obj[key] = base64.b64encode(bytes.fromhex(value)).decode()
+                except ValueError:
+                    raise GatewayError(400, f"OTLP/JSON {key} must be hex, got {value[:40]!r}") from None
+
+
+def otlp_json(request: Any) -> bytes:
+    """An ``ExportTraceServiceRequest`` as OTLP/JSON (protobuf's JSON mapping with hex ids), the
+    body an ``http/json`` exporter sends (tests and benchmarks post it)."""
+    data = json_format.MessageToDict(request)
+    for obj in _id_holders(data):
+        for key in _ID_FIELDS:
+            if obj.get(key):
+                obj[key] = base64.b64decode(obj[key]).hex()
+    return json.dumps(data).encode()
 
 
 def _items(obj: Any, *keys: str) -> list[Any]:
