@@ -382,3 +382,10 @@ def test_llm_spans_join_their_calls_by_order_and_name_them_through_their_agent()
         skewed.answer(skewed.submit(ChatRequest(messages=[{"role": "user", "content": "hi"}])), CALL)
     skewed.record_spans([span("00000000000000e2", None, 20.0, 21.0, **llm), span("00000000000000e1", None, 10.0, 11.0, **llm)])
     assert {s["span_id"]: s["step"] for s in skewed.trajectory.spans} == {"00000000000000e2": 1, "00000000000000e1": 0}
+
+
+def test_max_episode_spans_from_the_environment():
+    from agentgym_lightning.gateway.limits import GatewayLimits
+
+    limits = GatewayLimits.from_env({"AGENTGYM_LIGHTNING_GATEWAY_MAX_EPISODE_SPANS": "7"})
+    assert limits.max_episode_spans == 7 and isinstance(limits.max_episode_spans, int)

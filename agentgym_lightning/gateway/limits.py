@@ -101,7 +101,7 @@ class GatewayLimits:
                     values[f.name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
                 elif f.name in (
                     "max_body_bytes", "max_header_bytes", "max_connections", "max_lingering_agents", "max_variables",
-                    "max_variable_bytes",
+                    "max_variable_bytes", "max_episode_spans",
                 ):
                     values[f.name] = int(raw)
                 else:
