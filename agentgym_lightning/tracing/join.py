@@ -154,6 +154,8 @@ class SpanJoin:
 
     def _name_calls(self) -> None:
         """Name the calls the framework did not, from the agent spans known by now."""
+        if not self._agents:
+            return  # no agent span yet: nothing can name a call
         for step in self.trajectory.steps:
             if step.agent is None:
                 anchor = self._call_parent.get(step.index) or self._llm_span_of(step.index)
@@ -177,15 +179,25 @@ class SpanJoin:
                         return step.index
             at = record.start
         elif record.kind == LLM:
-            for step in steps:
-                if self._llm_span_of(step.index) == record.span_id:
-                    return step.index
-            return None
+            return self._call_of_llm(record)
         else:
             at = record.end if record.end is not None else record.start
         for step in reversed(steps):  # usually the last one: the tool runs right after its answer
             if step.timings.answered_at is not None and step.timings.answered_at <= at:
                 return step.index
+        return None
+
+    def _call_of_llm(self, record: SpanRecord) -> int | None:
+        """The call an LLM span describes (the inverse of :meth:`_llm_span_of`), looking only at
+        the calls that can be it: those with trace context, those made while it ran, the n-th."""
+        end = record.end if record.end is not None else record.start
+        for step in reversed(self.trajectory.steps):
+            traced = step.index in self._call_parent
+            if (traced or record.start <= step.timings.requested_at <= end) and self._llm_span_of(step.index) == record.span_id:
+                return step.index
+        n = bisect.bisect_left(self._llm_order, (record.start, record.span_id))
+        if n < len(self.trajectory.steps) and self._llm_span_of(n) == record.span_id:
+            return n
         return None
 
     def _count(self, step: Step, record: SpanRecord) -> None:
