@@ -50,6 +50,7 @@ bench: setup
 	$(BIN)/python bench/bench_math.py
 	$(BIN)/python bench/bench_openai_transport.py
 	$(BIN)/python bench/bench_frameworks.py
+	$(BIN)/python bench/bench_tracing.py
 
 bench-vllm: setup-vllm
 	.venv-vllm/bin/python bench/bench_generation_vllm.py
