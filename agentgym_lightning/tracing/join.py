@@ -201,18 +201,20 @@ class SpanJoin:
         return None
 
     def _count(self, step: Step, record: SpanRecord) -> None:
-        outcome = step.outcome
+        # A new dict, swapped in whole: the driver may be reading the old one (AIR) right now,
+        # from its own thread, when a span arrives late.
+        outcome = dict(step.outcome)
         if record.kind == TOOL:
-            tools = outcome.setdefault(TOOLS, [])
+            tools = list(outcome.get(TOOLS, ()))
             if len(tools) < MAX_TOOLS_PER_STEP:
-                tools.append(record.tool())
+                outcome[TOOLS] = [*tools, record.tool()]
             if record.failed:
                 outcome[TOOL_ERROR] = outcome.get(TOOL_ERROR, 0) + 1
-            return
-        if record.exceptions:
+        elif record.exceptions:
             outcome[EXCEPTION] = outcome.get(EXCEPTION, 0) + len(record.exceptions)
         elif record.status == "error":
             outcome[ERROR] = outcome.get(ERROR, 0) + 1
+        step.outcome = outcome
 
     def _keep(self, record: SpanRecord, index: int | None) -> None:
         trajectory = self.trajectory
