@@ -80,6 +80,7 @@ def _check_joined(trajectory):
     assert tool["name"] == "calculator" and tool["call_id"] == "call_1" and tool["arguments"] == "{}"
     assert tool["status"] == "error" and tool["error"] == "division by zero" and tool["duration_s"] >= 0
     assert first.outcome["otel.tool_error"] == 1 and "otel.tool_error" not in second.outcome
+    assert "otel.tool_ok" not in first.outcome
     # ... and an AIR signal air_weights weighs like any other.
     assert [(r.source, r.value, r.raw) for r in first.rewards] == [("otel.tool_error", -0.5, 1.0)]
     assert trajectory.total_reward == pytest.approx(0.5)

@@ -18,9 +18,10 @@ joined to the LLM calls the gateway recorded:
   id, else the call answered last before the tool started): appended to that step's
   ``outcome["otel.tools"]`` (name, call id, arguments and result where recorded, status, error,
   duration);
-- failures count on the step they belong to, as numbers in its ``outcome`` (and so AIR signals
-  of the same name, which ``air_weights`` weighs as any other, :mod:`~agentgym_lightning.plugins.outcome_air`):
-  ``otel.tool_error`` (tool spans that failed: error status or an exception),
+- tools and failures count on the step they belong to, as numbers in its ``outcome`` (and so AIR
+  signals of the same name, which ``air_weights`` weighs as any other, :mod:`~agentgym_lightning.plugins.outcome_air`):
+  ``otel.tool_ok`` (tool spans that succeeded), ``otel.tool_error`` (tool spans that failed: error
+  status or an exception),
   ``otel.exception`` (exceptions recorded by other spans), ``otel.error`` (other spans ending
   in an error status). A span that is not a tool's counts on the call answered last before it
   ended.
@@ -38,10 +39,11 @@ from collections.abc import Iterable
 from agentgym_lightning.tracing.spans import AGENT, LLM, TOOL, SpanRecord
 from agentgym_lightning.trajectory import Step, Trajectory
 
-__all__ = ["SpanJoin", "TOOLS", "TOOL_ERROR", "EXCEPTION", "ERROR", "MAX_TOOLS_PER_STEP"]
+__all__ = ["SpanJoin", "TOOLS", "TOOL_OK", "TOOL_ERROR", "EXCEPTION", "ERROR", "MAX_TOOLS_PER_STEP"]
 
 #: Outcome names the join writes.
-TOOLS, TOOL_ERROR, EXCEPTION, ERROR = "otel.tools", "otel.tool_error", "otel.exception", "otel.error"
+TOOLS, TOOL_OK, TOOL_ERROR = "otel.tools", "otel.tool_ok", "otel.tool_error"
+EXCEPTION, ERROR = "otel.exception", "otel.error"
 #: Most tool records one step keeps (later ones are still counted in ``otel.tool_error``).
 MAX_TOOLS_PER_STEP = 32
 # Deepest parent chain walked to find a call's agent (a hostile exporter may send a loop).
@@ -208,8 +210,8 @@ class SpanJoin:
             tools = list(outcome.get(TOOLS, ()))
             if len(tools) < MAX_TOOLS_PER_STEP:
                 outcome[TOOLS] = [*tools, record.tool()]
-            if record.failed:
-                outcome[TOOL_ERROR] = outcome.get(TOOL_ERROR, 0) + 1
+            counter = TOOL_ERROR if record.failed else TOOL_OK
+            outcome[counter] = outcome.get(counter, 0) + 1
         elif record.exceptions:
             outcome[EXCEPTION] = outcome.get(EXCEPTION, 0) + len(record.exceptions)
         elif record.status == "error":

@@ -226,4 +226,5 @@ def test_autogen_names_its_calls_from_its_own_spans_without_metadata(agent_confo
     (tool,) = first.outcome["otel.tools"]
     assert tool["name"] == "calculator" and tool["status"] == "ok"
     assert tool["call_id"] == first.completion.tool_calls[0].id  # joined by the tool call's id
+    assert first.outcome["otel.tool_ok"] == 1 and "otel.tool_error" not in first.outcome
     assert "otel.tools" not in second.outcome
