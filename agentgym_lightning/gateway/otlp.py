@@ -11,7 +11,6 @@ gateway's strict parser (depth, NaN); protobuf nesting stops at protobuf's recur
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import zlib
 from typing import Any
