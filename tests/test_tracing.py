@@ -390,3 +390,26 @@ def test_max_episode_spans_from_the_environment():
 
     limits = GatewayLimits.from_env({"AGENTGYM_LIGHTNING_GATEWAY_MAX_EPISODE_SPANS": "7"})
     assert limits.max_episode_spans == 7 and isinstance(limits.max_episode_spans, int)
+
+
+def test_in_process_llm_spans_join_the_call_made_inside_them():
+    """An LLM span current while the agent calls (an instrumented client) is that call, exactly:
+    the call records the span it was made inside."""
+
+    def agent(task, ctx):
+        tracer = trace.get_tracer("agent")
+        client = ctx.openai_client()
+        for _ in range(2):
+            with tracer.start_as_current_span("chat policy", attributes={"gen_ai.operation.name": "chat"}):
+                client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": task}])
+
+    env = AgentEnv(agent, ["hi"], lambda task, result: 0.0)
+    try:
+        env.reset(seed=0)
+        env.step("a")
+        *_, info = env.step("b")
+    finally:
+        env.close()
+    llm = [s for s in info["trajectory"].spans if s["kind"] == "llm"]
+    assert sorted(s["step"] for s in llm) == [0, 1]
+    assert all(s["parent_id"] == format(int(info["trajectory"].episode_id[16:], 16), "016x") for s in llm)
