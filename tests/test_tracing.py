@@ -413,3 +413,28 @@ def test_in_process_llm_spans_join_the_call_made_inside_them():
     llm = [s for s in info["trajectory"].spans if s["kind"] == "llm"]
     assert sorted(s["step"] for s in llm) == [0, 1]
     assert all(s["parent_id"] == format(int(info["trajectory"].episode_id[16:], 16), "016x") for s in llm)
+
+
+def test_processor_installed_once_when_episodes_start_together():
+    """Many episodes starting at once in a fresh process: one provider is set, and the
+    processor is on it once (not once per thread, each span handled twice)."""
+    import subprocess
+    import sys
+
+    script = """
+import threading
+from opentelemetry import trace
+from agentgym_lightning.tracing import processor
+barrier = threading.Barrier(8)
+def go():
+    barrier.wait()
+    processor.PROCESSOR.install()
+threads = [threading.Thread(target=go) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+provider = trace.get_tracer_provider()
+print(sum(p is processor.PROCESSOR for p in provider._active_span_processor._span_processors))
+"""
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+        assert done.stdout.strip() == "1" and "Overriding" not in done.stderr, done.stderr

@@ -98,10 +98,10 @@ class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
 
     def install(self) -> bool:
         """Put this processor on the process's tracer provider (once); False if it cannot be."""
-        provider = trace.get_tracer_provider()
-        if id(provider) in self._installed_on:
+        if id(trace.get_tracer_provider()) in self._installed_on:
             return True
         with self._lock:
+            provider = trace.get_tracer_provider()  # again: another thread may have set it meanwhile
             if id(provider) in self._installed_on:
                 return True
             if not isinstance(provider, TracerProvider):
