@@ -6,11 +6,11 @@
 2. Per-span cost in-process: the SDK starting and ending a span inside an episode's trace (our
    processor hands it to the episode, at its start and its end) versus outside any episode (the
    processor only looks the trace up): the difference is ours.
-3. Per-call overhead with tracing on vs off (``AGENTGYM_LIGHTNING_TRACING``): the env's step
-   (instant scripted policy) for an agent that traces nothing, and for one that wraps its run in
+3. Per-call overhead with tracing on vs off (``AGENTGYM_LIGHTNING_TRACING``): the process's CPU
+   time (every thread) per env step (instant scripted policy) for an agent that traces nothing, and for one that wraps its run in
    an agent span and runs a traced tool after every call; rounds of each setting interleaved.
 
-    python bench/bench_tracing.py [--spans 5000] [--calls 2000] [--batch 100]
+    python bench/bench_tracing.py [--spans 5000] [--calls 500] [--rounds 15] [--batch 100]
 """
 
 from __future__ import annotations
@@ -117,12 +117,12 @@ def per_call(agent, calls: int, tracing: bool) -> float:
     env = AgentEnv(agent, [{"calls": calls}], lambda t, r: 0.0, max_turns=None, time_limit=None)
     try:
         env.reset(seed=0)
-        t = time.perf_counter()
+        t = time.process_time()  # every thread's CPU: the agent's and the driver's
         done = False
         while not done:
             *_, terminated, truncated, _info = env.step(CALL)
             done = terminated or truncated
-        return (time.perf_counter() - t) / calls
+        return (time.process_time() - t) / calls
     finally:
         env.close()
 
@@ -130,9 +130,9 @@ def per_call(agent, calls: int, tracing: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spans", type=int, default=5000)
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
     spans = recorded_spans(args.spans)
@@ -148,7 +148,7 @@ def main() -> None:
         for name, agent in (("plain", plain_agent), ("traced", traced_agent)):
             for tracing in (False, True):
                 results.setdefault((name, tracing), []).append(per_call(agent, args.calls, tracing))
-    print(f"3. per call (env.step, instant policy, {args.calls} calls x {args.rounds} rounds, median of rounds):")
+    print(f"3. CPU per call (env.step, instant policy, {args.calls} calls x {args.rounds} rounds, median of rounds):")
     for name in ("plain", "traced"):
         off = statistics.median(results[(name, False)])
         on = statistics.median(results[(name, True)])
