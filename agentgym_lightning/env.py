@@ -281,6 +281,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             events=self._events,  # type: ignore[arg-type]  # put() is all an Episode uses
             max_variables=self.gateway.limits.max_variables,
             max_variable_bytes=self.gateway.limits.max_variable_bytes,
+            max_spans=self.gateway.limits.max_episode_spans,
         )
         self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
         self._episode = episode
@@ -501,6 +502,12 @@ class AgentEnv(gym.Env[Observation, Any]):
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
             status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
+        if self.agent_match is not None:
+            # Again, now that every span is in: the agent's traces may have named a call after it
+            # arrived (an exporter in another process sends an agent's span when it ends).
+            for step in trajectory.steps:
+                if step.error is None and step.request.trainable:
+                    step.trainable = bool(self.agent_match(step))
         episode.end(status, error, final)
         self._call = None
         assert self._worker is not None

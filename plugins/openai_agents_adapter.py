@@ -31,9 +31,15 @@ tools run in the SDK's own ``asyncio.to_thread``).
 call (read from the SDK's current turn span, which exists even with tracing off), for
 ``agent_match``.
 
-**No network.** The SDK's tracing exporter posts to api.openai.com; the adapter turns tracing
-off (``agents.set_tracing_disabled(True)``, process-wide, on the first episode) and every run it
-starts passes ``tracing_disabled=True``.
+**Traces, and no network.** The SDK's own tracing exporter posts to api.openai.com. With the
+``tracing`` extra and OpenInference's Agents SDK instrumentor (both in the ``openai-agents``
+extra), the adapter replaces the SDK's trace processors with OpenInference's, which turns the
+SDK's traces into OpenTelemetry spans on the process's provider (process-wide, on the first
+episode): each episode's spans reach it (a function tool's span becomes a semantic variable of
+the call that asked for it, ``outcome["otel.tools"]``; a failing one the AIR signal
+``otel.tool_error``), and nothing is exported to OpenAI. Without them the adapter turns the
+SDK's tracing off (``agents.set_tracing_disabled(True)``) and every run it starts passes
+``tracing_disabled=True``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentgym_lightning.framework_agent import FrameworkAgent
 from agentgym_lightning.hookspecs import hookimpl
+from agentgym_lightning.tracing.processor import instrument_once
 
 if TYPE_CHECKING:
     from agentgym_lightning.agent import AgentContext
@@ -81,6 +88,18 @@ def current_agent_name() -> str | None:
     return None
 
 
+def traced() -> bool:
+    """Whether the SDK's traces reach the episodes: OpenInference's instrumentor replaced the
+    SDK's trace processors (its exporter to api.openai.com among them) with its own, on first use."""
+    return instrument_once("openinference.instrumentation.openai_agents", _instrument_sdk)
+
+
+def _instrument_sdk() -> None:
+    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    OpenAIAgentsInstrumentor().instrument(exclusive_processor=True)
+
+
 #: Which of the SDK's OpenAI models an episode's agents get: ``"responses"`` (the SDK's default,
 #: ``OpenAIResponsesModel``) or ``"chat"`` (``OpenAIChatCompletionsModel``).
 ModelAPI = Literal["responses", "chat"]
@@ -91,7 +110,7 @@ def _episode_model_class(api: ModelAPI = "responses") -> type:
     from agents import ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, set_tracing_disabled
 
     # Before any run starts: the SDK's default exporter would post traces to api.openai.com.
-    set_tracing_disabled(True)
+    set_tracing_disabled(not traced())
 
     def named(settings: ModelSettings) -> ModelSettings:
         name = current_agent_name()
@@ -162,7 +181,7 @@ class OpenAIAgentsAgent(FrameworkAgent):
         from agents import RunConfig, Runner
 
         options: dict[str, Any] = {} if self.max_turns is None else {"max_turns": self.max_turns}
-        config = RunConfig(model=model, tracing_disabled=True)
+        config = RunConfig(model=model, tracing_disabled=not traced())
         result = await Runner.run(self.sdk_agent, self.input(task), run_config=config, **options)
         return result.final_output
 

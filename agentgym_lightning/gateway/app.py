@@ -11,6 +11,8 @@ Routes (all JSON; errors in OpenAI's ``{"error": {...}}`` shape):
   ``X-Agentgym-Episode: {id}`` — for clients whose base URL cannot carry the episode.
 - ``POST /episodes/{id}/rewards`` — ``{"value": 1.0, "source": "judge"}``.
 - ``POST /episodes/{id}/variables`` — ``{"name": value, ...}``.
+- ``POST /episodes/{id}/v1/traces`` — the agent's OpenTelemetry spans (OTLP/HTTP, protobuf or
+  JSON: ``OTEL_EXPORTER_OTLP_ENDPOINT=http://.../episodes/{id}``).
 - ``GET  /episodes/{id}`` — progress; ``GET /health``.
 """
 
@@ -67,7 +69,7 @@ def build_app(gateway: EpisodeRouter, extra_routes: Sequence[BaseRoute] = ()) ->
                 raise GatewayError(
                     404, "no episode in the URL: use the base URL the env handed you (/episodes/<id>/v1) or send X-Agentgym-Episode"
                 )
-            call = gateway.submit(episode_id, await request.body(), wire)
+            call = gateway.submit(episode_id, await request.body(), wire, request.headers.get("traceparent"))
             completion = await call.wait_async()
             if call.request.stream:
                 chunks = wire.events(call, completion)
@@ -92,6 +94,15 @@ def build_app(gateway: EpisodeRouter, extra_routes: Sequence[BaseRoute] = ()) ->
 
     async def variables(request: Request) -> Response:
         return JSONResponse(gateway.post_variables(request.path_params["episode_id"], await request.body()))
+
+    async def traces(request: Request) -> Response:
+        body, media_type = gateway.post_traces(
+            request.path_params["episode_id"],
+            await request.body(),
+            request.headers.get("content-type"),
+            request.headers.get("content-encoding"),
+        )
+        return Response(body, media_type=media_type)
 
     async def describe(request: Request) -> Response:
         return JSONResponse(gateway.describe(request.path_params["episode_id"]))
@@ -118,6 +129,7 @@ def build_app(gateway: EpisodeRouter, extra_routes: Sequence[BaseRoute] = ()) ->
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/episodes/{episode_id}/rewards", guarded(rewards), methods=["POST"]),
         Route("/episodes/{episode_id}/variables", guarded(variables), methods=["POST"]),
+        Route("/episodes/{episode_id}/v1/traces", guarded(traces), methods=["POST"]),
         Route("/episodes/{episode_id}", guarded(describe), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 _CALL = re.compile(r"^/episodes/([^/]+)/v1/(" + "|".join(map(re.escape, WIRES)) + r")$")
 _MODELS = re.compile(r"^/episodes/([^/]+)/v1/models$")
 _POST = re.compile(r"^/episodes/([^/]+)/(rewards|variables)$")
+_TRACES = re.compile(r"^/episodes/([^/]+)/v1/traces$")
 
 
 def _json(status: int, payload: object, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -50,12 +51,18 @@ class _Requests:
         try:
             self.gateway.check_auth(wire.credentials(request.headers))
             if call:
-                return self.gateway.submit(call.group(1), request.content, wire), wire
+                return self.gateway.submit(call.group(1), request.content, wire, request.headers.get("traceparent")), wire
             if method == "GET" and (m := _MODELS.match(path)):
                 return _json(200, models_body(self.gateway.episode(m.group(1)).model_name))
             if method == "POST" and (m := _POST.match(path)):
                 fn = self.gateway.post_reward if m.group(2) == "rewards" else self.gateway.post_variables
                 return _json(200, fn(m.group(1), request.content))
+            if method == "POST" and (m := _TRACES.match(path)):
+                headers = request.headers
+                body, media_type = self.gateway.post_traces(
+                    m.group(1), request.content, headers.get("content-type"), headers.get("content-encoding")
+                )
+                return httpx.Response(200, content=body, headers={"content-type": media_type})
             wire, error = unserved_route(method, path)
             raise error
         except GatewayError as exc:

@@ -36,7 +36,7 @@ CHAT = ChatWire()
 #: Every wire by its route under an episode's ``/v1/``.
 WIRES: dict[str, Wire] = {w.path: w for w in (CHAT, ResponsesWire(), CompletionsWire(), MessagesWire())}
 #: What the gateway serves, as said in every "no route" error.
-SERVED = ", ".join(f"POST /v1/{path}" for path in WIRES) + ", GET /v1/models"
+SERVED = ", ".join(f"POST /v1/{path}" for path in WIRES) + ", GET /v1/models, POST /v1/traces (OTLP)"
 
 
 def unserved_route(method: str, path: str) -> tuple[Wire, GatewayError]:

@@ -36,10 +36,18 @@ class Wire:
         :class:`GatewayError` saying what is wrong before anything is recorded."""
         raise NotImplementedError
 
-    def submit(self, episode: Episode, data: dict[str, Any], content_part_types: Collection[str]) -> PendingCall:
+    def submit(
+        self,
+        episode: Episode,
+        data: dict[str, Any],
+        content_part_types: Collection[str],
+        parent_span_id: str | None = None,
+    ) -> PendingCall:
         """Read the body (:meth:`parse`) and hand the call to ``episode``; a wire that keeps
-        state of its own per call (the Responses API's stored responses) records it here."""
-        return episode.submit(self.parse(data, episode, content_part_types))
+        state of its own per call (the Responses API's stored responses) records it here.
+        ``parent_span_id``: the agent's span the call was made inside, if known (see
+        :func:`agentgym_lightning.tracing.processor.call_parent`)."""
+        return episode.submit(self.parse(data, episode, content_part_types), parent_span_id)
 
     def body(self, call: PendingCall, completion: Completion) -> dict[str, Any]:
         """The non-streamed response body answering ``call``."""

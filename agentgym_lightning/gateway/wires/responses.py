@@ -248,9 +248,11 @@ class ResponsesWire(Wire):
     def parse(self, data: Any, episode: Episode, content_part_types: Collection[str]) -> ChatRequest:
         return self._read(data, episode, content_part_types)[0]
 
-    def submit(self, episode: Episode, data: Any, content_part_types: Collection[str]) -> PendingCall:
+    def submit(
+        self, episode: Episode, data: Any, content_part_types: Collection[str], parent_span_id: str | None = None
+    ) -> PendingCall:
         request, conversation = self._read(data, episode, content_part_types)
-        call = episode.submit(request)
+        call = episode.submit(request, parent_span_id)
         _stored(episode)[response_id(call)] = _Stored(conversation)
         return call
 
