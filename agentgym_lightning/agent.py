@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import anthropic
     import httpx
     import openai
 
@@ -94,6 +95,12 @@ class AgentContext:
         return self._endpoint.base_url
 
     @property
+    def anthropic_base_url(self) -> str:
+        """This episode's base URL for Anthropic clients, over HTTP: :attr:`base_url` without
+        ``/v1`` (the ``anthropic`` SDK adds ``/v1/messages`` itself)."""
+        return self._endpoint.anthropic_base_url
+
+    @property
     def api_key(self) -> str:
         """The key to send (the gateway's bearer token; any value works on 127.0.0.1)."""
         return self._endpoint.api_key
@@ -124,6 +131,35 @@ class AgentContext:
         return openai.AsyncOpenAI(
             base_url=self.base_url_for_clients, api_key=self.api_key, http_client=self.async_http_client(), **kwargs
         )
+
+    def anthropic_client(self, **kwargs: Any) -> anthropic.Anthropic:
+        """An ``anthropic.Anthropic`` pointed at this episode's ``/v1/messages`` (no retries; in
+        process unless the env uses ``transport="http"``; needs the ``[anthropic]`` extra)."""
+        import anthropic
+        import httpx2
+
+        from agentgym_lightning.gateway.httpx2_bridge import Httpx2Bridge
+
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", None)
+        http = httpx2.Client(transport=Httpx2Bridge(self.http_client()), timeout=None, trust_env=False)
+        return anthropic.Anthropic(base_url=self._anthropic_client_url, api_key=self.api_key, http_client=http, **kwargs)
+
+    def async_anthropic_client(self, **kwargs: Any) -> anthropic.AsyncAnthropic:
+        """An ``anthropic.AsyncAnthropic`` pointed at this episode (``async def`` agents)."""
+        import anthropic
+        import httpx2
+
+        from agentgym_lightning.gateway.httpx2_bridge import AsyncHttpx2Bridge
+
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", None)
+        http = httpx2.AsyncClient(transport=AsyncHttpx2Bridge(self.async_http_client()), timeout=None, trust_env=False)
+        return anthropic.AsyncAnthropic(base_url=self._anthropic_client_url, api_key=self.api_key, http_client=http, **kwargs)
+
+    @property
+    def _anthropic_client_url(self) -> str:
+        return self.base_url_for_clients.removesuffix("/v1")
 
     @property
     def base_url_for_clients(self) -> str:

@@ -222,6 +222,13 @@ class AgentEnv(gym.Env[Observation, Any]):
         return self.gateway.base_url(self._episode.episode_id)
 
     @property
+    def anthropic_base_url(self) -> str:
+        """The running episode's base URL for an Anthropic client in another process (no ``/v1``)."""
+        if self._episode is None:
+            raise gym.error.ResetNeeded("no episode is running: call reset() first")
+        return self.gateway.anthropic_base_url(self._episode.episode_id)
+
+    @property
     def deadline(self) -> float | None:
         """When the running episode hits ``time_limit`` (``time.monotonic()`` seconds), or None.
         While a call waits for its answer the clock is stopped; answering moves this later."""
@@ -274,6 +281,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             events=self._events,  # type: ignore[arg-type]  # put() is all an Episode uses
             max_variables=self.gateway.limits.max_variables,
             max_variable_bytes=self.gateway.limits.max_variable_bytes,
+            max_spans=self.gateway.limits.max_episode_spans,
         )
         self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
         self._episode = episode
@@ -494,6 +502,12 @@ class AgentEnv(gym.Env[Observation, Any]):
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
             status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
+        if self.agent_match is not None:
+            # Again, now that every span is in: the agent's traces may have named a call after it
+            # arrived (an exporter in another process sends an agent's span when it ends).
+            for step in trajectory.steps:
+                if step.error is None and step.request.trainable:
+                    step.trainable = bool(self.agent_match(step))
         episode.end(status, error, final)
         self._call = None
         assert self._worker is not None

@@ -23,6 +23,8 @@ from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion, GatewayError, new_call_id
 from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
+from agentgym_lightning.tracing.join import SpanJoin
+from agentgym_lightning.tracing.spans import SpanRecord
 from agentgym_lightning.trajectory import Reward, Status, Step, StepTimings, Trajectory
 
 __all__ = ["Episode", "PendingCall", "CallEvent", "DoneEvent", "EpisodeEvent"]
@@ -154,6 +156,7 @@ class Episode:
         events: queue.SimpleQueue[EpisodeEvent] | None = None,
         max_variables: int | None = None,
         max_variable_bytes: int | None = None,
+        max_spans: int = 1000,
     ) -> None:
         self.model_name = model_name
         #: Bounds on :meth:`emit_variable` (the gateway's ``GatewayLimits``; ``None``: none).
@@ -163,6 +166,9 @@ class Episode:
         self.trajectory = Trajectory(
             episode_id=self.episode_id, task=task, env_id=env_id, group_id=group_id, seed=seed, started_at=time.time()
         )
+        #: The agent's own traces joined to its calls (``max_spans``: the gateway's
+        #: ``GatewayLimits.max_episode_spans``).
+        self.spans = SpanJoin(self.trajectory, max_spans)
         #: Where calls and the agent's end are announced (shared by a batch of episodes).
         self.events: queue.SimpleQueue[EpisodeEvent] = events if events is not None else queue.SimpleQueue()
         #: Set once the episode is being torn down; the agent may poll ``ctx.cancelled``.
@@ -179,6 +185,10 @@ class Episode:
         self._closed = False
         #: Why a reward of this episode was refused (it must not be trained on), if one was.
         self.refused_reward: str | None = None
+        #: What the gateway's wires keep for this episode's agent, by wire (the Responses API's
+        #: stored responses, the exact text of tool calls answered as Anthropic ``tool_use``
+        #: blocks): see :mod:`agentgym_lightning.gateway.wires`.
+        self.wire_state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the agent's end
 
@@ -243,8 +253,9 @@ class Episode:
 
     # ------------------------------------------------------------------ from the gateway
 
-    def submit(self, request: ChatRequest) -> PendingCall:
-        """Record a new LLM call of the agent and announce it; the caller then waits on it."""
+    def submit(self, request: ChatRequest, parent_span_id: str | None = None) -> PendingCall:
+        """Record a new LLM call of the agent and announce it; the caller then waits on it.
+        ``parent_span_id``: the span the agent made it inside (its trace context), if known."""
         self.raise_if_stopped()
         with self._lock:
             if self.cancelled.is_set():
@@ -261,6 +272,7 @@ class Episode:
                 timings=StepTimings(requested_at=time.time()),
             )
             self.trajectory.steps.append(step)
+            self.spans.on_call(step, parent_span_id)
             call = PendingCall(self, step)
             self._pending[call.call_id] = call
         self.events.put(CallEvent(self, call))
@@ -320,6 +332,11 @@ class Episode:
             self.trajectory.variables[name] = value
             if self._last_answered is not None:
                 self._last_answered.outcome[name] = value
+
+    def record_spans(self, records: list[SpanRecord]) -> None:
+        """Join the agent's spans (started or finished) to its calls (:mod:`agentgym_lightning.tracing.join`)."""
+        with self._lock:
+            self.spans.add(records)
 
     def emit_reward(self, value: float, source: str = "agent") -> None:
         """Add a reward to the call most recently answered. A reward that is not a finite number

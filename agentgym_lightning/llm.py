@@ -134,6 +134,14 @@ class ChatRequest:
     #: the framework agent (LangGraph node, Agents SDK agent) that made it.
     metadata: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The wire the call came on (``"chat"``, ``"responses"``, ``"completions"``, ``"messages"``:
+    #: :mod:`agentgym_lightning.gateway.wires`); every wire is translated into these same fields,
+    #: so a policy sees one conversation whichever API the agent used.
+    wire: str = "chat"
+    #: A legacy ``/completions`` call's raw prompt: the policy generates from this text as it is,
+    #: with no chat template (``messages`` then holds it as one user message, for backends and
+    #: readers that know only conversations). ``None`` for every chat-shaped call.
+    prompt: str | None = None
 
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> ChatRequest:
@@ -190,7 +198,7 @@ class ChatRequest:
         return self.metadata.get("trainable", "true").lower() not in ("false", "0", "no")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "messages": self.messages,
             "tools": self.tools,
             "tool_choice": self.tool_choice,
@@ -200,6 +208,12 @@ class ChatRequest:
             "metadata": self.metadata,
             "extra": self.extra,
         }
+        # Written only when not a plain chat call: chat trajectories stay as they were.
+        if self.wire != "chat":
+            data["wire"] = self.wire
+        if self.prompt is not None:
+            data["prompt"] = self.prompt
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChatRequest:

@@ -27,6 +27,7 @@ BUNDLED_PLUGINS: tuple[str, ...] = (
     "langchain_adapter",
     "openai_agents_adapter",
     "autogen_adapter",
+    "otel_exporter",
 )
 #: Entry-point group third-party packages use to ship plugins.
 ENTRY_POINT_GROUP = "agentgym_lightning"

@@ -214,6 +214,12 @@ class Trajectory:
     seed: int | None = None
     started_at: float = field(default=0.0, compare=False)
     ended_at: float | None = field(default=None, compare=False)
+    #: The agent's own trace spans, summarized and joined to steps (``"step"``: the index of the
+    #: call each belongs to; see :mod:`agentgym_lightning.tracing.join`), at most
+    #: ``GatewayLimits.max_episode_spans`` of them; empty when the agent traces nothing.
+    spans: list[dict[str, Any]] = field(default_factory=list, compare=False)
+    #: Spans past that bound, counted and not kept.
+    spans_dropped: int = field(default=0, compare=False)
 
     @property
     def done(self) -> bool:
@@ -261,6 +267,8 @@ class Trajectory:
             "seed": self.seed,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
+            # Only when there are any: files of untraced agents stay as they were.
+            **({"spans": self.spans, "spans_dropped": self.spans_dropped} if self.spans or self.spans_dropped else {}),
         }
 
     @classmethod

@@ -27,6 +27,7 @@ from typing import Any
 from agentgym_lightning.agent import AgentCancelled, AgentContext, bind_context
 from agentgym_lightning.episode import Episode
 from agentgym_lightning.gateway.endpoint import EpisodeEndpoint
+from agentgym_lightning.tracing.processor import episode_trace
 
 __all__ = ["AgentWorker"]
 
@@ -112,7 +113,8 @@ class AgentWorker:
         bind_context(ctx)
         try:
             try:
-                result = self.agent(self.episode.trajectory.task, ctx)
+                with episode_trace(self.episode):  # the agent's spans reach its episode
+                    result = self.agent(self.episode.trajectory.task, ctx)
             except BaseException as exc:  # noqa: BLE001 - every way out is reported to the driver
                 self.episode.finish(None, exc)
             else:
@@ -138,7 +140,8 @@ class AgentWorker:
         bind_context(ctx)
         self._task = asyncio.current_task()
         try:
-            result = await self.agent(self.episode.trajectory.task, ctx)
+            with episode_trace(self.episode):
+                result = await self.agent(self.episode.trajectory.task, ctx)
         except BaseException as exc:  # noqa: BLE001
             self.episode.finish(None, exc)
             if isinstance(exc, asyncio.CancelledError):

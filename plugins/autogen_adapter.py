@@ -9,19 +9,25 @@
         result = await agent.run(task=task["question"])
         return result.messages[-1].content
 
-    env = AgentEnv(AutoGenAgent(math_agent, metadata={"agent": "solver"}), tasks, reward_fn)
+    env = AgentEnv(AutoGenAgent(math_agent), tasks, reward_fn, agent_match="solver")
 
 Every ``model_client.create`` / ``create_stream`` is one env step; AutoGen runs its tools itself
 and sends their results back as ``tool`` messages; ``model_client_stream=True`` streams through
 the gateway. AutoGen is ``async`` all the way: the agent runs on the gateway's shared event loop,
 no thread per agent.
 
-**Agent names.** AutoGen's client API does not say which agent calls it, so the adapter cannot
-name calls by itself: pass ``metadata={"agent": ...}`` (sent with every request of that client;
-give each agent of a team its own :func:`episode_model_client` to tell them apart).
+**Agent names, from AutoGen's own traces.** AutoGen's client API does not say which agent calls
+it, but AutoGen traces itself with OpenTelemetry (an ``invoke_agent`` span with
+``gen_ai.agent.name`` around each agent's run, an ``execute_tool`` span with the tool call's id
+around each tool). With the ``tracing`` extra those spans reach the episode
+(:mod:`agentgym_lightning.tracing`): every call made inside an agent's run is named after it
+(``step.agent``, so ``agent_match`` selects AutoGen agents), and each tool's span is a semantic
+variable of the call that asked for it (``outcome["otel.tools"]``; a failing tool: the AIR signal
+``otel.tool_error``). ``metadata={"agent": ...}`` still names a client's calls, and wins.
 
 **No network.** The client only reaches the episode's gateway; AutoGen sends no telemetry of
-its own (its OpenTelemetry spans go nowhere unless the program installs an exporter).
+its own (its spans reach the episode in-process; none is exported unless the program installs
+an exporter).
 """
 
 from __future__ import annotations

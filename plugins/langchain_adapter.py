@@ -20,6 +20,12 @@ with server-sent events.
 ``agent_match`` can select the nodes to train (``"writer|rewriter"``). A name the agent put in the
 request's metadata itself (``llm.bind(metadata={"agent": ...})``) wins.
 
+**Traces.** With the ``tracing`` extra and OpenInference's LangChain instrumentor (both in the
+``langchain`` extra), LangChain/LangGraph's runs are traced on the process's OpenTelemetry
+provider (turned on once, on the first episode) and each episode's spans reach it: a tool's
+span becomes a semantic variable of the call that asked for it (``outcome["otel.tools"]``), a
+failing tool an AIR signal (``otel.tool_error``; see :mod:`agentgym_lightning.tracing.join`).
+
 **No network.** The model client only ever reaches the episode's gateway, and LangSmith
 tracing is switched off for the agent's run whatever the environment variables say.
 """
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym_lightning.framework_agent import FrameworkAgent, _named, require_extra
 from agentgym_lightning.hookspecs import hookimpl
+from agentgym_lightning.tracing.processor import instrument_once
 
 if TYPE_CHECKING:
     from agentgym_lightning.agent import AgentContext
@@ -126,6 +133,7 @@ class LangChainAgent(FrameworkAgent):
         self.chat_options = chat_options
 
     def make_client(self, ctx: AgentContext, *, asynchronous: bool) -> Any:
+        instrument_once("openinference.instrumentation.langchain", _instrument_langchain)
         return episode_chat_model(ctx, asynchronous=asynchronous, **self.chat_options)
 
     async def aclose_client(self, client: Any) -> None:
@@ -148,6 +156,12 @@ class LangChainAgent(FrameworkAgent):
                 return agent(task, ctx)
 
         return _named(untraced, self.name)
+
+
+def _instrument_langchain() -> None:
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    LangChainInstrumentor().instrument()
 
 
 def _no_tracing() -> Any:

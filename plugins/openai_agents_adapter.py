@@ -1,4 +1,5 @@
-"""The OpenAI Agents SDK adapter: agents get a Chat Completions ``Model`` pointed at their episode.
+"""The OpenAI Agents SDK adapter: agents get the SDK's own default model, its Responses API
+``Model``, pointed at their episode (the gateway serves ``/v1/responses``).
 
 Two ways in. An ``agents.Agent`` as it is (zero code: the adapter runs it with ``Runner.run`` and
 its own model for every agent of the run, handoffs included)::
@@ -19,7 +20,10 @@ or an agent function ``fn(task, model)`` that builds and runs its agents itself,
     env = AgentEnv(OpenAIAgentsAgent(rag_agent), tasks, reward_fn)
 
 Every model call is one env step; the SDK runs its function tools itself and sends their results
-back as ``tool`` messages; ``Runner.run_streamed`` streams through the gateway. Agents SDK code
+back as ``function_call_output`` items (the policy sees them as ``tool`` messages, as from any
+wire); ``Runner.run_streamed`` streams through the gateway. ``OpenAIAgentsAgent(..., api="chat")``
+hands out the SDK's Chat Completions model instead (what this adapter gave before the gateway
+served the Responses API). Agents SDK code
 is ``async``: it runs on the gateway's shared event loop, no thread per agent (sync function
 tools run in the SDK's own ``asyncio.to_thread``).
 
@@ -27,9 +31,15 @@ tools run in the SDK's own ``asyncio.to_thread``).
 call (read from the SDK's current turn span, which exists even with tracing off), for
 ``agent_match``.
 
-**No network.** The SDK's tracing exporter posts to api.openai.com; the adapter turns tracing
-off (``agents.set_tracing_disabled(True)``, process-wide, on the first episode) and every run it
-starts passes ``tracing_disabled=True``.
+**Traces, and no network.** The SDK's own tracing exporter posts to api.openai.com. With the
+``tracing`` extra and OpenInference's Agents SDK instrumentor (both in the ``openai-agents``
+extra), the adapter replaces the SDK's trace processors with OpenInference's, which turns the
+SDK's traces into OpenTelemetry spans on the process's provider (process-wide, on the first
+episode): each episode's spans reach it (a function tool's span becomes a semantic variable of
+the call that asked for it, ``outcome["otel.tools"]``; a failing one the AIR signal
+``otel.tool_error``), and nothing is exported to OpenAI. Without them the adapter turns the
+SDK's tracing off (``agents.set_tracing_disabled(True)``) and every run it starts passes
+``tracing_disabled=True``.
 """
 
 from __future__ import annotations
@@ -37,10 +47,11 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentgym_lightning.framework_agent import FrameworkAgent
 from agentgym_lightning.hookspecs import hookimpl
+from agentgym_lightning.tracing.processor import instrument_once
 
 if TYPE_CHECKING:
     from agentgym_lightning.agent import AgentContext
@@ -77,12 +88,29 @@ def current_agent_name() -> str | None:
     return None
 
 
+def traced() -> bool:
+    """Whether the SDK's traces reach the episodes: OpenInference's instrumentor replaced the
+    SDK's trace processors (its exporter to api.openai.com among them) with its own, on first use."""
+    return instrument_once("openinference.instrumentation.openai_agents", _instrument_sdk)
+
+
+def _instrument_sdk() -> None:
+    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    OpenAIAgentsInstrumentor().instrument(exclusive_processor=True)
+
+
+#: Which of the SDK's OpenAI models an episode's agents get: ``"responses"`` (the SDK's default,
+#: ``OpenAIResponsesModel``) or ``"chat"`` (``OpenAIChatCompletionsModel``).
+ModelAPI = Literal["responses", "chat"]
+
+
 @functools.cache
-def _episode_model_class() -> type:
-    from agents import ModelSettings, OpenAIChatCompletionsModel, set_tracing_disabled
+def _episode_model_class(api: ModelAPI = "responses") -> type:
+    from agents import ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, set_tracing_disabled
 
     # Before any run starts: the SDK's default exporter would post traces to api.openai.com.
-    set_tracing_disabled(True)
+    set_tracing_disabled(not traced())
 
     def named(settings: ModelSettings) -> ModelSettings:
         name = current_agent_name()
@@ -90,8 +118,10 @@ def _episode_model_class() -> type:
             return settings
         return settings.resolve(ModelSettings(metadata={**(settings.metadata or {}), "agent": name}))
 
-    class EpisodeChatCompletionsModel(OpenAIChatCompletionsModel):
-        """The SDK's Chat Completions model, saying which agent makes each call."""
+    base: type = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
+
+    class EpisodeModel(base):  # type: ignore[misc, valid-type]
+        """The SDK's model, saying which agent makes each call."""
 
         async def get_response(self, system_instructions, input, model_settings, *args, **kwargs):  # type: ignore[no-untyped-def]
             return await super().get_response(system_instructions, input, named(model_settings), *args, **kwargs)
@@ -100,13 +130,14 @@ def _episode_model_class() -> type:
             async for event in super().stream_response(system_instructions, input, named(model_settings), *args, **kwargs):
                 yield event
 
-    return EpisodeChatCompletionsModel
+    return EpisodeModel
 
 
-def episode_model(ctx: AgentContext) -> Any:
-    """An Agents SDK ``Model`` (Chat Completions) pointed at ``ctx``'s episode."""
+def episode_model(ctx: AgentContext, api: ModelAPI = "responses") -> Any:
+    """An Agents SDK ``Model`` pointed at ``ctx``'s episode: the SDK's default (the Responses
+    API), or its Chat Completions one (``api="chat"``)."""
     OpenAIAgentsAgent.check_installed()
-    return _episode_model_class()(model=ctx.model, openai_client=ctx.async_openai_client())
+    return _episode_model_class(api)(model=ctx.model, openai_client=ctx.async_openai_client())
 
 
 class OpenAIAgentsAgent(FrameworkAgent):
@@ -118,6 +149,7 @@ class OpenAIAgentsAgent(FrameworkAgent):
         input: For an ``agents.Agent``: ``fn(task) -> str``, its input (default :func:`task_input`).
         max_turns: For an ``agents.Agent``: the SDK's ``max_turns`` of a run.
         name: Shown in logs.
+        api: The SDK model handed out: ``"responses"`` (the SDK's default) or ``"chat"``.
     """
 
     extra = "openai-agents"
@@ -130,7 +162,11 @@ class OpenAIAgentsAgent(FrameworkAgent):
         input: Callable[[Any], Any] | None = None,  # noqa: A002 - the SDK's own word
         max_turns: int | None = None,
         name: str | None = None,
+        api: ModelAPI = "responses",
     ) -> None:
+        if api not in ("responses", "chat"):
+            raise ValueError(f"api must be 'responses' or 'chat', got {api!r}")
+        self.api = api
         self.sdk_agent = target if _is_sdk_agent(target) else None
         if self.sdk_agent is not None:
             self.input = input or task_input
@@ -145,12 +181,12 @@ class OpenAIAgentsAgent(FrameworkAgent):
         from agents import RunConfig, Runner
 
         options: dict[str, Any] = {} if self.max_turns is None else {"max_turns": self.max_turns}
-        config = RunConfig(model=model, tracing_disabled=True)
+        config = RunConfig(model=model, tracing_disabled=not traced())
         result = await Runner.run(self.sdk_agent, self.input(task), run_config=config, **options)
         return result.final_output
 
     def make_client(self, ctx: AgentContext, *, asynchronous: bool) -> Any:
-        return episode_model(ctx)
+        return episode_model(ctx, self.api)
 
     async def aclose_client(self, client: Any) -> None:
         await client._client.close()  # the AsyncOpenAI it was given

@@ -77,6 +77,7 @@ def test_an_episode_shows_each_call_once_with_its_credit_and_why_it_is_not_train
     good = _episode([("thinking", "RESULT-ONE"), ("done", "RESULT-TWO")], eid="good", final_reward=1.0)
     good.steps[1].trainable = False
     good.steps[0].rewards = [Reward(0.5, "math.calc_ok", raw=1.0)]
+    good.steps[1].request.wire = "responses"  # a call the agent made on the Responses API
     bad = _episode([("other", "x")], eid="bad", final_reward=0.0)
     with TrajectoryWriter(run / "trajectories" / "step-000001.jsonl") as w:
         w.write(good)
@@ -90,6 +91,7 @@ def test_an_episode_shows_each_call_once_with_its_credit_and_why_it_is_not_train
     assert "advantage +0.707" in page  # (1.5 - 0.75) / std([1.5, 0]) of the group
     assert "not trained: the agent or env marked the call not trainable" in page
     assert "logprob -2.000" in page
+    assert page.count("responses API") == 1  # the wire, shown for calls not on Chat Completions
     assert client.get("/runs/0/train/1/nobody").status_code == 404
     assert client.get("/runs/0/train/9").status_code == 404
     assert client.get("/runs/3/train/1").status_code == 404

@@ -69,6 +69,11 @@ class EpisodeEndpoint:
         return self.gateway.client_base_url(self.episode_id, self.transport)
 
     @property
+    def anthropic_base_url(self) -> str:
+        """The episode's base URL for Anthropic clients over HTTP (no ``/v1``: they add it)."""
+        return self.gateway.anthropic_base_url(self.episode_id)
+
+    @property
     def api_key(self) -> str:
         """The key to send (the gateway's bearer token; any value works without one)."""
         return self.gateway.api_key

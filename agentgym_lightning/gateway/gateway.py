@@ -135,6 +135,11 @@ class Gateway(EpisodeRouter):
         """An episode's OpenAI base URL over HTTP."""
         return f"{self.url}/episodes/{episode_id}/v1"
 
+    def anthropic_base_url(self, episode_id: str) -> str:
+        """An episode's base URL for Anthropic clients, over HTTP: without ``/v1``, which they add
+        themselves (``/v1/messages``)."""
+        return self.base_url(episode_id).removesuffix("/v1")
+
     def client_base_url(self, episode_id: str, transport: str) -> str:
         if transport == "inproc":
             return f"http://{INPROC_HOST}/episodes/{episode_id}/v1"

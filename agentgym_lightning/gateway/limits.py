@@ -64,6 +64,11 @@ class GatewayLimits:
     #: trajectory and shown to the policy: big data belongs in the agent's own storage. 4 MiB
     #: still holds what a model wrote at its longest (Spider's agent emits its SQL).
     max_variable_bytes: int = 4 * 2**20
+    #: Most of an agent's trace spans one episode keeps on its trajectory (``trajectory.spans``;
+    #: later ones are joined to their steps all the same, and counted in
+    #: ``trajectory.spans_dropped``). Four times as many span ids are remembered to join spans
+    #: that arrive later; past that, a span's place in the trace is forgotten.
+    max_episode_spans: int = 1000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -96,7 +101,7 @@ class GatewayLimits:
                     values[f.name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
                 elif f.name in (
                     "max_body_bytes", "max_header_bytes", "max_connections", "max_lingering_agents", "max_variables",
-                    "max_variable_bytes",
+                    "max_variable_bytes", "max_episode_spans",
                 ):
                     values[f.name] = int(raw)
                 else:

@@ -19,6 +19,7 @@ __all__ = [
     "completion_body",
     "completion_sse",
     "error_body",
+    "assistant_message",
     "internal_error",
     "models_body",
     "ERROR_HEADERS",
@@ -44,7 +45,8 @@ def models_body(model: str) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "agentgym-lightning"}]}
 
 
-def _message(completion: Completion) -> dict[str, Any]:
+def assistant_message(completion: Completion) -> dict[str, Any]:
+    """The answer as the chat ``assistant`` message an agent appends to its conversation."""
     msg: dict[str, Any] = {"role": "assistant", "content": completion.text}
     if completion.tool_calls:
         msg["tool_calls"] = [tc.to_openai() for tc in completion.tool_calls]
@@ -77,7 +79,7 @@ def completion_body(request: ChatRequest, completion: Completion, call_id: str) 
     """A ``chat.completion`` object; token ids ride along as vLLM's extension fields."""
     choice: dict[str, Any] = {
         "index": 0,
-        "message": _message(completion),
+        "message": assistant_message(completion),
         "finish_reason": completion.finish_reason,
         "logprobs": _logprobs(request, completion),
     }

@@ -16,8 +16,10 @@ from agentgym_lightning.episode import Episode, PendingCall
 from agentgym_lightning.gateway.auth import check_bearer
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.gateway.validation import check_chat_request, parse_json
-from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.gateway.otlp import export_response, parse_export_request
+from agentgym_lightning.gateway.validation import parse_json
+from agentgym_lightning.gateway.wires import CHAT, Wire
+from agentgym_lightning.tracing.processor import call_parent
 
 __all__ = ["EpisodeRouter"]
 
@@ -65,21 +67,33 @@ class EpisodeRouter:
         """Raise a 401 :class:`GatewayError` unless ``authorization`` carries the token (see :mod:`.auth`)."""
         check_bearer(authorization, self.token)
 
-    def submit(self, episode_id: str, body: bytes | Mapping[str, Any]) -> PendingCall:
-        """Check a chat-completion request fully, then hand it to its episode as a pending call.
+    def submit(
+        self, episode_id: str, body: bytes | Mapping[str, Any], wire: Wire = CHAT, traceparent: str | None = None
+    ) -> PendingCall:
+        """Check a request of ``wire`` (chat completions by default; see :mod:`.wires`) fully,
+        then hand it to its episode as a pending call; ``traceparent``: the W3C
+        trace context the request came with, if any (which agent span made the call).
 
         Everything that can make it fail is checked before the episode records a step: a
         refused request (a :class:`GatewayError`) leaves no trace in the trajectory.
+        ``traceparent``: the request's W3C trace context header (without one, an in-process
+        caller's current span), which joins the agent's spans to the call.
         """
         episode = self.episode(episode_id)
         episode.raise_if_stopped()
-        data = self._parse(body)
-        check_chat_request(data, self.limits.content_part_types)
-        try:
-            request = ChatRequest.from_openai(data)
-        except ValueError as exc:
-            raise GatewayError(400, str(exc)) from None
-        return episode.submit(request)
+        parent = call_parent({"traceparent": traceparent} if traceparent else None)
+        return wire.submit(episode, self.json_object(body), self.limits.content_part_types, parent)
+
+    def post_traces(
+        self, episode_id: str, body: bytes, content_type: str | None, content_encoding: str | None = None
+    ) -> tuple[bytes, str]:
+        """``POST /episodes/{id}/v1/traces``: an OTLP/HTTP export (protobuf or JSON) of the agent's
+        spans, joined to its calls; returns the OTLP response body and its media type. A bad
+        request is refused whole (4xx) before any span is kept."""
+        episode = self.episode(episode_id)
+        records = parse_export_request(body, content_type, content_encoding, self.limits.max_body_bytes)
+        episode.record_spans(records)
+        return export_response(content_type)
 
     def post_reward(self, episode_id: str, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
         """``POST /episodes/{id}/rewards`` with ``{"value": 1.0, "source": "..."}``."""

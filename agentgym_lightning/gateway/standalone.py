@@ -5,9 +5,11 @@ through five HTTP calls (all JSON; ``Authorization: Bearer <token>`` on every on
 has a token, which it always has off loopback)::
 
     POST /episodes                      {"task": ..., "group_id"?: "g1", "seed"?: 7}
-                                        -> {"episode_id", "base_url", "api_key"}
-    POST {base_url}/chat/completions    the agent's LLM calls (any OpenAI client), answered by
-                                        the server's policy, batched with everyone else's
+                                        -> {"episode_id", "base_url", "anthropic_base_url", "api_key"}
+    POST {base_url}/chat/completions    the agent's LLM calls (any OpenAI client; or /responses,
+                                        /completions, or an Anthropic client's /v1/messages at
+                                        anthropic_base_url), answered by the server's policy,
+                                        batched with everyone else's
     POST /episodes/{id}/rewards         {"value": 1.0, "source": "judge"}
     POST /episodes/{id}/variables       {"name": value, ...}
     POST /episodes/{id}/done            {"result": ..., "reward"?: 1.0, "error"?: "..."}
@@ -306,7 +308,12 @@ class StandaloneGateway:
                 503, f"every episode slot stayed busy for {self.open_timeout} s; retry later", "server_error"
             ) from None
         return JSONResponse(
-            {"episode_id": episode_id, "base_url": self.gateway.base_url(episode_id), "api_key": self.gateway.api_key}
+            {
+                "episode_id": episode_id,
+                "base_url": self.gateway.base_url(episode_id),
+                "anthropic_base_url": self.gateway.anthropic_base_url(episode_id),
+                "api_key": self.gateway.api_key,
+            }
         )
 
     async def _done(self, request: Request) -> Response:

@@ -10,15 +10,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from agentgym_lightning.gateway.openai_wire import (
-    ERROR_HEADERS,
-    GatewayError,
-    completion_body,
-    completion_sse,
-    error_body,
-    internal_error,
-    models_body,
-)
+from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, GatewayError, internal_error, models_body
+from agentgym_lightning.gateway.wires import CHAT, WIRES, Wire, unserved_route
 
 if TYPE_CHECKING:
     from agentgym_lightning.episode import PendingCall
@@ -26,9 +19,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CHAT = re.compile(r"^/episodes/([^/]+)/v1/chat/completions$")
+_CALL = re.compile(r"^/episodes/([^/]+)/v1/(" + "|".join(map(re.escape, WIRES)) + r")$")
 _MODELS = re.compile(r"^/episodes/([^/]+)/v1/models$")
 _POST = re.compile(r"^/episodes/([^/]+)/(rewards|variables)$")
+_TRACES = re.compile(r"^/episodes/([^/]+)/v1/traces$")
 
 
 def _json(status: int, payload: object, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -37,8 +31,8 @@ def _json(status: int, payload: object, headers: dict[str, str] | None = None) -
     )
 
 
-def _error(exc: GatewayError) -> httpx.Response:
-    return _json(exc.status, error_body(exc.status, exc.message, exc.code), ERROR_HEADERS)
+def _error(exc: GatewayError, wire: Wire = CHAT) -> httpx.Response:
+    return _json(exc.status, wire.error_body(exc), ERROR_HEADERS)
 
 
 class _Requests:
@@ -48,38 +42,48 @@ class _Requests:
     def __init__(self, gateway: EpisodeRouter) -> None:
         self.gateway = gateway
 
-    def begin(self, request: httpx.Request) -> PendingCall | httpx.Response:
-        """Route a request: a pending call to wait on, or a finished response."""
+    def begin(self, request: httpx.Request) -> tuple[PendingCall, Wire] | httpx.Response:
+        """Route a request: a pending call to wait on (and the wire to answer it in), or a
+        finished response."""
         path, method = request.url.path, request.method
+        call = _CALL.match(path) if method == "POST" else None
+        wire = WIRES[call.group(2)] if call else CHAT
         try:
-            self.gateway.check_auth(request.headers.get("authorization"))
-            if method == "POST" and (m := _CHAT.match(path)):
-                return self.gateway.submit(m.group(1), request.content)
+            self.gateway.check_auth(wire.credentials(request.headers))
+            if call:
+                return self.gateway.submit(call.group(1), request.content, wire, request.headers.get("traceparent")), wire
             if method == "GET" and (m := _MODELS.match(path)):
                 return _json(200, models_body(self.gateway.episode(m.group(1)).model_name))
             if method == "POST" and (m := _POST.match(path)):
                 fn = self.gateway.post_reward if m.group(2) == "rewards" else self.gateway.post_variables
                 return _json(200, fn(m.group(1), request.content))
-            raise GatewayError(404, f"no route {method} {path} in the in-process gateway")
+            if method == "POST" and (m := _TRACES.match(path)):
+                headers = request.headers
+                body, media_type = self.gateway.post_traces(
+                    m.group(1), request.content, headers.get("content-type"), headers.get("content-encoding")
+                )
+                return httpx.Response(200, content=body, headers={"content-type": media_type})
+            wire, error = unserved_route(method, path)
+            raise error
         except GatewayError as exc:
-            return _error(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: OpenAI's shape, as over HTTP
+            return _error(exc, wire)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the wire's shape, as over HTTP
             log.exception("gateway: %s %s failed", method, path)
-            return _error(internal_error(exc))
+            return _error(internal_error(exc), wire)
 
     @staticmethod
-    def finish(call: PendingCall) -> httpx.Response:
+    def finish(call: PendingCall, wire: Wire) -> httpx.Response:
         try:
             completion = call._result()
         except GatewayError as exc:
-            return _error(exc)
+            return _error(exc, wire)
         if call.request.stream:
             return httpx.Response(
                 200,
                 headers={"content-type": "text/event-stream"},
-                stream=httpx.ByteStream(b"".join(completion_sse(call.request, completion, call.call_id))),
+                stream=httpx.ByteStream(b"".join(wire.events(call, completion))),
             )
-        return _json(200, completion_body(call.request, completion, call.call_id))
+        return _json(200, wire.body(call, completion))
 
 
 class InProcessTransport(httpx.BaseTransport):
@@ -94,10 +98,10 @@ class InProcessTransport(httpx.BaseTransport):
         if isinstance(result, httpx.Response):
             return result
         try:
-            result.wait()
+            result[0].wait()
         except GatewayError:
             pass  # rendered by finish()
-        return self._requests.finish(result)
+        return self._requests.finish(*result)
 
 
 class AsyncInProcessTransport(httpx.AsyncBaseTransport):
@@ -112,7 +116,7 @@ class AsyncInProcessTransport(httpx.AsyncBaseTransport):
         if isinstance(result, httpx.Response):
             return result
         try:
-            await result.wait_async()
+            await result[0].wait_async()
         except GatewayError:
             pass
-        return self._requests.finish(result)
+        return self._requests.finish(*result)

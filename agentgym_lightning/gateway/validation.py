@@ -12,6 +12,8 @@ would reject it for every episode of the round.
   coerced), then what is ours: content parts and tools our backends render. The sampling values
   (finite, in range, a seed torch and vLLM accept) are checked by
   :meth:`~agentgym_lightning.llm.ChatRequest.from_openai`.
+- :func:`check_params` — the same strict check against another of the ``openai`` package's
+  request types (the Responses API's, legacy Completions'), for the other wires.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pydantic_core import SchemaValidator
 
 from agentgym_lightning.gateway.openai_wire import GatewayError
 
-__all__ = ["MAX_JSON_DEPTH", "parse_json", "check_chat_request", "body_too_large"]
+__all__ = ["MAX_JSON_DEPTH", "parse_json", "check_chat_request", "check_params", "body_too_large"]
 
 #: Deepest nesting of arrays and objects a body may have: pydantic-core's JSON parser refuses
 #: more (a fixed limit of that parser), which also keeps every later ``deepcopy`` and ``json.dumps``
@@ -144,6 +146,18 @@ def check_chat_request(body: Any, content_part_types: Collection[str] = ("text",
     for j, tool in enumerate(body.get("tools") or ()):
         if tool.get("type") != "function":
             raise GatewayError(400, f"tools[{j}]: only 'function' tools are supported, got {tool.get('type')!r:.40}")
+
+
+@lru_cache(maxsize=None)
+def _params_validator(params: type) -> SchemaValidator:
+    return SchemaValidator(_eager(TypeAdapter(params).core_schema))
+
+
+def check_params(body: dict[str, Any], params: type) -> None:
+    """Refuse (400) a body that the ``openai`` package's typed request ``params`` (a TypedDict,
+    e.g. the Responses API's ``ResponseCreateParamsBase``) do not accept, strictly as
+    :func:`check_chat_request` checks chat bodies; the validator is built once per type."""
+    _validate(_params_validator(params), {**body, "model": str(body.get("model") or "")}, ())
 
 
 def _validate(validator: SchemaValidator, value: Any, path: tuple[str | int, ...], skip: int = 0) -> None:

@@ -4,7 +4,7 @@ Shared by every backend that tokenizes itself (``hf``, ``vllm``): the same rende
 means the same prompt ids for the same conversation, whichever engine generates.
 
 * :func:`render_prompt_ids` / :func:`render_prompt_text` — an OpenAI :class:`ChatRequest` through
-  the tokenizer's chat template. Templates with native tool support get ``tools`` and the
+  the tokenizer's chat template (a legacy completion's raw ``prompt``: as it is). Templates with native tool support get ``tools`` and the
   assistant ``tool_calls`` in Hugging Face's structure; templates without it (SmolLM2's) get the
   tools described in the system prompt, tool calls written back as ``<tool_call>`` text and tool
   results as ``<tool_response>`` user messages (see :mod:`.tool_calls`).
@@ -152,7 +152,10 @@ def prepare_messages(
 
 
 def render_prompt_text(tokenizer: Any, request: ChatRequest, tool_prompt: str = "full") -> str:
-    """The prompt as text, ending with the assistant generation prompt."""
+    """The prompt as text, ending with the assistant generation prompt (a legacy completion's
+    raw ``prompt`` as it is)."""
+    if request.prompt is not None:
+        return request.prompt
     messages, tools = prepare_messages(request, template_supports_tools(tokenizer), tool_prompt)
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
@@ -163,8 +166,12 @@ def render_prompt_ids(tokenizer: Any, request: ChatRequest, tool_prompt: str = "
 
     Tokenized by the template call itself (``tokenize=True``), so special tokens are the
     template's and no BOS is added twice. ``tool_prompt``: how a template without tool support
-    gets the tools described (:func:`prepare_messages`).
+    gets the tools described (:func:`prepare_messages`). A legacy completion's raw ``prompt``
+    (``request.prompt``) is tokenized as it is, with no template (special tokens added as the
+    tokenizer adds them to any text, as vLLM does for a raw prompt).
     """
+    if request.prompt is not None:
+        return [int(i) for i in tokenizer(request.prompt)["input_ids"]]
     messages, tools = prepare_messages(request, template_supports_tools(tokenizer), tool_prompt)
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
     ids = tokenizer.apply_chat_template(

@@ -6,7 +6,8 @@ hosted API::
     policy = OpenAIPolicy("Qwen/Qwen2.5-7B-Instruct", base_url="http://127.0.0.1:8000/v1")
     completions = policy.generate(requests)
 
-Each request's messages, tools and sampling options are forwarded as they came from the agent; a
+Each request's messages, tools and sampling options are forwarded as they came from the agent (a
+legacy completion's raw prompt goes to the server's ``/completions``, no chat template); a
 batch is sent concurrently (every request of it in flight at once, up to ``concurrency``) from one
 asyncio loop on a thread of the policy's own (aiohttp), each request on a keep-alive connection of
 its own — there is no hidden cap at 100 connections; a batch of one goes out from the caller's
@@ -123,6 +124,9 @@ def _token_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
         return None
     content = lp.get("content")
     if not isinstance(content, list):
+        # A legacy completion's: {"tokens": [...], "token_logprobs": [...]}.
+        content = [{"logprob": x} for x in lp["token_logprobs"]] if isinstance(lp.get("token_logprobs"), list) else None
+    if content is None:
         return None
     out: list[float] = []
     for entry in content:
@@ -475,7 +479,18 @@ class OpenAIPolicy(Policy):
         if self._ask_token_ids:
             body["return_token_ids"] = True
         body.update(self.extra_body)
+        if request.prompt is not None:
+            # A legacy completion (raw text, no chat template): the server's /completions,
+            # whose logprobs option is a count of alternatives, not a flag.
+            del body["messages"]
+            body["prompt"] = request.prompt
+            if body.get("logprobs") is True:
+                body["logprobs"] = 0
         return body
+
+    @staticmethod
+    def _path(request: ChatRequest) -> str:
+        return "/completions" if request.prompt is not None else "/chat/completions"
 
     def _enter(self) -> None:
         with self._counter_lock:
@@ -494,7 +509,7 @@ class OpenAIPolicy(Policy):
             while True:
                 body = self.build_body(request)
                 try:
-                    data = await self._send(slot, "POST", "/chat/completions", body, request)
+                    data = await self._send(slot, "POST", self._path(request), body, request)
                 except PolicyBackendError as exc:
                     if exc.status == 400 and self._drop_rejected_field(exc, body):
                         continue  # resend without the field the server rejected
@@ -512,7 +527,7 @@ class OpenAIPolicy(Policy):
                 while True:
                     body = self.build_body(request)
                     try:
-                        data = self._send_sync("POST", "/chat/completions", body, request)
+                        data = self._send_sync("POST", self._path(request), body, request)
                     except PolicyBackendError as exc:
                         if exc.status == 400 and self._drop_rejected_field(exc, body):
                             continue
@@ -629,15 +644,16 @@ class OpenAIPolicy(Policy):
         return False, delay
 
     def _completion(self, request: ChatRequest, data: Any) -> Completion:
-        """Turn a ``chat.completion`` response into a :class:`Completion` (ids only if given)."""
+        """Turn a ``chat.completion`` (or legacy ``text_completion``) response into a
+        :class:`Completion` (ids only if given)."""
         choices = data.get("choices") if isinstance(data, Mapping) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise PolicyBackendError(
-                f"{self.base_url}/chat/completions answered without choices: {_snippet(json.dumps(data), 300)}",
+                f"{self.base_url}{self._path(request)} answered without choices: {_snippet(json.dumps(data), 300)}",
                 body=_snippet(json.dumps(data)),
             )
         choice = choices[0]
-        message = choice.get("message") or {}
+        message = choice.get("message") or {"content": choice.get("text")}
         text = message.get("content") or ""
         if not isinstance(text, str):  # content parts
             text = "".join(p.get("text", "") for p in text if isinstance(p, Mapping))

@@ -15,7 +15,12 @@ against a scripted policy, no model, and checks:
 4. **variables are seen**: every name in ``expect_variables`` was emitted;
 5. **nothing is left behind**: no agent thread alive and no new socket open after ``env.close()``;
 6. **no network**: no connection and no name lookup left 127.0.0.1 / localhost while it ran
-   (frameworks' telemetry and tracing exporters included).
+   (frameworks' telemetry and tracing exporters included);
+7. **the wire**: with ``expect_wire``, every call came on that API (``"chat"``, ``"responses"``,
+   ``"completions"``, ``"messages"``: :mod:`agentgym_lightning.gateway.wires`). Every wire is
+   read into the same OpenAI-shaped request, so checks 1-6 hold the same way whichever the agent
+   speaks (a tool call answered as a Responses ``function_call`` or an Anthropic ``tool_use``
+   must come back as the ``assistant`` message and ``tool`` result of check 2).
 
 In a test (the ``agent_conformance`` fixture comes from :mod:`agentgym_lightning.testing.pytest_plugin`)::
 
@@ -97,6 +102,11 @@ class ConformanceReport:
     #: Hosts or addresses the run tried to reach beyond 127.0.0.1.
     outside_connections: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def wires(self) -> list[str]:
+        """The wire each call came on, in order."""
+        return [step.request.wire for step in self.trajectory.steps]
 
     @property
     def ok(self) -> bool:
@@ -190,6 +200,7 @@ def check_agent(
     reward_fn: Callable[[Any, Any], float] | None = None,
     expect_variables: Iterable[str] = (),
     expect_tool_round_trip: bool = True,
+    expect_wire: str | None = None,
     transport: str = "http",
     max_turns: int = 16,
     time_limit: float = 60.0,
@@ -204,6 +215,7 @@ def check_agent(
         expect_variables: Semantic variables the agent must emit.
         expect_tool_round_trip: Require that the script's tool calls came back with their results
             (set False for an agent that never calls again after a tool).
+        expect_wire: The API every call must come on (``None``: any).
         transport: ``"http"`` (default: real sockets, so the socket check means something) or
             ``"inproc"``.
         max_turns: Calls after which the episode is cut (a looping agent fails the check).
@@ -293,6 +305,12 @@ def check_agent(
     # 6. no network
     if outside:
         problems.append(f"the run tried to reach beyond 127.0.0.1: {sorted(set(outside))}")
+
+    # 7. the wire
+    if expect_wire is not None:
+        problems.extend(
+            f"call {i} came on the {wire!r} wire, expected {expect_wire!r}" for i, wire in enumerate(report.wires) if wire != expect_wire
+        )
     return report
 
 

@@ -16,7 +16,9 @@ Each training step:
    over micro-batches of at most ``micro_batch_tokens`` token positions, each run as one token
    tree (:mod:`.token_tree`: shared prefixes once, the same loss and gradients) or, with
    ``packed_update=False`` or a model that cannot take the tree's mask, as padded rows (at most
-   ``per_device_train_batch_size`` of them) (``num_iterations`` steps when > 1). With
+   ``per_device_train_batch_size`` of them) (``num_iterations`` steps when > 1). The gradients
+   are freed once applied, and each phase's freed memory is returned to the OS before the next
+   (:func:`release_freed_memory`), so a step peaks at its largest phase, not their sum. With
    ``lora_per_agent`` each trained agent has a LoRA adapter of its own: its calls are generated
    with it, and its rows train it alone (:mod:`.agent_adapters`).
 5. **Sync.** The generator gets the new weights (``hf`` shares the model: nothing to do; ``vllm``
@@ -39,8 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import ctypes.util
 import functools
 import math
+import platform
 import random
 import signal
 import sys
@@ -97,7 +102,7 @@ from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
 __all__ = [
     "EpisodesFailedError", "LightningRLTrainer", "NonFiniteUpdateWarning", "Terminated", "TrainResult", "TrainingStopped",
-    "episode_metrics",
+    "episode_metrics", "release_freed_memory",
 ]
 
 #: Config fields that decide what a run computes: a resumed run must not change them.
@@ -364,6 +369,7 @@ class LightningRLTrainer:
                 on_trajectory=writer.write,
             )
         rollout_s = time.perf_counter() - t0
+        release_freed_memory()  # the rollout's KV caches, before the update's gradients
         check_episodes_ran(trajectories, f"step {self.step + 1}", written)
         # 3. samples (episodes in seed order: the same rows whatever order they finished in)
         trajectories.sort(key=lambda t: t.seed or 0)
@@ -386,6 +392,7 @@ class LightningRLTrainer:
             self._mid_update = True  # an error from here to the step's end leaves half-changed weights
             update = self.update(batch)
             update_s = time.perf_counter() - t0
+            release_freed_memory()  # the update's activations, before the next rollout's KV caches
             # 5. sync
             sync_s = self._sync()
             self.step += 1
@@ -518,6 +525,9 @@ class LightningRLTrainer:
                     totals[f"{name}/grad_norm"] += norm
                 self.optimizer.step()
                 self.scheduler.step()
+                # Nothing reads the gradients again: freed now, they don't sit through the next
+                # rollouts and evals (a full fine-tune's gradients are as big as its weights).
+                self.optimizer.zero_grad(set_to_none=True)
         finally:
             self.model.eval()
             if self.adapters is not None:
@@ -573,6 +583,7 @@ class LightningRLTrainer:
                 progress=False,
                 on_trajectory=writer.write,
             )
+        release_freed_memory()
         check_episodes_ran(trajectories, f"the evaluation at step {self.step}", written)
         metrics = {f"eval/{k}": v for k, v in summarize(trajectories, time.perf_counter() - start).items()}
         self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
@@ -671,6 +682,29 @@ def episode_metrics(trajectories: Sequence[Trajectory], wall_s: float, prefix: s
 
 
 # ====================================================================== building blocks
+
+
+def _glibc() -> Any:
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+_GLIBC = _glibc()
+
+
+def release_freed_memory() -> bool:
+    """Give the memory a phase freed back to the OS (glibc's ``malloc_trim``); returns whether it
+    could (``False`` off glibc, where this is a no-op).
+
+    A step's phases peak in turn: the rollout on its KV caches (grown a token at a time), the
+    update on its gradients and activations. On its own glibc returns only the free memory at the
+    top of its heaps, so what a phase freed below a chunk still in use stays resident under the
+    next phase's peak. ``malloc_trim`` returns every free page; it takes milliseconds."""
+    if _GLIBC is None:
+        return False
+    _GLIBC.malloc_trim(0)
+    return True
 
 
 def _seeding(factory: Callable[[], AgentEnv], air_weights: dict[str, float] | None = None) -> Callable[[], AgentEnv]:

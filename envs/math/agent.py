@@ -66,6 +66,11 @@ from agentgym_lightning.policies.tool_calls import (
 from .answers import ExtractedAnswer, extract_answer
 from .calculator import CalculatorLimits, calculate
 
+try:  # the agent traces its tools when OpenTelemetry is installed (the `tracing` extra)
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover
+    _trace = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     import openai
 
@@ -81,6 +86,7 @@ __all__ = [
     "MathAgent",
     "AgentResult",
     "run_tool_call",
+    "traced_tool_call",
 ]
 
 PROTOCOLS: tuple[str, ...] = ("tools", "text")
@@ -175,6 +181,40 @@ class AgentResult:
     turns: int = 0
 
 
+def traced_tool_call(call: Mapping[str, Any], limits: CalculatorLimits | None = None) -> dict[str, Any]:
+    """:func:`run_tool_call` inside an OpenTelemetry span, as the GenAI semantic conventions trace a
+    tool (``execute_tool calculator``: its name, call id, arguments, result; an error status with
+    the calculator's message when it failed), when OpenTelemetry is installed. In an episode the
+    span is joined to the call that asked for the tool (:mod:`agentgym_lightning.tracing`): a
+    failure is the AIR signal ``otel.tool_error``."""
+    if _trace is None:
+        return run_tool_call(call["name"], call["arguments"], limits)
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": str(call["name"]),
+        "gen_ai.tool.call.arguments": call["arguments"] if isinstance(call["arguments"], str) else json.dumps(call["arguments"]),
+    }
+    if call.get("id"):
+        attributes["gen_ai.tool.call.id"] = str(call["id"])
+    with _trace.get_tracer(__name__).start_as_current_span(f"execute_tool {call['name']}", attributes=attributes):
+        record = run_tool_call(call["name"], call["arguments"], limits)
+        trace_tool_record(record)
+    return record
+
+
+def trace_tool_record(record: Mapping[str, Any]) -> None:
+    """Put a calculator record on the current tool span (ours, or a framework's own
+    ``execute_tool`` span, AutoGen's): its result, or an error status with the calculator's message."""
+    if _trace is None:
+        return
+    span = _trace.get_current_span()
+    if "error" in record:
+        span.set_attribute("error.type", str(record["error"]))
+        span.set_status(_trace.Status(_trace.StatusCode.ERROR, str(record["message"])))
+    else:
+        span.set_attribute("gen_ai.tool.call.result", str(record["result"]))
+
+
 def _tool_error(expression: Any, kind: str, message: str) -> dict[str, Any]:
     return {"expression": expression, "error": kind, "message": message}
 
@@ -267,7 +307,7 @@ class MathAgent:
             turn += 1
             content, tool_calls, malformed, assistant = self._chat(client, model, messages)
             reply = content
-            records = [run_tool_call(c["name"], c["arguments"], cfg.calculator) for c in tool_calls]
+            records = [traced_tool_call(c, cfg.calculator) for c in tool_calls]
             records += [_tool_error(None, "malformed", f"the tool call could not be read: {m}") for m in malformed]
             if not records:
                 break  # the final reply

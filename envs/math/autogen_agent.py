@@ -25,7 +25,7 @@ from typing import Any
 
 from agentgym_lightning.agent import emit_variable
 
-from .agent import CALCULATOR_TOOL, EXAMPLES, AgentResult, MathAgentConfig, _tool_text, run_tool_call
+from .agent import CALCULATOR_TOOL, EXAMPLES, AgentResult, MathAgentConfig, _tool_text, run_tool_call, trace_tool_record
 from .answers import ExtractedAnswer, extract_answer
 
 __all__ = ["AutoGenMathAgent"]
@@ -65,6 +65,7 @@ class AutoGenMathAgent:
 
         async def calculator(expression: str) -> str:
             record = run_tool_call("calculator", {"expression": expression}, cfg.calculator)
+            trace_tool_record(record)  # on AutoGen's own execute_tool span: a failure is otel.tool_error
             records.append(record)
             emit_variable("calculator", [record])
             return _tool_text(record)

@@ -109,7 +109,9 @@ class AutoGenMathEpisodeAgent(MathEpisodeAgent):
 
         super().__init__(agent, rel_tol)  # type: ignore[arg-type]
         # The client's create arguments: every call asks for what the from-scratch agent's calls ask.
-        options: dict[str, Any] = {"metadata": {"agent": "solver"}}
+        # No metadata={"agent": ...}: AutoGen's own invoke_agent span names the calls "solver"
+        # (agentgym_lightning.tracing; the `tracing` extra).
+        options: dict[str, Any] = {}
         if agent.config.temperature is not None:
             options["temperature"] = agent.config.temperature
         if agent.config.max_tokens is not None:

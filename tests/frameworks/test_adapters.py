@@ -115,49 +115,33 @@ def test_adapters_run_on_the_shared_event_loop_not_a_thread(agent_file):
         env.close()
 
 
-def test_tracing_exporters_stay_off(agent_conformance, agent_file, monkeypatch):
-    """LangSmith and the Agents SDK's exporter would post to their clouds: nothing leaves 127.0.0.1."""
+def test_tracing_reaches_the_episode_and_nothing_leaves(agent_conformance, agent_file, monkeypatch):
+    """LangSmith and the Agents SDK's exporter would post to their clouds: nothing leaves
+    127.0.0.1. With the tracing extra, the frameworks' traces reach their episodes instead: the
+    calculator's tool span is a semantic variable of the call that asked for it."""
     LangChainAgent = _langchain()
     OpenAIAgentsAgent = _openai_agents()
+    pytest.importorskip("openinference.instrumentation.langchain", reason="needs the [langchain] extra")
     monkeypatch.setenv("LANGSMITH_TRACING", "true")
     monkeypatch.setenv("LANGCHAIN_TRACING_V2", "true")
     monkeypatch.setenv("LANGSMITH_API_KEY", "lsv2-test-not-a-key")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-key")
-    from agents import add_trace_processor
-    from agents.tracing import TracingProcessor
-
-    class Recorder(TracingProcessor):
-        def __init__(self):
-            self.events = []
-
-        def on_trace_start(self, trace):
-            self.events.append(trace)
-
-        def on_trace_end(self, trace):
-            self.events.append(trace)
-
-        def on_span_start(self, span):
-            self.events.append(span)
-
-        def on_span_end(self, span):
-            self.events.append(span)
-
-        def shutdown(self):
-            pass
-
-        def force_flush(self):
-            pass
-
-    recorder = Recorder()
-    add_trace_processor(recorder)
     with no_network() as outside:
         for agent in (LangChainAgent(agent_file("langgraph_calculator").agent),
                       OpenAIAgentsAgent(agent_file("openai_agents_calculator").agent)):
             report = agent_conformance(agent, TASK)
             report.assert_ok()
+            first, second = report.trajectory.steps
+            (tool,) = first.outcome["otel.tools"]
+            assert tool["name"] == "calculator" and tool["status"] == "ok" and "2" in str(tool["result"])
+            assert "otel.tools" not in second.outcome and report.trajectory.spans
         time.sleep(1.0)  # exporters flush from background threads
     assert outside == []
-    assert recorder.events == []  # the SDK created no real trace or span to export
+    from agents.tracing import get_trace_provider
+
+    # The SDK's own exporter to api.openai.com (a BatchTraceProcessor) is no longer registered.
+    registered = get_trace_provider()._multi_processor._processors
+    assert [type(p).__name__ for p in registered] == ["OpenInferenceTracingProcessor"]
 
 
 def test_the_kit_finds_broken_agents(agent_conformance):
@@ -227,3 +211,20 @@ def test_an_env_whose_framework_is_missing_fails_when_built_not_in_every_episode
         warnings.simplefilter("error")  # refused before any data is looked for (no "no data" warning spent)
         with pytest.raises(ImportError, match=rf"pip install 'agentgym-lightning\[{extra}\]'"):
             gym.make(env_id, agent=agent)
+
+
+def test_autogen_names_its_calls_from_its_own_spans_without_metadata(agent_conformance, agent_file):
+    """AutoGen cannot say who calls its model client, but its agents trace themselves
+    (``invoke_agent``, ``gen_ai.agent.name``): the in-process span processor names every call,
+    and its ``execute_tool`` span becomes a semantic variable of the call that asked for the tool."""
+    AutoGenAgent = _autogen()
+    pytest.importorskip("opentelemetry.sdk", reason="needs the [tracing] extra")
+    module = agent_file("autogen_calculator")
+    report = agent_conformance(AutoGenAgent(module.agent), TASK)  # no metadata={"agent": ...}
+    _check(report, "solver")
+    first, second = report.trajectory.steps
+    (tool,) = first.outcome["otel.tools"]
+    assert tool["name"] == "calculator" and tool["status"] == "ok"
+    assert tool["call_id"] == first.completion.tool_calls[0].id  # joined by the tool call's id
+    assert first.outcome["otel.tool_ok"] == 1 and "otel.tool_error" not in first.outcome
+    assert "otel.tools" not in second.outcome

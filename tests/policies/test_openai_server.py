@@ -101,6 +101,24 @@ def test_text_completion_and_request_body():
     assert rec.headers[0]["authorization"] == "Bearer sk-test"
 
 
+def test_a_legacy_completion_goes_to_the_servers_completions_raw():
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        body = json.loads(request.content)
+        assert "messages" not in body and body["prompt"] == "2+2=" and body["logprobs"] == 0
+        choice = {"index": 0, "text": " 4", "finish_reason": "length", "token_ids": [7, 8], "logprobs": {"tokens": ["7", "8"], "token_logprobs": [-0.5, -0.25]}}
+        return httpx.Response(200, json={"object": "text_completion", "model": "m", "choices": [choice], "prompt_token_ids": [1, 2]})
+
+    raw = ChatRequest(messages=[{"role": "user", "content": "2+2="}], wire="completions", prompt="2+2=")
+    with _policy(handler) as policy:
+        (completion,) = policy.generate([raw])
+    assert paths == ["/v1/completions"]
+    assert (completion.text, completion.finish_reason, completion.prompt_token_ids) == (" 4", "length", [1, 2])
+    assert (completion.completion_token_ids, completion.logprobs) == ([7, 8], [-0.5, -0.25])
+
+
 def test_batch_keeps_order():
     rec = Recorder(lambda body: (200, default_reply(body, content=body["messages"][-1]["content"].upper())))
     with _policy(rec) as policy:

@@ -100,3 +100,18 @@ def test_serve_command_rejects_bad_arguments_with_exit_2(capsys):
 
     assert main(["serve", "--backend", "hf", "--base-url", "http://127.0.0.1:1/v1"]) == 2
     assert "--base-url is for the openai backend" in capsys.readouterr().err
+
+
+def test_a_remote_anthropic_client_takes_part_at_the_anthropic_base_url():
+    with StandaloneGateway(scripted, token="t0k") as server:
+        episode = httpx.post(f"{server.url}/episodes", json={"task": "t"}, headers={"Authorization": "Bearer t0k"}).json()
+        assert episode["anthropic_base_url"] == episode["base_url"].removesuffix("/v1")
+        reply = httpx.post(
+            f"{episode['anthropic_base_url']}/v1/messages",
+            headers={"x-api-key": episode["api_key"], "anthropic-version": "2023-06-01"},
+            json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        ).json()
+        assert reply["type"] == "message" and reply["content"] == [{"type": "text", "text": "42"}]
+        httpx.post(f"{server.url}/episodes/{episode['episode_id']}/done", json={}, headers={"Authorization": "Bearer t0k"})
+        (trajectory,) = server.take(1, timeout=10)
+    assert [s.request.wire for s in trajectory.steps] == ["messages"]

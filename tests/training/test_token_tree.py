@@ -259,11 +259,12 @@ def test_the_trainers_update_gives_the_same_metrics_and_weights_packed_or_padded
     for packed in (False, True):
         trainer = _trainer(tiny_model_dir, tmp_path, f"packed-{packed}", packed_update=packed, micro_batch_tokens=48, **overrides)
         assert trainer.packed_update is packed
-        metrics = trainer.update(_step_rows())
         trained = [p for p in trainer.model.parameters() if p.requires_grad]
+        seen = []  # the last iteration's gradients, as the optimizer steps on them (freed after)
+        trainer.optimizer.register_step_pre_hook(lambda *_: seen.append(torch.cat([p.grad.flatten() for p in trained])))
+        metrics = trainer.update(_step_rows())
         weights = torch.cat([p.detach().flatten() for p in trained])
-        grads = torch.cat([p.grad.flatten() for p in trained])  # the last iteration's, kept after the step
-        results[packed] = metrics, weights, grads
+        results[packed] = metrics, weights, seen[-1]
         trainer.policy.close()
     (padded, w_padded, g_padded), (packed, w_packed, g_packed) = results[False], results[True]
     for name in ("loss", "grad_norm", "kl", "entropy", "clip_ratio/region", "ratio/mean", "sampling_ratio/mean"):
@@ -278,6 +279,20 @@ def test_the_trainers_update_gives_the_same_metrics_and_weights_packed_or_padded
     # micro_batch_tokens=48 holds the 37-node tree: each unique token runs once.
     assert packed["update/tokens/forward"] <= 1.25 * packed["update/tokens/unique"]
     assert packed["update/packed"] == 1.0 and padded["update/packed"] == 0.0
+
+
+@needs_model
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_the_update_frees_its_gradients_once_the_weights_are_stepped(tiny_model_dir, tmp_path, num_iterations):
+    # A full fine-tune's gradients are as big as its weights: kept, they would sit through the next
+    # rollouts and evals. Every iteration still steps on its own gradients (the norm is logged).
+    trainer = _trainer(tiny_model_dir, tmp_path, "frees", num_iterations=num_iterations)
+    stepped = []
+    trainer.optimizer.register_step_pre_hook(lambda *_: stepped.append(all(p.grad is not None for p in trainer.model.parameters())))
+    metrics = trainer.update(_step_rows())
+    assert stepped == [True] * num_iterations and metrics["grad_norm"] > 0
+    assert all(p.grad is None for p in trainer.model.parameters())
+    trainer.policy.close()
 
 
 @needs_model

@@ -348,3 +348,34 @@ def test_agent_match_is_a_trainer_option_with_its_flag_and_checked_before_the_mo
     monkeypatch.setattr(trainer.LightningRLTrainer, "__init__", lambda *a, **k: pytest.fail("the model was built"))
     assert cli.main(["train", "--env", "lightning/GuessNumber-v0", "--agent-match", "[oops"]) == 2
     assert "not a valid regular expression" in capsys.readouterr().err
+
+
+def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_model_dir, tmp_path, monkeypatch):
+    # The rollout's KV caches and the update's activations peak in turn: each phase's freed memory is
+    # handed back to the OS before the next starts, or the process's peak is their sum.
+    import platform
+
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning.training import trainer as trainer_module
+
+    assert trainer_module.release_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    phases: list[str] = []
+    monkeypatch.setattr(trainer_module, "release_freed_memory", lambda: phases.append("release"))
+
+    def agent(task, ctx):
+        phases.append("rollout")
+        return ctx.openai_client().chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": "q"}], max_tokens=2).choices[0].message.content
+
+    def make_env():
+        return AgentEnv(agent, [{"q": "a"}], lambda task, result: float(len(result or "") % 2))
+
+    config = LightningRLConfig(env="scripted", model=str(tiny_model_dir), max_steps=1, tasks_per_step=1, num_generations=2,
+                               output_dir=str(tmp_path), report_to=[], progress=False, eval_episodes=1)
+    trainer = LightningRLTrainer(config, env=make_env, eval_env=make_env, policy=HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=2))
+    update = trainer.update
+    monkeypatch.setattr(trainer, "update", lambda batch: (phases.append("update"), update(batch))[1])
+    trainer.evaluate()
+    trainer.train_step()
+    assert phases == ["rollout", "release", "rollout", "rollout", "release", "update", "release"]

@@ -1,0 +1,320 @@
+"""Every wire the gateway serves — Chat Completions, the Responses API, legacy Completions, the
+Anthropic Messages API — through the official SDKs, in-process and over HTTP: the same
+observation as the chat twin, token ids riding along, streaming, tools, errors in each wire's shape."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from agentgym_lightning import Completion
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.gateway import Gateway, get_gateway
+from agentgym_lightning.gateway.openai_wire import assistant_message
+from agentgym_lightning.gateway.wires.anthropic_messages import content_blocks, messages_to_chat
+from agentgym_lightning.gateway.wires.responses import input_to_messages, output_items, tools_from_chat, tools_to_chat
+from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.trajectory import Step
+
+anthropic = pytest.importorskip("anthropic", reason="the [anthropic] extra is not installed")
+
+TRANSPORTS = ["inproc", "http"]
+NO_REWARD = lambda task, result: 0.0  # noqa: E731 - what these agents return is checked instead
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "add", "description": "add one", "parameters": SCHEMA}}]
+# The policy's answers, the same for every wire: a tool call with text, then plain text.
+CALL = Completion(
+    text="Let me add.",
+    tool_calls=[{"id": "call_1", "name": "add", "arguments": '{"a":2}'}],  # no space: not json.dumps's
+    prompt_token_ids=[1, 2, 3],
+    completion_token_ids=[4, 5],
+    logprobs=[-0.5, -0.25],
+)
+FINAL = Completion(text="3", prompt_token_ids=[1, 2, 3, 4, 5, 6], completion_token_ids=[7], logprobs=[-0.1])
+
+
+def chat_twin(task, ctx):
+    client = ctx.openai_client()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": task}]
+    r = client.chat.completions.create(model=ctx.model, messages=messages, tools=CHAT_TOOLS)
+    call = r.choices[0].message.tool_calls[0]
+    messages += [
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
+    r = client.chat.completions.create(model=ctx.model, messages=messages, tools=CHAT_TOOLS, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in r if c.choices)
+
+
+def responses_agent(task, ctx):
+    client = (
+        openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+        if ctx.task == "http"
+        else ctx.openai_client()
+    )
+    tools = [{"type": "function", "name": "add", "description": "add one", "parameters": SCHEMA}]
+    r = client.responses.create(
+        model=ctx.model, instructions="be brief", input=task, tools=tools, include=["message.output_text.logprobs"]
+    )
+    call = next(item for item in r.output if item.type == "function_call")
+    seen = (
+        r.output_text,
+        r.usage.input_tokens,
+        r.usage.output_tokens,
+        r.model_extra["token_ids"],
+        r.output[0].content[0].logprobs[0].logprob,
+    )
+    stream = client.responses.create(
+        model=ctx.model,
+        instructions="be brief",
+        previous_response_id=r.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "3"}],
+        tools=tools,
+        stream=True,
+    )
+    events = list(stream)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert [events[0].type, events[-1].type] == ["response.created", "response.completed"]
+    assert events[-1].response.output_text == text
+    return text, seen
+
+
+def anthropic_agent(task, ctx):
+    client = (
+        anthropic.Anthropic(base_url=ctx.anthropic_base_url, api_key=ctx.api_key)
+        if ctx.task == "http"
+        else ctx.anthropic_client()
+    )
+    tools = [{"name": "add", "description": "add one", "input_schema": SCHEMA}]
+    messages = [{"role": "user", "content": task}]
+    r = client.messages.create(model=ctx.model, system="be brief", max_tokens=64, messages=messages, tools=tools)
+    assert r.stop_reason == "tool_use" and r.usage.input_tokens == 3
+    use = next(b for b in r.content if b.type == "tool_use")
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}]},
+    ]
+    with client.messages.stream(model=ctx.model, system="be brief", max_tokens=64, messages=messages, tools=tools) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert final.stop_reason == "end_turn" and final.content[0].text == text
+    return text, use.input
+
+
+def run(agent, task):
+    """The observations (requests) the policy sees, the steps' wires, and the agent's result."""
+    env = AgentEnv(agent, [task], NO_REWARD, transport="http" if task == "http" else "inproc")
+    obs, info = env.reset(seed=0)
+    assert "error" not in info, info.get("error")
+    first = obs.request
+    obs, *_ = env.step(CALL)
+    second = obs.request
+    *_, term, _, info = env.step(FINAL)
+    assert term and info["status"] == "succeeded", info.get("error")
+    return [first, second], [s.request.wire for s in info["trajectory"].steps], info["trajectory"].result
+
+
+def same_observation(a: ChatRequest, b: ChatRequest) -> None:
+    assert a.messages == b.messages
+    assert a.tools == b.tools
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_responses_api_agent_sees_what_its_chat_twin_sees(transport):
+    twin, _, _ = run(chat_twin, transport)
+    seen, wires, (text, first) = run(responses_agent, transport)
+    for ours, theirs in zip(seen, twin):
+        same_observation(ours, theirs)
+    assert wires == ["responses", "responses"]
+    assert seen[1].stream and seen[0].sampling.logprobs
+    assert text == "3" and first == ("Let me add.", 3, 2, [4, 5], -0.5)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_anthropic_agent_with_a_tool_sees_what_its_chat_twin_sees(transport):
+    twin, _, _ = run(chat_twin, transport)
+    seen, wires, (text, tool_input) = run(anthropic_agent, transport)
+    # Anthropic requires max_tokens (the chat twin sends none): messages and tools are compared.
+    for ours, theirs in zip(seen, twin):
+        same_observation(ours, theirs)
+    assert wires == ["messages", "messages"] and seen[0].sampling.max_tokens == 64
+    # The tool call goes back to the policy as the exact text it generated.
+    assert seen[1].messages[2]["tool_calls"][0]["function"]["arguments"] == '{"a":2}'
+    assert text == "3" and tool_input == {"a": 2}
+
+
+def test_previous_response_id_reaches_only_the_episode_that_returned_it():
+    ids = []
+
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        if task == "first":
+            ids.append(client.responses.create(model=ctx.model, input="hi").id)
+            return None
+        try:
+            client.responses.create(model=ctx.model, input="again", previous_response_id=ids[0])
+        except openai.BadRequestError as exc:
+            return exc.message
+
+    env = AgentEnv(agent, ["first", "second"], NO_REWARD)
+    env.reset(options={"task_index": 0})
+    env.step("hello")
+    env.reset(options={"task_index": 1})
+    message = env.trajectory.result
+    assert "previous_response_id" in message and "not a finished response of this episode" in message
+    assert env.trajectory.steps == []  # refused before anything was recorded
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_legacy_completions_record_the_raw_prompt(transport):
+    def agent(task, ctx):
+        client = (
+            openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+            if transport == "http"
+            else ctx.openai_client()
+        )
+        refused = []
+        for bad in ({"echo": True}, {"n": 2}, {"best_of": 3}, {"prompt": [[1, 2]]}):
+            try:
+                client.completions.create(**{"model": ctx.model, "prompt": "x", **bad})
+            except openai.BadRequestError as exc:
+                refused.append(exc.status_code)
+        r = client.completions.create(model=ctx.model, prompt="2+2=", max_tokens=4, logprobs=1)
+        chunks = list(
+            client.completions.create(model=ctx.model, prompt=["3+3="], stream=True, stream_options={"include_usage": True})
+        )
+        streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+        return (
+            refused,
+            r.choices[0].text,
+            r.choices[0].logprobs.token_logprobs,
+            r.usage.prompt_tokens,
+            streamed,
+            chunks[-1].usage.total_tokens,
+        )
+
+    env = AgentEnv(agent, [{}], NO_REWARD, transport=transport)
+    obs, _ = env.reset(seed=0)
+    assert (obs.request.wire, obs.request.prompt, obs.request.messages) == (
+        "completions",
+        "2+2=",
+        [{"role": "user", "content": "2+2="}],
+    )
+    obs, *_ = env.step(Completion(text="4", prompt_token_ids=[9, 9], completion_token_ids=[4], logprobs=[-0.2]))
+    assert obs.request.prompt == "3+3=" and obs.request.stream
+    *_, info = env.step(Completion(text="6", prompt_token_ids=[9], completion_token_ids=[6]))
+    assert info["trajectory"].result == ([400, 400, 400, 400], "4", [-0.2], 2, "6", 2)
+
+
+def test_a_raw_prompt_is_tokenized_without_the_chat_template(smol_tokenizer):
+    from agentgym_lightning.policies.chat import render_prompt_ids, render_prompt_text
+
+    chat = ChatRequest(messages=[{"role": "user", "content": "2+2="}])
+    raw = ChatRequest(messages=[{"role": "user", "content": "2+2="}], wire="completions", prompt="2+2=")
+    assert render_prompt_text(smol_tokenizer, raw) == "2+2="
+    assert render_prompt_ids(smol_tokenizer, raw) == smol_tokenizer("2+2=")["input_ids"]
+    assert render_prompt_ids(smol_tokenizer, chat) != render_prompt_ids(smol_tokenizer, raw)
+
+
+def test_the_anthropic_key_header_is_checked_and_errors_take_anthropics_shape():
+    gw = Gateway(token="s3cret")
+
+    def agent(task, ctx):
+        out = []
+        for key in ("wrong", ctx.api_key):
+            client = anthropic.Anthropic(base_url=ctx.anthropic_base_url, api_key=key, max_retries=0)
+            try:
+                client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [{"type": "image"}]}])
+            except anthropic.APIStatusError as exc:
+                out.append((exc.status_code, exc.body["error"]["type"]))
+        return out
+
+    env = AgentEnv(agent, [{}], NO_REWARD, gateway=gw, transport="http")
+    env.reset(seed=0)
+    assert env.trajectory.result == [(401, "authentication_error"), (400, "invalid_request_error")]
+    gw.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_unserved_routes_answer_404_in_the_wire_shape_naming_what_is_served(transport):
+    def agent(task, ctx):
+        with ctx.http_client() as http:
+            base = ctx.base_url_for_clients
+            embeddings = http.post(f"{base}/embeddings", json={"input": "x"})
+            count = http.post(f"{base}/messages/count_tokens", json={"messages": []})
+        return embeddings.status_code, embeddings.json(), count.status_code, count.json()
+
+    env = AgentEnv(agent, [{}], NO_REWARD, transport=transport)
+    env.reset(seed=0)
+    status, body, count_status, count = env.trajectory.result
+    assert status == count_status == 404
+    assert "POST /v1/responses" in body["error"]["message"] and "POST /v1/messages" in body["error"]["message"]
+    assert count["type"] == "error" and count["error"]["type"] == "not_found_error"
+
+
+# --------------------------------------------------------------------------- conversions, both ways
+
+
+def test_responses_output_read_back_is_the_chat_answer():
+    call = type("Call", (), {"call_id": "abc", "request": ChatRequest(messages=[{"role": "user", "content": "q"}])})()
+    for completion in (CALL, FINAL, Completion(tool_calls=[{"id": "c", "name": "add", "arguments": "{}"}])):
+        items = output_items(call, completion)
+        assert input_to_messages(json.loads(json.dumps(items))) == [assistant_message(completion)]
+    assert tools_from_chat(tools_to_chat(tools_from_chat(CHAT_TOOLS))) == tools_from_chat(CHAT_TOOLS)
+    assert tools_to_chat(tools_from_chat(CHAT_TOOLS)) == CHAT_TOOLS
+
+
+def test_anthropic_content_read_back_is_the_chat_answer():
+    for completion in (CALL, FINAL):
+        blocks = content_blocks(completion)
+        arguments = {tc.id: tc.arguments for tc in completion.tool_calls}
+        assert messages_to_chat(None, [{"role": "assistant", "content": blocks}], arguments) == [
+            assistant_message(completion)
+        ]
+    # Without the remembered text, the arguments are the input's JSON.
+    (message,) = messages_to_chat(None, [{"role": "assistant", "content": content_blocks(CALL)}])
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 2}
+
+
+def test_a_chat_step_is_stored_as_before_and_the_wire_round_trips():
+    chat = Step(index=0, request=ChatRequest(messages=[{"role": "user", "content": "q"}]))
+    assert "wire" not in chat.to_dict()["request"] and "prompt" not in chat.to_dict()["request"]
+    raw = Step(index=0, request=ChatRequest(messages=[{"role": "user", "content": "q"}], wire="completions", prompt="q"))
+    assert Step.from_dict(json.loads(json.dumps(raw.to_dict()))) == raw
+
+
+def test_the_anthropic_base_url_is_the_episode_url_without_v1():
+    gw = get_gateway()
+    assert gw.anthropic_base_url("e1") == gw.base_url("e1").removesuffix("/v1")
+    assert httpx.URL(gw.anthropic_base_url("e1")).path == "/episodes/e1"
+    env = AgentEnv(lambda task, ctx: ctx.anthropic_base_url, [{}], NO_REWARD)
+    env.reset(seed=0)
+    assert env.trajectory.result == gw.anthropic_base_url(env.trajectory.episode_id)
+
+
+def test_a_cut_answer_is_incomplete_on_responses_and_max_tokens_on_messages():
+    def agent(task, ctx):
+        r = ctx.openai_client().responses.create(model=ctx.model, input="x", max_output_tokens=2)
+        events = [e.type for e in ctx.openai_client().responses.create(model=ctx.model, input="x", stream=True)]
+        m = ctx.anthropic_client().messages.create(
+            model=ctx.model, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+        )
+        return r.status, r.incomplete_details.reason, events[-1], m.stop_reason
+
+    env = AgentEnv(agent, [{}], NO_REWARD)
+    env.reset(seed=0)
+    cut = Completion(text="ab", finish_reason="length", prompt_token_ids=[1], completion_token_ids=[2, 3])
+    for _ in range(2):
+        env.step(cut)
+    *_, info = env.step(cut)
+    assert info["trajectory"].result == ("incomplete", "max_output_tokens", "response.incomplete", "max_tokens")
+
+
+def test_the_env_hands_out_the_anthropic_base_url_of_its_running_episode():
+    env = AgentEnv(lambda task, ctx: ctx.openai_client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}]), [{}], NO_REWARD)
+    env.reset(seed=0)
+    assert env.anthropic_base_url == env.base_url.removesuffix("/v1")
+    env.close()
