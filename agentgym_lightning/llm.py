@@ -23,6 +23,8 @@ __all__ = [
     "GatewayError",
     "as_completion",
     "EPISODE_KEY",
+    "ADAPTER_KEY",
+    "BASE_ADAPTER",
     "new_tool_call_id",
     "new_call_id",
     "common_prefix_length",
@@ -32,6 +34,13 @@ __all__ = [
 #: The ``metadata`` key under which the rollout driver names a request's episode when it hands
 #: the request to a policy (a policy with several replicas keeps an episode on one of them).
 EPISODE_KEY = "agentgym_episode"
+#: The ``metadata`` key naming the LoRA adapter a request is generated with (``lora_per_agent``:
+#: each trained agent has its own; absent, the policy's own weights). The trainer's adapter routing
+#: sets it; ``hf`` and ``vllm`` generate each request with its adapter, ``openai`` sends it as the
+#: request's ``model`` (how an OpenAI-compatible server such as ``vllm serve --enable-lora`` selects one).
+ADAPTER_KEY = "agentgym_adapter"
+#: The adapter name meaning "no adapter: the base model alone" (PEFT's own name for it).
+BASE_ADAPTER = "__base__"
 
 
 @dataclass

@@ -75,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--tasks-per-step", type=int, help=h("tasks_per_step"))
     p.add_argument("--group-size", type=int, help=h("num_generations"))
     p.add_argument("--lora", action="store_const", const=True, default=None, help=h("use_peft"))
+    p.add_argument("--lora-per-agent", action="store_const", const=True, default=None,
+                   help=h("lora_per_agent") + " A mapping: --set lora_per_agent='{\"writer\": \"sql\", \"rewriter\": \"sql\"}'.")
     p.add_argument("--credit", help=h("credit"))
     p.add_argument("--aggregation", choices=AGGREGATIONS, help=h("aggregation"))
     p.add_argument("--loss-type", choices=LOSS_TYPES, help=h("loss_type"))
@@ -137,6 +139,8 @@ def build_config(args: argparse.Namespace) -> Any:
             base[name] = value
     if args.lora:
         base["use_peft"] = True
+    if args.lora_per_agent:
+        base["lora_per_agent"] = True
     if args.retry_infra_failed:
         base["retry_infra_failed"] = True
     if args.air:

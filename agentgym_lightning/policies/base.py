@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentgym_lightning.llm import ChatRequest, Completion
 
-__all__ = ["Policy", "TrainablePolicy", "ModelSharingPolicy", "WeightLoadingPolicy"]
+__all__ = ["Policy", "TrainablePolicy", "ModelSharingPolicy", "WeightLoadingPolicy", "AdapterLoadingPolicy"]
 
 
 class Policy(ABC):
@@ -72,3 +72,13 @@ class WeightLoadingPolicy(TrainablePolicy, Protocol):
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Replace the generator's weights; ``weights`` are ``(name, tensor)`` under the base
         model's parameter names."""
+
+
+@runtime_checkable
+class AdapterLoadingPolicy(WeightLoadingPolicy, Protocol):
+    """A :class:`WeightLoadingPolicy` that also serves LoRA adapters by name (``lora_per_agent``:
+    the base weights stay, each agent's adapter is replaced after each update)."""
+
+    def load_adapter(self, name: str, folder: Any) -> None:
+        """Add or replace the adapter ``name`` from a PEFT adapter folder; requests naming it in
+        ``metadata[ADAPTER_KEY]`` are then generated with it."""

@@ -24,6 +24,12 @@ applied (OpenAI has none), and the model's own ``generation_config`` sampling de
 ignored: what the request says is what is sampled. ``n`` (one completion per request),
 ``tool_choice``, the presence/frequency penalties and ``logprobs``/``top_logprobs`` are ignored
 (sampled-token logprobs are always returned).
+
+**Adapters** (``lora_per_agent``). When the model is a PEFT model holding several LoRA adapters, a
+request naming one in ``metadata[ADAPTER_KEY]`` is generated with it (``"__base__"``: the base
+model alone; no name: the active adapter). A batch mixing adapters is one ``generate`` call with
+PEFT's per-row ``adapter_names`` (no split per adapter); prompt prefixes are shared only between
+rows of the same adapter (an adapter changes the prefix's keys and values).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion, common_prefix_length
+from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion, common_prefix_length
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
@@ -51,6 +57,7 @@ class _Row:
     prompt_ids: list[int]
     max_tokens: int
     stops: tuple[str, ...]
+    adapter: str | None = None  # the LoRA adapter it is generated with (None: the active one)
 
 
 @dataclass
@@ -70,21 +77,23 @@ def _cacheable_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return min(common_prefix_length(*prompts), min(len(p) for p in prompts) - 1)
 
 
-def _prefix_layout(prompts: Sequence[Sequence[int]]) -> tuple[int, list[list[int]]]:
+def _prefix_layout(prompts: Sequence[Sequence[int]], adapters: Sequence[str | None] | None = None) -> tuple[int, list[list[int]]]:
     """How a batch's prompts share prefixes: the length of the prefix all of them share, and the
     *prefix groups* (lists of row indices) of rows sharing at least :data:`_MIN_SHARED_PREFIX`
     more tokens (runs of neighbours in sorted order). Every row keeps at least one token outside
     both (the one whose logits start its completion); prefixes too short to pay for a forward
-    pass of their own count as none."""
+    pass of their own count as none. With ``adapters`` (one per row), only rows of the same
+    adapter share a prefix: the batch-wide one needs a single adapter, a group one adapter each."""
     if len(prompts) < 2:
         return 0, []
-    shared = _cacheable_prefix(prompts)
+    keys = list(adapters) if adapters is not None else [None] * len(prompts)
+    shared = _cacheable_prefix(prompts) if len(set(keys)) == 1 else 0
     if shared < _MIN_SHARED_PREFIX:
         shared = 0
-    order = sorted(range(len(prompts)), key=lambda b: prompts[b])
+    order = sorted(range(len(prompts)), key=lambda b: (keys[b] or "", prompts[b]))
     runs: list[list[int]] = [[order[0]]]
     for before, b in zip(order, order[1:]):
-        if common_prefix_length(prompts[before], prompts[b]) >= shared + _MIN_SHARED_PREFIX:
+        if keys[before] == keys[b] and common_prefix_length(prompts[before], prompts[b]) >= shared + _MIN_SHARED_PREFIX:
             runs[-1].append(b)
         else:
             runs.append([b])
@@ -277,7 +286,14 @@ class HFPolicy(Policy):
         if self.max_positions is not None:
             max_tokens = min(max_tokens, self.max_positions - len(prompt_ids))
         stops = tuple(x for x in (s.stop or []) if x)
-        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops)
+        adapter = request.metadata.get(ADAPTER_KEY)
+        if adapter is not None and adapter != BASE_ADAPTER and adapter not in (getattr(self.hf_model, "peft_config", None) or {}):
+            raise ValueError(
+                f"the request asks for the LoRA adapter {adapter!r}, which the model does not hold "
+                f"(it has {sorted(getattr(self.hf_model, 'peft_config', None) or {}) or 'none'}): name one of those in "
+                f"metadata[{ADAPTER_KEY!r}], or leave it out to use the model as it is"
+            )
+        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops, adapter=adapter)
         do_sample = temperature > 0
         if not do_sample:
             # Greedy ignores temperature/top_p/seed: every greedy request can share one batch.
@@ -298,8 +314,10 @@ class HFPolicy(Policy):
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-        input_ids, attention_mask, prefix_cache = self._prompt_inputs(rows)
+        adapter_names = self._adapter_names(rows)
+        input_ids, attention_mask, prefix_cache = self._prompt_inputs(rows, adapter_names)
         width = input_ids.shape[1]
+        peft_kwargs = {} if adapter_names is None else {"adapter_names": adapter_names}
 
         generators = None
         if group.do_sample and any(r.request.sampling.seed is not None for r in rows):
@@ -334,6 +352,7 @@ class HFPolicy(Policy):
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
                 stopping_criteria=StoppingCriteriaList([tracker]),
+                **peft_kwargs,
             )
         generated = sequences[:, width:].tolist()
         logprobs = torch.stack(tracker.logprobs, dim=1).tolist() if tracker.logprobs else [[] for _ in rows]
@@ -358,7 +377,16 @@ class HFPolicy(Policy):
             out.append((r, self._finish(r, tokens[:end], logprobs[b][:end], reason, text)))
         return out
 
-    def _prompt_inputs(self, rows: list[_Row]) -> tuple[Any, Any, Any]:
+    def _adapter_names(self, rows: list[_Row]) -> list[str] | None:
+        """PEFT's ``adapter_names`` for the batch (one per row), or ``None`` when every row runs
+        on the active adapter (the plain forward: nothing to route)."""
+        if all(r.adapter is None for r in rows) or not getattr(self.hf_model, "peft_config", None):
+            return None  # (a model without adapters is the base model: _plan refused any other name)
+        active = getattr(self.hf_model, "active_adapter", None)
+        names = [r.adapter or active or BASE_ADAPTER for r in rows]
+        return None if all(n == active for n in names) else names
+
+    def _prompt_inputs(self, rows: list[_Row], adapter_names: list[str] | None = None) -> tuple[Any, Any, Any]:
         """The batch's ``input_ids`` and ``attention_mask`` and, with prefix caching, the KV cache
         of the prompts' shared prefixes (else ``None``).
 
@@ -371,12 +399,13 @@ class HFPolicy(Policy):
         rests. Padding is masked out and position ids count unmasked tokens only (transformers
         derives them from the mask), so every row sees exactly its own prompt at its own
         positions, as with left padding. Every row keeps at least one token outside the cache:
-        the logits of the first completion token come from that forward pass.
+        the logits of the first completion token come from that forward pass. With
+        ``adapter_names``, prefixes are shared within an adapter's rows only, and computed with it.
         """
         import torch
 
         prompts = [r.prompt_ids for r in rows]
-        shared, groups = _prefix_layout(prompts) if self.prefix_caching else (0, [])
+        shared, groups = _prefix_layout(prompts, adapter_names) if self.prefix_caching else (0, [])
         group_of = [0] * len(rows)  # group 0: rows in no group (an empty segment)
         ends = [shared]
         for g, members in enumerate(groups, start=1):
@@ -404,7 +433,10 @@ class HFPolicy(Policy):
         with torch.inference_mode():
             # logits_to_keep=1: the prefixes' own logits are never used; skip most of the LM head.
             if shared:
-                self.hf_model(input_ids=input_ids[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1)
+                self.hf_model(
+                    input_ids=input_ids[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    **({} if adapter_names is None else {"adapter_names": adapter_names[:1]}),
+                )
             if groups:
                 used = sorted(set(group_of))  # group 0 only if some row is in no group
                 first = [group_of.index(g) for g in used]  # one row of each: its segment stands for all
@@ -414,6 +446,7 @@ class HFPolicy(Policy):
                 self.hf_model(
                     input_ids=input_ids[first, shared : shared + group_width], attention_mask=mask,
                     position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    **({} if adapter_names is None else {"adapter_names": [adapter_names[b] for b in first]}),
                 )
                 cache.batch_select_indices(torch.tensor([used.index(g) for g in group_of], device=self.device))
             else:

@@ -29,6 +29,10 @@ replica that fails at the connection level (refused, reset, timed out) is taken 
 for ``replica_cooldown`` seconds and the request goes to another one at once; its episodes move
 to the remaining replicas (rendezvous hashing: the others' episodes stay where they are).
 
+Adapters: a request routed to a LoRA adapter (``metadata["agentgym_adapter"]``, set by the
+trainer's ``lora_per_agent`` routing) is sent with that adapter's name as its ``model``, which is
+how ``vllm serve --enable-lora --lora-modules name=path`` and the trainer's ``PolicyServer`` select it.
+
 Failures: a request the upstream still fails after ``max_retries`` retries (connection errors,
 timeouts, 408/409/429/5xx; other 4xx are not retried) makes :meth:`OpenAIPolicy.generate` raise
 :class:`PolicyBackendError`, which callers classify as an infrastructure failure (not the
@@ -52,7 +56,7 @@ from typing import Any, Literal
 import httpx
 
 from agentgym_lightning.background_loop import BackgroundLoop
-from agentgym_lightning.llm import EPISODE_KEY, ChatRequest, Completion, ToolCall
+from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, EPISODE_KEY, ChatRequest, Completion, ToolCall
 from agentgym_lightning.policies._http import AiohttpTransport, SyncHTTP, TransportFailure, env_proxy, pick_transport
 from agentgym_lightning.policies.base import Policy
 
@@ -465,6 +469,11 @@ class OpenAIPolicy(Policy):
         body.update(self.sampling_overrides)
         if self.model:
             body["model"] = self.model
+        adapter = request.metadata.get(ADAPTER_KEY)
+        if adapter and adapter != BASE_ADAPTER:
+            # The adapter this call is routed to (lora_per_agent), named as the model: how an
+            # OpenAI-compatible server (vllm serve --enable-lora, our PolicyServer) selects one.
+            body["model"] = adapter
         if self._ask_logprobs:
             body["logprobs"] = True
         if self._ask_token_ids:

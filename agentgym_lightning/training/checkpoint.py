@@ -3,7 +3,8 @@
 A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
 
 * ``model.safetensors`` — every weight (full fine-tuning) or ``adapter.safetensors`` — the LoRA
-  adapter's weights only;
+  adapter's weights only (with an adapter per agent, ``lora_per_agent``: every adapter's, each
+  key prefixed by ``<adapter name>/``);
 * ``optimizer.pt``, ``scheduler.pt`` — their ``state_dict``s;
 * ``rng.pt`` — the Python, NumPy and torch (CPU and CUDA) RNG states;
 * ``trainer_state.json`` — the step it was taken after, the config, and the metrics history.
@@ -33,6 +34,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +81,16 @@ class TrainerState:
         )
 
 
-def _trainable_state(model: Any, peft: bool) -> dict[str, torch.Tensor]:
+def _trainable_state(model: Any, peft: bool, adapters: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
     if peft:
         from peft import get_peft_model_state_dict
 
+        if adapters:
+            return {
+                f"{name}/{k}": v.detach().cpu().contiguous()
+                for name in adapters
+                for k, v in get_peft_model_state_dict(model, adapter_name=name).items()
+            }
         return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
     # Tied weights (embeddings = LM head) appear once.
     seen: dict[int, str] = {}
@@ -105,8 +113,10 @@ def save_checkpoint(
     scheduler: Any,
     state: TrainerState,
     keep: int | None = None,
+    adapters: Sequence[str] | None = None,
 ) -> Path:
-    """Write a checkpoint of ``state.step`` atomically; prune to the newest ``keep``."""
+    """Write a checkpoint of ``state.step`` atomically; prune to the newest ``keep``. ``adapters``:
+    the LoRA adapters to save (``lora_per_agent``; default: PEFT's one)."""
     from safetensors.torch import save_file
 
     root = Path(output_dir) / CHECKPOINT_DIR
@@ -114,7 +124,7 @@ def save_checkpoint(
     for stale in root.iterdir():  # a run killed mid-save left it: never complete, never needed
         if stale.is_dir() and _TMP_PATTERN.match(stale.name):
             shutil.rmtree(stale, ignore_errors=True)
-    weights = _trainable_state(model, peft)
+    weights = _trainable_state(model, peft, adapters)
     bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
     if bad:
         raise NonFiniteWeightsError(
@@ -145,17 +155,23 @@ def _weights_name(peft: bool) -> str:
     return "adapter.safetensors" if peft else "model.safetensors"
 
 
-def save_final_model(folder: str | Path, *, model: Any, tokenizer: Any, peft: bool, checkpoint: Path | None = None) -> Path:
+def save_final_model(
+    folder: str | Path, *, model: Any, tokenizer: Any, peft: bool, checkpoint: Path | None = None, adapters: Sequence[str] | None = None
+) -> Path:
     """Write the trained model (or LoRA adapter) and its tokenizer to ``folder``, loadable with
     ``from_pretrained``.
 
     ``checkpoint``: a checkpoint of these very weights (the run's last one). A full fine-tune's
     weights are then hard-linked from it (copied where the file system has no hard links) rather
     than written again: for a 135M model in fp32 that is 540 MB less on disk. Without it, or for
-    an adapter (small, and PEFT's own file layout), ``save_pretrained`` writes them.
+    an adapter (small, and PEFT's own file layout), ``save_pretrained`` writes them. ``adapters``
+    (``lora_per_agent``): each goes to ``folder/adapters/<name>/``, loadable on its own with
+    ``PeftModel.from_pretrained(base, folder / "adapters" / name)``.
     """
     folder = Path(folder)
-    if peft or checkpoint is None:
+    if adapters:
+        model.save_pretrained(folder / "adapters", selected_adapters=list(adapters))
+    elif peft or checkpoint is None:
         model.save_pretrained(folder)
     else:
         folder.mkdir(parents=True, exist_ok=True)
@@ -200,9 +216,11 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 def load_checkpoint(
-    checkpoint: str | Path, *, model: Any, peft: bool, optimizer: torch.optim.Optimizer, scheduler: Any
+    checkpoint: str | Path, *, model: Any, peft: bool, optimizer: torch.optim.Optimizer, scheduler: Any,
+    adapters: Sequence[str] | None = None,
 ) -> TrainerState:
-    """Restore weights, optimizer, scheduler and RNG states in place; returns the saved state."""
+    """Restore weights, optimizer, scheduler and RNG states in place; returns the saved state.
+    ``adapters``: the LoRA adapters saved (``lora_per_agent``), each restored to its own."""
     from safetensors.torch import load_file
 
     checkpoint = Path(checkpoint)
@@ -213,7 +231,15 @@ def load_checkpoint(
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter: resume without use_peft, or from a LoRA run")
-        set_peft_model_state_dict(model, load_file(str(weights)))
+        saved = load_file(str(weights))
+        if adapters:
+            for name in adapters:
+                own = {k[len(name) + 1 :]: v for k, v in saved.items() if k.startswith(f"{name}/")}
+                if not own:
+                    raise ValueError(f"{checkpoint} holds no weights of the adapter {name!r}: resume with the run's own lora_per_agent")
+                set_peft_model_state_dict(model, own, adapter_name=name)
+        else:
+            set_peft_model_state_dict(model, saved)
     else:
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.training.agent_adapters import agent_routes
+
 __all__ = ["LightningRLConfig", "LOSS_TYPES", "AGGREGATIONS"]
 
 #: Loss variants (TRL's names and definitions; see :mod:`agentgym_lightning.training.loss`).
@@ -32,6 +34,7 @@ _EPISODE_WEIGHTING = ("equal", "per_call")
 _IS_LEVELS = ("token", "sequence")
 _SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _BACKENDS = ("hf", "vllm")
+_AGENT_ADVANTAGES = ("per_agent", "episode")
 
 
 @dataclass
@@ -242,6 +245,25 @@ class LightningRLConfig:
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
     lora_target_modules: list[str] | str = field(default="all-linear", metadata={"help": "Modules LoRA adapts."})
+    lora_per_agent: bool | dict[str, str] = field(
+        default=False,
+        metadata={
+            "help": "A LoRA adapter of its own for each trained agent, on the one base model (implies use_peft). True: "
+            "one per agent that agent_match lists (`writer|rewriter`); a mapping agent -> adapter name "
+            "(`{'writer': 'sql', 'rewriter': 'sql'}`) lets agents share one. Each call is generated with its agent's "
+            "adapter, each adapter trains on its own agent's rows (clipped by max_grad_norm on its own; one optimizer "
+            "step for all), metrics come per adapter (`adapters/<name>/...`), and final/adapters/<name>/ holds each. "
+            "Agents without an adapter run on the base model, untrained. Needs aggregation `transition`."
+        },
+    )
+    agent_advantages: str = field(
+        default="per_agent",
+        metadata={
+            "help": "With lora_per_agent: `per_agent` normalises each agent's advantages among the group's episodes in "
+            "which that agent made calls (an agent that runs in some episodes only, a rewriter, is compared with "
+            "itself); `episode` gives every call its episode's advantage, shared by all agents."
+        },
+    )
 
     # ------------------------------------------------------------------ evaluation
     eval_env_kwargs: dict[str, Any] | None = field(
@@ -298,6 +320,7 @@ class LightningRLConfig:
         choice("episode_weighting", _EPISODE_WEIGHTING)
         choice("importance_sampling_level", _IS_LEVELS)
         choice("sampling_correction_mode", _SAMPLING_CORRECTION_MODES)
+        choice("agent_advantages", _AGENT_ADVANTAGES)
         for name in ("max_steps", "tasks_per_step", "per_device_train_batch_size", "num_iterations", "logging_steps", "save_steps", "eval_episodes", "lora_r"):
             at_least(name, 1)
             if not isinstance(getattr(self, name), int):
@@ -357,6 +380,14 @@ class LightningRLConfig:
             from agentgym_lightning.agent_match import as_agent_match
 
             as_agent_match(self.agent_match)  # names a bad pattern or key now, not at the first update
+        if self.lora_per_agent is not False:
+            agent_routes(self.lora_per_agent, self.agent_match)  # names what to write, now
+            if self.aggregation != "transition":
+                raise ValueError(
+                    "lora_per_agent trains each adapter on its own agent's rows, and a `trajectory` row merges the calls "
+                    "of several agents: use aggregation 'transition'"
+                )
+            self.use_peft = True
         if self.eval_env_kwargs is not None and not isinstance(self.eval_env_kwargs, Mapping):
             raise ValueError("eval_env_kwargs must be a mapping or None")
         if isinstance(self.report_to, str):

@@ -6,19 +6,21 @@
   of a group identical and teach nothing. The agent's own request stays in the trajectory as sent.
 * :func:`sync_weights` pushes the trained weights to the generator after an update: nothing to
   do when the ``hf`` backend shares the trained model; a full push (LoRA merged in) for a backend
-  with ``load_weights`` (``vllm``).
+  with ``load_weights`` (``vllm``); with an adapter per agent (``lora_per_agent``), each adapter
+  (the base weights never change) to a backend with ``load_adapter`` (``vllm`` multi-LoRA).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion
-from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, WeightLoadingPolicy
+from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, Policy, WeightLoadingPolicy
 
 __all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights"]
 
@@ -77,11 +79,24 @@ def merged_weights(model: Any, peft: bool) -> Iterator[Iterator[tuple[str, Any]]
         model.unmerge_adapter()
 
 
-def sync_weights(policy: Any, model: Any, *, peft: bool) -> float:
+def sync_weights(policy: Any, model: Any, *, peft: bool, adapters: Sequence[str] | None = None) -> float:
     """Push ``model``'s weights to ``policy``'s generator; returns the seconds it took (0 when
-    the policy shares the model)."""
+    the policy shares the model). ``adapters``: push these LoRA adapters of ``model`` (saved as
+    PEFT folders), each under its name, instead of merged weights."""
     if shares_model(policy, model):
         return 0.0
+    if adapters:
+        if not isinstance(policy, AdapterLoadingPolicy):
+            raise TypeError(
+                f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy cannot serve an adapter per agent "
+                "(no load_adapter): train lora_per_agent with the hf or vllm backend"
+            )
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="agentgym-adapters-") as folder:
+            model.save_pretrained(folder, selected_adapters=list(adapters))
+            for name in adapters:
+                policy.load_adapter(name, f"{folder}/{name}")
+        return time.perf_counter() - start
     if not isinstance(policy, WeightLoadingPolicy):
         raise TypeError(
             f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy can neither share the trained "

@@ -39,6 +39,16 @@ two usable episodes (the rest failed) cannot be compared and are skipped the sam
 ``episode_weighting="equal"`` (default) gives each row the weight ``1 / rows of its episode``, so
 an episode that made five calls counts as much as one that made one (Agent Lightning v1's
 per-rollout normalisation); ``"per_call"`` weighs every row 1.
+
+**An adapter per agent** (``lora_per_agent``, :mod:`.agent_adapters`). Each row names the adapter
+it trains (``Sample.adapter``); calls of agents without one are not trained. With
+``agent_advantages="per_agent"`` (the default there) step 2 runs once per agent: within the
+task's group, the episodes in which that agent made calls each count once (the mean of *its*
+calls' values) in that agent's ``mu`` and ``sigma``, and its calls are normalised by them; an
+agent that ran in fewer than two of the group's episodes, or whose episodes tie, gets no signal
+(its calls are skipped, or kept with advantage 0). A rewriter that runs only after a failed check
+is so compared with the rewriter's other attempts, not with episodes that never needed it.
+``"episode"`` keeps one normalisation per episode, every agent's calls sharing its advantage.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
 from agentgym_lightning.llm import ids_extend
 from agentgym_lightning.reward_bounds import reward_refused
+from agentgym_lightning.training.agent_adapters import AgentAdapters
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "untrained_reason", "ADVANTAGE_EPS"]
@@ -86,6 +97,8 @@ class Sample:
     group_id: str | None
     #: Indices of the steps the row was made from.
     steps: list[int] = field(default_factory=list)
+    #: The LoRA adapter the row trains (``lora_per_agent``); ``None``: the model's trainable weights.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -126,12 +139,31 @@ def episode_advantages(
     credit: str = "identical",
     credit_kwargs: Mapping[str, Any] | None = None,
     scale_rewards: str = "group",
+    agent_of: Callable[[Step], str | None] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, bool], dict[str, float]]:
     """Per-call advantages of trainable episodes (step 2 of the module docstring).
 
     Returns ``(advantages by episode id, zero-variance flag by group key, counts)``. Episodes not
     in the result were excluded (infrastructure failures, unfinished, or alone in their group).
+    ``agent_of`` (a step's agent, or ``None``) normalises each agent's calls on their own; a
+    group is then zero-variance when every agent's is.
     """
+    advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
+    zero_variance: dict[str, bool] = {}
+    for (key, _), flat in flat_cells.items():
+        zero_variance[key] = zero_variance.get(key, True) and flat
+    return advantages, zero_variance, counts
+
+
+def _advantages(
+    trajectories: Sequence[Trajectory],
+    credit: str,
+    credit_kwargs: Mapping[str, Any] | None,
+    scale_rewards: str,
+    agent_of: Callable[[Step], str | None] | None,
+) -> tuple[dict[str, list[float]], dict[tuple[str, str | None], bool], dict[str, float]]:
+    """:func:`episode_advantages`, with the zero-variance flag of every (group, agent) cell
+    (one cell per group, agent ``None``, without ``agent_of``)."""
     counts: dict[str, float] = defaultdict(float)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
@@ -143,13 +175,19 @@ def episode_advantages(
         groups[t.group_id if t.group_id is not None else f"episode:{t.episode_id}"].append(t)
 
     values: dict[str, list[float]] = {}
-    means: dict[str, float] = {}
+    #: episode id -> agent -> (indices of its calls, the mean of their values)
+    cells: dict[str, dict[str | None, tuple[list[int], float]]] = {}
     for members in groups.values():
         for t in members:
             v = assign_credit(t, credit, **dict(credit_kwargs or {})) if t.steps else []
             values[t.episode_id] = v
+            by_agent: dict[str | None, list[int]] = defaultdict(list)
+            for i, step in enumerate(t.steps):
+                by_agent[agent_of(step) if agent_of is not None else None].append(i)
             # An episode with no calls still tells the group what its return was.
-            means[t.episode_id] = float(sum(v) / len(v)) if v else t.total_reward
+            cells[t.episode_id] = {
+                agent: (idx, float(sum(v[i] for i in idx) / len(idx))) for agent, idx in by_agent.items()
+            } if v else {None: ([], t.total_reward)}
 
     def std(xs: list[float]) -> float:
         if len(xs) < 2:
@@ -157,32 +195,43 @@ def episode_advantages(
         m = sum(xs) / len(xs)
         return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
-    batch_sigma = std([means[t.episode_id] for ms in groups.values() for t in ms])
+    batch_sigma = std([mean for ms in groups.values() for t in ms for _, mean in cells[t.episode_id].values()])
     advantages: dict[str, list[float]] = {}
-    zero_variance: dict[str, bool] = {}
+    flat_cells: dict[tuple[str, str | None], bool] = {}
     for key, members in groups.items():
         if len(members) < 2:
             counts["groups/too_small"] += 1
             counts["episodes/alone_in_group"] += len(members)
             continue
         counts["groups"] += 1
-        episode_means = [means[t.episode_id] for t in members]
-        mu = sum(episode_means) / len(episode_means)
-        flat = _tie([t.total_reward for t in members]) or _tie(episode_means)
-        zero_variance[key] = flat
-        if flat:
-            counts["groups/zero_variance"] += 1
-        if scale_rewards == "group":
-            scale = std(episode_means) + ADVANTAGE_EPS
-        elif scale_rewards == "batch":
-            scale = batch_sigma + ADVANTAGE_EPS
-        elif scale_rewards == "none":
-            scale = 1.0
-        else:
-            raise ValueError(f"scale_rewards must be group, batch or none; got {scale_rewards!r}")
+        returns_tie = _tie([t.total_reward for t in members])
         for t in members:
-            advantages[t.episode_id] = [0.0 if flat else (v - mu) / scale for v in values[t.episode_id]]
-    return advantages, zero_variance, dict(counts)
+            advantages[t.episode_id] = [0.0] * len(values[t.episode_id])
+        agents = list(dict.fromkeys(agent for t in members for agent in cells[t.episode_id]))
+        for agent in agents:
+            present = [t for t in members if agent in cells[t.episode_id]]
+            episode_means = [cells[t.episode_id][agent][1] for t in present]
+            flat = returns_tie or len(present) < 2 or _tie(episode_means)
+            flat_cells[(key, agent)] = flat
+            if flat:
+                continue
+            mu = sum(episode_means) / len(episode_means)
+            if scale_rewards == "group":
+                scale = std(episode_means) + ADVANTAGE_EPS
+            elif scale_rewards == "batch":
+                scale = batch_sigma + ADVANTAGE_EPS
+            elif scale_rewards == "none":
+                scale = 1.0
+            else:
+                raise ValueError(f"scale_rewards must be group, batch or none; got {scale_rewards!r}")
+            for t in present:
+                for i in cells[t.episode_id][agent][0]:
+                    advantages[t.episode_id][i] = (values[t.episode_id][i] - mu) / scale
+        if all(flat_cells[(key, agent)] for agent in agents):
+            counts["groups/zero_variance"] += 1
+        elif agent_of is not None:
+            counts["agents/zero_variance"] += sum(flat_cells[(key, agent)] for agent in agents if agent is not None)
+    return advantages, flat_cells, dict(counts)
 
 
 def build_samples(
@@ -196,22 +245,30 @@ def build_samples(
     episode_weighting: str = "equal",
     mask_truncated_completions: bool = False,
     agent_match: AgentMatchSpec | None = None,
+    adapters: AgentAdapters | None = None,
+    agent_advantages: str = "per_agent",
 ) -> SampleBatch:
     """Turn a step's finished episodes into training rows (see the module docstring).
 
     ``agent_match`` (see :mod:`agentgym_lightning.agent_match`) leaves the calls it does not match
     out of the loss, like calls the env marked not trainable; they still count in the advantages
-    (the episode's return is the episode's, whoever made which call)."""
+    (the episode's return is the episode's, whoever made which call). ``adapters``
+    (``lora_per_agent``): each row names its agent's adapter, the calls of agents without one are
+    not trained, and ``agent_advantages`` says whether advantages are normalised ``per_agent`` or
+    per ``episode``."""
     if aggregation not in ("transition", "trajectory"):
         raise ValueError(f"aggregation must be 'transition' or 'trajectory'; got {aggregation!r}")
     if zero_variance_groups not in ("skip", "keep"):
         raise ValueError(f"zero_variance_groups must be 'skip' or 'keep'; got {zero_variance_groups!r}")
     if episode_weighting not in ("equal", "per_call"):
         raise ValueError(f"episode_weighting must be 'equal' or 'per_call'; got {episode_weighting!r}")
-    advantages, zero_variance, counts = episode_advantages(
-        trajectories, credit=credit, credit_kwargs=credit_kwargs, scale_rewards=scale_rewards
-    )
-    match = as_agent_match(agent_match)
+    if agent_advantages not in ("per_agent", "episode"):
+        raise ValueError(f"agent_advantages must be 'per_agent' or 'episode'; got {agent_advantages!r}")
+    if adapters is not None and aggregation != "transition":
+        raise ValueError("adapters (lora_per_agent) need aggregation 'transition': a trajectory row merges several agents' calls")
+    agent_of = adapters.agent_of if adapters is not None and agent_advantages == "per_agent" else None
+    advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
+    match = _both(as_agent_match(agent_match), adapters.trains if adapters is not None else None)
     stats: dict[str, float] = defaultdict(float, counts)
     stats["episodes"] = float(len(trajectories))
     samples: list[Sample] = []
@@ -219,13 +276,17 @@ def build_samples(
         if t.episode_id not in advantages:
             continue
         key = t.group_id if t.group_id is not None else f"episode:{t.episode_id}"
-        if zero_variance.get(key) and zero_variance_groups == "skip":
+        skip = zero_variance_groups == "skip"
+        if skip and all(flat for (group, _), flat in flat_cells.items() if group == key):
             stats["episodes/zero_variance_skipped"] += 1
             continue
         stats["episodes/trained"] += 1
         calls = []
         for step, adv in zip(t.steps, advantages[t.episode_id]):
             if step.completion is None:
+                continue
+            if skip and agent_of is not None and flat_cells.get((key, agent_of(step))) and (match is None or match(step)):
+                stats["calls/zero_variance_skipped"] += 1  # this agent's episodes tie: nothing to learn for it
                 continue
             if not _usable(step):
                 stats["calls/without_token_ids"] += 1
@@ -235,6 +296,10 @@ def build_samples(
             t, calls, mask_truncated_completions, match, stats
         )
         rows = [r for r in rows if r.num_loss_tokens > 0]
+        if adapters is not None:
+            by_index = {step.index: step for step in t.steps}
+            for r in rows:
+                r.adapter = adapters.adapter_of(by_index[r.steps[0]])
         if episode_weighting == "equal" and rows:
             for r in rows:
                 r.weight = 1.0 / len(rows)
@@ -243,6 +308,13 @@ def build_samples(
     stats["loss_tokens"] = float(sum(s.num_loss_tokens for s in samples))
     stats["tokens/total"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
     return SampleBatch(samples=samples, stats=dict(stats))
+
+
+def _both(first: Callable[[Step], bool] | None, second: Callable[[Step], bool] | None) -> Callable[[Step], bool] | None:
+    """A match requiring both (either may be ``None``: no condition)."""
+    if first is None or second is None:
+        return first or second
+    return lambda step: first(step) and second(step)
 
 
 def untrained_reason(step: Step, mask_truncated: bool = False, match: Callable[[Step], bool] | None = None) -> str | None:

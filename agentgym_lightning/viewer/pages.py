@@ -20,6 +20,7 @@ from typing import Any
 
 from agentgym_lightning.agent_match import as_agent_match
 from agentgym_lightning.credit import assign_credit
+from agentgym_lightning.training.agent_adapters import AgentAdapters, agent_routes
 from agentgym_lightning.training.samples import episode_advantages, untrained_reason
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 from agentgym_lightning.viewer.alarms import group_diversity, run_alarms
@@ -174,7 +175,12 @@ def _credit(file: EpisodeFile, episodes: Sequence[Trajectory], config: dict[str,
     credit, kwargs = config.get("credit", "identical"), dict(config.get("credit_kwargs") or {})
     try:
         values = {t.episode_id: assign_credit(t, credit, **kwargs) for t in episodes if t.steps and t.trainable}
-        advantages, zero_variance, _ = episode_advantages(episodes, credit=credit, credit_kwargs=kwargs, scale_rewards=config.get("scale_rewards", "group"))
+        # lora_per_agent with per-agent advantages: each agent's calls were normalised on their own.
+        routes = agent_routes(config.get("lora_per_agent", False), config.get("agent_match"))
+        agent_of = AgentAdapters(routes).agent_of if routes and config.get("agent_advantages", "per_agent") == "per_agent" else None
+        advantages, zero_variance, _ = episode_advantages(
+            episodes, credit=credit, credit_kwargs=kwargs, scale_rewards=config.get("scale_rewards", "group"), agent_of=agent_of
+        )
     except (ValueError, RuntimeError) as exc:  # a credit plugin that is not installed here
         return _Credit({}, {}, {}, error=str(exc))
     return _Credit(values, advantages, zero_variance)

@@ -177,3 +177,45 @@ def test_a_training_step_on_two_workers_rolls_out_what_one_process_does(local_ra
         for s in t.steps:
             s.completion.logprobs = None
     assert remote == local
+
+
+def two_agent(task, ctx):
+    first = ctx.chat_completion([{"role": "user", "content": task["q"]}], max_tokens=4, metadata={"agent": "writer"})
+    return ctx.chat_completion([{"role": "user", "content": first.text or "x"}], max_tokens=4, metadata={"agent": "rewriter"}).text
+
+
+def make_two_agent_env():
+    return AgentEnv(two_agent, [{"q": f"question {i}"} for i in range(4)], lambda task, result: float(len(result) % 2))
+
+
+def test_with_an_adapter_per_agent_the_workers_calls_are_generated_with_their_agents_adapters(local_ray, tiny_model_dir, tmp_path):
+    """lora_per_agent on Ray workers: each call reaches the trainer's generator with its agent's
+    adapter (sent as the model name), so the workers roll out what one process does, with two
+    adapters that write differently."""
+    pytest.importorskip("peft", reason="needs the train extra")
+    import torch
+
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.trajectory import load_trajectories
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    def step(workers):
+        out = tmp_path / f"adapters-workers-{workers}"
+        config = LightningRLConfig(
+            env="scripted", model=str(tiny_model_dir), max_steps=1, tasks_per_step=2, num_generations=2, output_dir=str(out),
+            report_to=[], progress=False, save_steps=1, rollout_workers=workers, lora_per_agent=True,
+            agent_match="writer|rewriter", lora_r=4, lora_alpha=8,
+        )
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+        trainer = LightningRLTrainer(config, env=make_two_agent_env, policy=policy)
+        torch.manual_seed(0)
+        with torch.no_grad():  # adapters that differ from each other and from the base model
+            for name, param in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.5)
+        trainer.train()
+        return _content(list(load_trajectories(out / "trajectories" / "step-000001.jsonl")))
+
+    remote, local = step(2), step(0)
+    ids = lambda ts: [[s.completion.completion_token_ids for s in t.steps] for t in ts]  # noqa: E731
+    assert len(remote) == 4 and ids(remote) == ids(local)

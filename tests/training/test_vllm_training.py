@@ -86,3 +86,48 @@ def test_a_training_step_through_the_engine_syncs_and_logs_the_time(vllm_policy,
     assert vllm_policy.weights_version == version + 1
     rows = [s for s in (tmp_path / "trajectories").glob("step-*.jsonl")]
     assert rows  # the episodes went through the engine and were written
+
+
+def test_lora_per_agent_routes_each_call_of_a_batch_to_its_adapter_in_the_engine(tmp_path):
+    """lora_per_agent on vLLM: the trainer loads every adapter into a multi-LoRA engine, and one
+    batched generate answers each call with its agent's adapter — the tokens the trained PEFT
+    model writes with that adapter (greedy); an agent without one gets the base model. After an
+    update, a sync replaces the adapters the engine serves (here: the weights changed by hand)."""
+    import torch
+
+    from agentgym_lightning.llm import SamplingParams
+    from agentgym_lightning.policies.vllm import VLLMPolicy
+    from agentgym_lightning.training.agent_adapters import AdapterRouting
+
+    policy = VLLMPolicy("smollm2-135m", default_max_tokens=8, seed=0, max_loras=2, max_lora_rank=8)
+    try:
+        trainer = _trainer(policy, tmp_path, lora_per_agent={"writer": "w1", "rewriter": "r1"}, lora_r=4, lora_alpha=8)
+        torch.manual_seed(0)
+        with torch.no_grad():  # make the two adapters differ from each other and from the base model
+            for name, param in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.2)
+        trainer._sync()
+        routing = AdapterRouting(policy, trainer.adapters)
+
+        def request(agent):
+            return ChatRequest(messages=[{"role": "user", "content": "Tell me about cats."}], metadata={"agent": agent},
+                               sampling=SamplingParams(temperature=0.0, max_tokens=8))
+
+        agents = ["writer", "rewriter", "checker"]
+        got = routing.generate([request(a) for a in agents])
+        prompt = got[0].prompt_token_ids
+        expected = []
+        for agent in agents:
+            ids = torch.tensor([prompt])
+            if agent == "checker":
+                with trainer.model.disable_adapter():
+                    out = trainer.model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+            else:
+                trainer.model.set_adapter({"writer": "w1", "rewriter": "r1"}[agent])
+                out = trainer.model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+            expected.append(out[0, len(prompt):].tolist())
+        assert [c.completion_token_ids[: len(e)] for c, e in zip(got, expected)] == expected
+        assert len({tuple(e) for e in expected}) == 3, "the adapters must write differently for this test to mean anything"
+    finally:
+        policy.close()
