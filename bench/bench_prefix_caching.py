@@ -3,12 +3,17 @@
     python bench/bench_prefix_caching.py                       # hf backend, SmolLM2-135M, the main job's step
     python bench/bench_prefix_caching.py --tasks 2 --rounds 3 --threads 1
     .venv-vllm/bin/python bench/bench_prefix_caching.py --backend vllm
+    AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider python bench/bench_prefix_caching.py \\
+        --env bench/spider_counts.py:make_env --env-kwarg split=train --tasks 2 --group-size 8 --rounds 1
 
-The workload is one training step of the main job (``make run``): ``lightning/Arithmetic-v0``
-(difficulty 3, one worked example), ``--tasks`` tasks x ``--group-size`` episodes, every call
-sampled at temperature 1 with the call seeds the trainer gives it, at most ``--max-tokens``
-tokens (default: the agent's own 256, as in the main job). The G episodes of a task send the same first prompt, and every prompt starts with the
-same system prompt and worked example.
+The workload is one training step: by default the main job's (``make run``):
+``lightning/Arithmetic-v0`` (difficulty 3, one worked example), else the env that ``--env`` /
+``--env-kwarg`` name (``bench/env_args.py``; the Spider step above: the LangGraph SQL agent on
+Spider's count questions, B2 x G8, as in ``bench/bench_update.py``). ``--tasks`` tasks x
+``--group-size`` episodes, every call sampled at temperature 1 with the call seeds the trainer
+gives it, at most ``--max-tokens`` tokens (default: the agent's own: 256 in the main job, 384
+for Spider). The G episodes of a task send the same first prompt, and every prompt starts with
+the same system prompt (and the main job's worked example, or Spider's schema).
 
 1. **rollout**: the step's episodes through the batched driver, once with prefix caching off and
    once on, alternating for ``--rounds`` rounds (medians). Same seeds, so the same tokens: the
@@ -36,17 +41,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_generation import RecordingPolicy  # noqa: E402
+from env_args import add_env_arguments, env_of  # noqa: E402
 
 from agentgym_lightning.llm import ChatRequest, Completion  # noqa: E402
 
 
-def _env_factory() -> Callable[[], Any]:
-    import gymnasium as gym
+def _env_factory(args: argparse.Namespace) -> Callable[[], Any]:
+    from agentgym_lightning.rollout import make_env_factory
 
-    import agentgym_lightning  # noqa: F401  (registers the ids)
+    factory = make_env_factory(*env_of(args))
 
     def make() -> Any:
-        env = gym.make("lightning/Arithmetic-v0", difficulty=3, examples=1).unwrapped
+        env = factory()
         env.seed_calls = True  # what the trainer does: every call sampled from a seed of its own
         return env
 
@@ -65,7 +71,7 @@ def run_rollout(policy: Any, args: argparse.Namespace) -> tuple[float, list[list
     recorder = RecordingPolicy(policy)  # inside the override: it records the requests as sampled
     episodes = args.tasks * args.group_size
     started = time.perf_counter()
-    trajectories = rollout(_env_factory(), SamplingOverride(recorder, temperature=1.0, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
+    trajectories = rollout(_env_factory(args), SamplingOverride(recorder, temperature=1.0, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
                            concurrency=episodes, seed=args.seed, progress=False)
     seconds = time.perf_counter() - started
     trajectories.sort(key=lambda t: t.seed or 0)
@@ -122,6 +128,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="cap on a call's max tokens (default: the agent's 256, as the main job)")
     parser.add_argument("--rounds", type=int, default=2, help="off/on rounds (medians are printed)")
     parser.add_argument("--seed", type=int, default=0)
+    add_env_arguments(parser)
     args = parser.parse_args()
 
     modes = _Modes(args)
@@ -146,7 +153,8 @@ def main() -> None:
         modes.close()
 
     calls = sum(len(b) for b in batches)
-    print(f"[{args.backend}] {args.tasks} tasks x {args.group_size} episodes, {calls} calls in {len(batches)} "
+    env, env_kwargs = env_of(args)
+    print(f"[{args.backend}] {env} {env_kwargs}: {args.tasks} tasks x {args.group_size} episodes, {calls} calls in {len(batches)} "
           f"generate batches, {sum(map(len, tokens[True]))} completion tokens; {args.rounds} rounds, medians")
     for name, seconds in (("rollout", rollout_s), ("generate", generate_s)):
         off, on = statistics.median(seconds[False]), statistics.median(seconds[True])
