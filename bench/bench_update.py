@@ -28,7 +28,11 @@ One Spider step (B2 x G8, the LangGraph SQL agent on Spider's count questions, p
         --air spider.executes=0.5 --steps 1 --tasks-per-step 2 --group-size 8 --learning-rate 2e-5 \\
         --set gradient_checkpointing=true --set micro_batch_tokens=1024 --seed 0 \\
         --output-dir runs/spider-b2g8 --no-wandb
-    AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider python bench/bench_update.py runs/spider-b2g8 --padded-defaults
+    AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider python bench/bench_update.py runs/spider-b2g8
+
+(both updates with the run's 1,024-token micro-batches and gradient checkpointing: with the
+config's defaults, 4,096 padded tokens and no checkpointing, a padded micro-batch of three
+~1,300-token rows holds ~6 GB of activations.)
 """
 
 from __future__ import annotations
