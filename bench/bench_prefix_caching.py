@@ -4,14 +4,14 @@
     python bench/bench_prefix_caching.py --tasks 2 --rounds 3 --threads 1
     .venv-vllm/bin/python bench/bench_prefix_caching.py --backend vllm
     AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider python bench/bench_prefix_caching.py \\
-        --env bench/spider_counts.py:make_env --env-kwarg split=train --tasks 2 --group-size 8 --rounds 1
+        --env bench/spider_counts.py:make_env --env-kwarg split=train --tasks 2 --group-size 8 --temperature 0.7 --rounds 1 --no-generate-replay
 
 The workload is one training step: by default the main job's (``make run``):
 ``lightning/Arithmetic-v0`` (difficulty 3, one worked example), else the env that ``--env`` /
 ``--env-kwarg`` name (``bench/env_args.py``; the Spider step above: the LangGraph SQL agent on
 Spider's count questions, B2 x G8, as in ``bench/bench_update.py``). ``--tasks`` tasks x
-``--group-size`` episodes, every call sampled at temperature 1 with the call seeds the trainer
-gives it, at most ``--max-tokens`` tokens (default: the agent's own: 256 in the main job, 384
+``--group-size`` episodes, every call sampled at ``--temperature`` (default 1, the trainer's)
+with the call seeds the trainer gives it, at most ``--max-tokens`` tokens (default: the agent's own: 256 in the main job, 384
 for Spider). The G episodes of a task send the same first prompt, and every prompt starts with
 the same system prompt (and the main job's worked example, or Spider's schema).
 
@@ -73,7 +73,7 @@ def run_rollout(policy: Any, args: argparse.Namespace) -> tuple[float, float, li
     recorder = RecordingPolicy(policy)  # inside the override: it records the requests as sampled
     episodes = args.tasks * args.group_size
     started, cpu = time.perf_counter(), time.process_time()
-    trajectories = rollout(_env_factory(args), SamplingOverride(recorder, temperature=1.0, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
+    trajectories = rollout(_env_factory(args), SamplingOverride(recorder, temperature=args.temperature, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
                            concurrency=episodes, seed=args.seed, progress=False)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     trajectories.sort(key=lambda t: t.seed or 0)
@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="cap on a call's max tokens (default: the agent's 256, as the main job)")
     parser.add_argument("--rounds", type=int, default=2, help="off/on rounds (medians are printed)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the trainer's default: 1.0)")
     parser.add_argument("--generate-replay", action=argparse.BooleanOptionalAction, default=True,
                         help="part 2, the generate batches replayed (--no-generate-replay: the rollouts only)")
     add_env_arguments(parser)

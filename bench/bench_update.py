@@ -25,7 +25,7 @@ One Spider step (B2 x G8, the LangGraph SQL agent on Spider's count questions, p
 
     AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider agentgym-lightning train \\
         --env bench/spider_counts.py:make_env --env-kwarg split=train --agent-match 'writer|rewriter' \\
-        --air spider.executes=0.5 --steps 1 --tasks-per-step 2 --group-size 8 --learning-rate 2e-5 \\
+        --air spider.executes=0.5 --steps 1 --tasks-per-step 2 --group-size 8 --learning-rate 2e-5 --set temperature=0.7 \\
         --set gradient_checkpointing=true --set micro_batch_tokens=1024 --seed 0 \\
         --output-dir runs/spider-b2g8 --no-wandb
     AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider python bench/bench_update.py runs/spider-b2g8
