@@ -75,6 +75,9 @@ def replay_config(run: str | Path, args: argparse.Namespace, path: str) -> dict[
             config["micro_batch_tokens"] = args.micro_batch_tokens
         if args.gradient_checkpointing is not None:
             config["gradient_checkpointing"] = args.gradient_checkpointing
+    # The update trains the hf model whichever backend generated the rows: no generator to start
+    # (a vllm run is replayed without vLLM), and none of its options.
+    config.update(backend="hf", policy_kwargs={}, rollout_workers=0)
     return {**config, "output_dir": tempfile.mkdtemp(), "report_to": [], "progress": False, "packed_update": path == "tree"}
 
 

@@ -53,8 +53,10 @@ def save_run(tmp_path: Path, **options: object) -> Path:
 
 def test_bench_update_replays_a_run_with_its_own_config(tmp_path: Path) -> None:
     run = save_run(tmp_path, env="lightning/Spider-v0", env_kwargs={"agent": "langgraph", "split": "train"},
-                   agent_match="writer|rewriter", loss_type="grpo", micro_batch_tokens=1024, gradient_checkpointing=True)
+                   agent_match="writer|rewriter", loss_type="grpo", micro_batch_tokens=1024, gradient_checkpointing=True,
+                   backend="vllm", policy_kwargs={"gpu_memory_utilization": 0.5})
     tree = bench_update.replay_config(run, replay_args(), "tree")
+    assert (tree["backend"], tree["policy_kwargs"]) == ("hf", {})  # the update's model, no generator of its own
     assert (tree["env"], tree["env_kwargs"], tree["agent_match"], tree["loss_type"]) == (
         "lightning/Spider-v0", {"agent": "langgraph", "split": "train"}, "writer|rewriter", "grpo")
     assert (tree["micro_batch_tokens"], tree["gradient_checkpointing"], tree["packed_update"]) == (1024, True, True)
