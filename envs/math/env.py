@@ -8,7 +8,8 @@
     env = gym.make("lightning/GSM8K-v0", split="test", limit=200)
     env = gym.make("lightning/CalcX-v0", data_dir="path/to/calcx", split="test")
 
-The same agent (:mod:`.agent`) runs all three. The episode reward is 1.0 when the final answer
+The same agent (:mod:`.agent`) runs all three (``agent="solver-verifier"`` adds a verifier
+after it, :mod:`.verifier`). The episode reward is 1.0 when the final answer
 matches the gold (:func:`.answers.answers_match`, exact for GSM8K and Arithmetic, a relative
 tolerance of 1e-2 for Calc-X as in the Calc-X paper) and 0.0 otherwise. Each episode records
 ``trajectory.variables["metrics"]``: ``correct``, ``used_calculator`` (it made at least one
