@@ -14,6 +14,8 @@ from agentgym_lightning.envs.math.verifier import VERIFIER_EXAMPLES, SolverVerif
 from agentgym_lightning.llm import ADAPTER_KEY
 from agentgym_lightning.training.agent_adapters import AdapterRouting, AgentAdapters, agent_routes
 
+from .conftest import play
+
 
 def scripted(verifier_reply: str, solver_answer: str | None = None):
     """The calculator solver (answering ``solver_answer`` instead of the result when given),
@@ -28,17 +30,6 @@ def scripted(verifier_reply: str, solver_answer: str | None = None):
         return calculator_policy(obs, task)
 
     return policy
-
-
-def play(env, policy):
-    obs, info = env.reset(seed=0)
-    task, observations, total, done = info["task"], [obs], 0.0, False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(policy(obs, task))
-        observations.append(obs)
-        total += reward
-        done = terminated or truncated
-    return info["trajectory"], observations[:-1], total
 
 
 def test_the_solvers_and_the_verifiers_calls_are_named_and_routed_to_their_adapters():
