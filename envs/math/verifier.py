@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from agentgym_lightning.agent import AgentContext
 
-__all__ = ["VERIFIER_PROMPT", "VERIFIER_EXAMPLES", "VERDICTS", "VerifierConfig", "VerifiedResult", "SolverVerifierAgent"]
+__all__ = ["VERIFIER_PROMPT", "VERIFIER_EXAMPLES", "VERDICTS", "VerifierConfig", "VerifiedResult", "SolverVerifierAgent", "verifier_message"]
 
 VERIFIER_PROMPT = (
     "You check a solver's answer to a question. If the answer is right, repeat it; if it is wrong, give the "
