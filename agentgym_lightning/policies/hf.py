@@ -1,4 +1,11 @@
-"""The ``hf`` backend: transformers ``generate``, batched, token-exact, CPU or GPU.
+"""The ``hf`` backend: a transformers causal LM, decoded in batches, token-exact, CPU or GPU.
+
+Decoding is a short loop of our own rather than ``model.generate``: a token per forward pass for
+every row still running, and a row that ends (EOS, a stop string, its own ``max_tokens``) leaves
+the batch and the KV cache at once, so the rows that ended early cost nothing while the longest
+runs (``generate`` computes every row until the last one ends: on the main job's rollouts, about
+half of all decoding). The loop is also what makes per-row sampling simple: each row's token is
+drawn and recorded where it is chosen.
 
 What a :class:`~agentgym_lightning.llm.Completion` from :class:`HFPolicy` holds:
 
@@ -27,7 +34,7 @@ ignored: what the request says is what is sampled. ``n`` (one completion per req
 
 **Adapters** (``lora_per_agent``). When the model is a PEFT model holding several LoRA adapters, a
 request naming one in ``metadata[ADAPTER_KEY]`` is generated with it (``"__base__"``: the base
-model alone; no name: the active adapter). A batch mixing adapters is one ``generate`` call with
+model alone; no name: the active adapter). A batch mixing adapters is one batch, with
 PEFT's per-row ``adapter_names`` (no split per adapter); prompt prefixes are shared only between
 rows of the same adapter (an adapter changes the prefix's keys and values).
 """
@@ -104,18 +111,6 @@ def _prefix_layout(prompts: Sequence[Sequence[int]], adapters: Sequence[str | No
     return shared, groups
 
 
-def _logits_processor_base() -> type:
-    from transformers import LogitsProcessor
-
-    return LogitsProcessor
-
-
-def _stopping_criteria_base() -> type:
-    from transformers import StoppingCriteria
-
-    return StoppingCriteria
-
-
 class HFPolicy(Policy):
     """Answers chat requests with a local transformers causal LM (default: embedded SmolLM2-135M).
 
@@ -125,7 +120,7 @@ class HFPolicy(Policy):
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         dtype: ``"float32"`` (default; exact logprobs), ``"bfloat16"``, ``"float16"`` or ``"auto"``
             (float32 on CPU, bfloat16 on CUDA).
-        max_batch_size: most rows in one ``generate`` call.
+        max_batch_size: most rows decoded together in one batch.
         default_max_tokens: ``max_tokens`` for requests that give none.
         default_temperature: ``temperature`` for requests that give none (OpenAI's default is 1).
         seed: seeds torch once at start-up, for reproducible sampling of requests with no seed.
@@ -199,8 +194,9 @@ class HFPolicy(Policy):
         self.eos_token_ids: frozenset[int] = frozenset(int(i) for i in eos_ids)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else min(self.eos_token_ids))
-        # A clean generation config: a checkpoint's own sampling defaults (top_k, repetition
-        # penalty...) would otherwise silently fill in whatever a request leaves unset.
+        # A clean generation config (saved with checkpoints): a checkpoint's own sampling defaults
+        # (top_k, repetition penalty...) would otherwise fill in what a request leaves unset for
+        # whoever calls the saved model's ``generate``.
         self.hf_model.generation_config = GenerationConfig(
             bos_token_id=self.tokenizer.bos_token_id,
             eos_token_id=sorted(self.eos_token_ids),
@@ -311,71 +307,66 @@ class HFPolicy(Policy):
         return out
 
     def _generate_batch(self, group: _Group, rows: list[_Row]) -> list[tuple[_Row, Completion]]:
+        """Decode ``rows`` together, a token per forward pass, dropping each row from the batch
+        (and its keys and values from the cache) the moment it ends: rows that ended early cost
+        nothing while the longest one runs (``generate`` would keep computing them until the
+        last row ends; on the main job's batches that was half the decoding)."""
         import torch
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+        from transformers import DynamicCache
 
         adapter_names = self._adapter_names(rows)
-        input_ids, attention_mask, prefix_cache = self._prompt_inputs(rows, adapter_names)
-        width = input_ids.shape[1]
-        peft_kwargs = {} if adapter_names is None else {"adapter_names": adapter_names}
-
-        generators = None
-        if group.do_sample and any(r.request.sampling.seed is not None for r in rows):
-            # Seeded rows draw from their own generator: batch-invariant sampling.
-            generators = [
-                None if r.request.sampling.seed is None else torch.Generator(device=self.device).manual_seed(int(r.request.sampling.seed))
-                for r in rows
-            ]
-        recorder = _SamplingRecorder(group.temperature if group.do_sample else None, group.top_p, generators)
-        tracker = _RowTracker(
-            prompt_width=width,
-            max_tokens=torch.tensor([r.max_tokens for r in rows], device=self.device),
-            stops=[r.stops for r in rows],
-            eos_token_ids=self.eos_token_ids,
-            tokenizer=self.tokenizer,
-            recorder=recorder,
-        )
-        if group.do_sample:
-            # temperature/top_p are applied by our recorder (so it sees the final distribution);
-            # transformers must add no warper of its own, hence the neutral values.
-            config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, typical_p=1.0)
-        else:
-            config = GenerationConfig(do_sample=False)
-        config.max_new_tokens = max(r.max_tokens for r in rows)
-        config.eos_token_id = sorted(self.eos_token_ids)
-        config.pad_token_id = self.pad_token_id
+        input_ids, attention_mask, cache = self._prompt_inputs(rows, adapter_names)
+        if cache is None:
+            cache = DynamicCache(config=self.hf_model.config)
+        sampler = _Sampler(group, rows, self.device)
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cached = cache.get_seq_length()
+        feed, feed_positions = input_ids[:, cached:], positions[:, cached:]
+        alive = list(range(len(rows)))  # batch position -> row
+        tokens: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        out: list[tuple[_Row, Completion]] = []
         with torch.inference_mode():
-            sequences = self.hf_model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                past_key_values=prefix_cache,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
-                stopping_criteria=StoppingCriteriaList([tracker]),
-                **peft_kwargs,
-            )
-        generated = sequences[:, width:].tolist()
-        logprobs = torch.stack(tracker.logprobs, dim=1).tolist() if tracker.logprobs else [[] for _ in rows]
-
-        out = []
-        for b, r in enumerate(rows):
-            tokens = generated[b]
-            limit = min(r.max_tokens, len(tokens))
-            stop_at = tracker.stop_hit[b]
-            if stop_at is not None:
-                limit = min(limit, stop_at)
-            eos_at = next((t for t in range(limit) if tokens[t] in self.eos_token_ids), None)
-            text: str | None = None
-            if eos_at is not None:
-                end, reason = eos_at + 1, "stop"
-            elif stop_at is not None and stop_at <= limit:
-                end, reason = stop_at, "stop"
-                full = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
-                text = full[: min(full.find(s) for s in r.stops if s in full)]
-            else:
-                end, reason = limit, "length"
-            out.append((r, self._finish(r, tokens[:end], logprobs[b][:end], reason, text)))
+            while alive:
+                logits = self.hf_model(
+                    input_ids=feed, attention_mask=attention_mask, position_ids=feed_positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1,
+                    **({} if adapter_names is None else {"adapter_names": [adapter_names[i] for i in alive]}),
+                ).logits[:, -1, :]
+                chosen, chosen_logprobs = sampler(logits, alive)
+                keep = []
+                for b, (i, token, logprob) in enumerate(zip(alive, chosen.tolist(), chosen_logprobs.tolist())):
+                    tokens[i].append(token)
+                    logprobs[i].append(logprob)
+                    ended = self._ended(rows[i], tokens[i])
+                    if ended is None:
+                        keep.append(b)
+                    else:
+                        out.append((rows[i], self._finish(rows[i], tokens[i], logprobs[i], *ended)))
+                if len(keep) < len(alive):
+                    if not keep:
+                        break
+                    index = torch.tensor(keep, device=self.device)
+                    cache.batch_select_indices(index)
+                    attention_mask, chosen, feed_positions = attention_mask[index], chosen[index], feed_positions[index]
+                    alive = [alive[b] for b in keep]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(alive), 1))], dim=1)
+                feed, feed_positions = chosen[:, None], feed_positions[:, -1:] + 1
         return out
+
+    def _ended(self, row: _Row, tokens: list[int]) -> tuple[str, str | None] | None:
+        """``(finish_reason, text)`` once ``row`` has ended with its last token (``text``: the
+        answer cut before a stop string; ``None`` to decode the ids), else ``None``."""
+        if tokens[-1] in self.eos_token_ids:
+            return "stop", None
+        if row.stops:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            found = [text.find(s) for s in row.stops if s in text]
+            if found:
+                return "stop", text[: min(found)]
+        if len(tokens) >= row.max_tokens:
+            return "length", None
+        return None
 
     def _adapter_names(self, rows: list[_Row]) -> list[str] | None:
         """PEFT's ``adapter_names`` for the batch (one per row), or ``None`` when every row runs
@@ -395,7 +386,7 @@ class HFPolicy(Policy):
         prefix a row shares with others in its *prefix group* (the G episodes of a task sending
         the same first prompt), and the row's own rest. The first two are computed once each
         (the batch prefix with batch 1, then each group's segment with one row per group, on
-        top of it) and their keys and values copied to the rows; ``generate`` then runs only the
+        top of it) and their keys and values copied to the rows; decoding then runs only the
         rests. Padding is masked out and position ids count unmasked tokens only (transformers
         derives them from the mask), so every row sees exactly its own prompt at its own
         positions, as with left padding. Every row keeps at least one token outside the cache:
@@ -466,101 +457,47 @@ class HFPolicy(Policy):
         ).completion
 
 
-class _SamplingRecorder(_logits_processor_base()):  # type: ignore[misc]
-    """The last logits processor: applies temperature and top-p (the same warpers transformers
-    uses) and keeps ``log_softmax`` of the result, the exact sampling distribution of this step.
+class _Sampler:
+    """Draws a batch's next tokens and their logprobs under the distribution each was drawn from.
 
-    transformers appends its own warpers *after* custom processors, so they are disabled and
-    applied here instead; that way what we record is what ``multinomial`` samples from.
+    Temperature and top-p are transformers' own warpers; what is recorded is ``log_softmax`` of
+    the warped fp32 logits (of the raw logits for greedy decoding, which takes the argmax). A row
+    whose request has a ``seed`` draws from a generator of its own, so it samples the same tokens
+    whatever shares its batch and whenever other rows end; the other rows draw from torch's
+    global generator."""
 
-    Rows with a generator of their own (seeded requests) are sampled here, from that generator,
-    and their scores are narrowed to the chosen token, so transformers' own draw (from the global
-    RNG) can only pick it.
-    """
-
-    def __init__(self, temperature: float | None, top_p: float, generators: list[Any] | None = None) -> None:
+    def __init__(self, group: _Group, rows: list[_Row], device: Any) -> None:
+        import torch
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
+        self.do_sample = group.do_sample
         self.warpers: list[Any] = []
-        if temperature is not None and temperature != 1.0:
-            self.warpers.append(TemperatureLogitsWarper(temperature))
-        if temperature is not None and top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p=top_p))
-        self.generators = generators
-        self.last_logprobs: Any = None
+        if group.do_sample and group.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(group.temperature))
+        if group.do_sample and group.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=group.top_p))
+        self.generators = [
+            None if r.request.sampling.seed is None else torch.Generator(device=device).manual_seed(int(r.request.sampling.seed))
+            for r in rows
+        ]
 
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
+    def __call__(self, logits: Any, alive: list[int]) -> tuple[Any, Any]:
+        """The next token of each ``alive`` row (one row of ``logits`` each) and its logprob."""
         import torch
 
+        scores = logits.float()
         for warper in self.warpers:
-            scores = warper(input_ids, scores)
-        self.last_logprobs = torch.log_softmax(scores.float(), dim=-1)
-        if self.generators is not None:
-            probs = self.last_logprobs.exp()
-            narrowed = None
-            for b, generator in enumerate(self.generators):
-                if generator is None:
-                    continue
-                token = torch.multinomial(probs[b], 1, generator=generator)
-                if narrowed is None:
-                    narrowed = scores.clone()
-                narrowed[b] = float("-inf")
-                narrowed[b, token] = 0.0
-            if narrowed is not None:
-                scores = narrowed
-        return scores
-
-
-class _RowTracker(_stopping_criteria_base()):  # type: ignore[misc]
-    """A stopping criterion called once per generated token (after it is appended).
-
-    It reads the new token's logprob from the recorder (so no full-vocabulary scores are kept:
-    memory stays O(batch x tokens)), and ends rows individually at their own ``max_tokens`` or
-    stop strings. EOS is left to transformers' own criterion.
-    """
-
-    def __init__(
-        self,
-        *,
-        prompt_width: int,
-        max_tokens: Any,
-        stops: list[tuple[str, ...]],
-        eos_token_ids: frozenset[int],
-        tokenizer: Any,
-        recorder: _SamplingRecorder,
-    ) -> None:
-        import torch
-
-        self.prompt_width = prompt_width
-        self.max_tokens = max_tokens
-        self.stops = stops
-        self.any_stops = any(stops)
-        self.eos = torch.tensor(sorted(eos_token_ids), device=max_tokens.device)
-        self.tokenizer = tokenizer
-        self.recorder = recorder
-        self.logprobs: list[Any] = []  # one (batch,) tensor per step
-        self.stop_hit: list[int | None] = [None] * len(stops)  # tokens generated when a stop appeared
-        self.finished = torch.zeros(len(stops), dtype=torch.bool, device=max_tokens.device)
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        step = input_ids.shape[1] - self.prompt_width
-        new = input_ids[:, -1]
-        self.logprobs.append(self.recorder.last_logprobs.gather(1, new[:, None]).squeeze(1))
-        done = step >= self.max_tokens
-        if self.any_stops:
-            done = done.clone()
-            active = (~self.finished).tolist()
-            tail = None
-            for b, stops in enumerate(self.stops):
-                if not stops or not active[b] or int(new[b]) in self.eos.tolist():
-                    continue
-                if tail is None:
-                    tail = input_ids[:, self.prompt_width :].tolist()
-                text = self.tokenizer.decode(tail[b], skip_special_tokens=True)
-                if any(s in text for s in stops):
-                    self.stop_hit[b] = step
-                    done[b] = True
-        self.finished |= done | torch.isin(new, self.eos)
-        return done
+            scores = warper(None, scores)
+        logprobs = torch.log_softmax(scores, dim=-1)
+        if not self.do_sample:
+            chosen = scores.argmax(dim=-1)
+        else:
+            probs = logprobs.exp()
+            chosen = torch.empty(len(alive), dtype=torch.long, device=scores.device)
+            unseeded = [b for b, i in enumerate(alive) if self.generators[i] is None]
+            for b, i in enumerate(alive):
+                if self.generators[i] is not None:
+                    chosen[b] = torch.multinomial(probs[b], 1, generator=self.generators[i])[0]
+            if unseeded:
+                chosen[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+        return chosen, logprobs.gather(1, chosen[:, None]).squeeze(1)

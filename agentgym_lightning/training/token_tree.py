@@ -214,19 +214,30 @@ def tree_token_logps(
         raise ValueError(f"cannot run the packed update: {reason}; set packed_update=False")
     kind = _MASK_DTYPES[model.config._attn_implementation]
     dtype = next(model.parameters()).dtype
-    logits = model(
-        input_ids=tree.node_ids[None],
-        attention_mask=tree.attention_mask(kind, dtype),
-        position_ids=tree.depths[None],
-        logits_to_keep=tree.logit_nodes,
-        use_cache=False,
-    ).logits[0]
+    inputs = {"input_ids": tree.node_ids[None], "attention_mask": tree.attention_mask(kind, dtype), "position_ids": tree.depths[None], "use_cache": False}
+    tokens = tree.node_ids[tree.scored_nodes]
+    blank = torch.zeros(1, dtype=torch.float32, device=tokens.device)
+    head = _plain_lm_head(model)
+    if head is not None:
+        # The logits never exist: TRL's chunked kernel projects the parents' hidden states a
+        # vocabulary tile at a time (and again in the backward), so the update's largest tensors,
+        # (m x vocabulary) logits and their gradient, are a tile each instead.
+        decoder, weight, bias = head
+        hidden = decoder(**inputs).last_hidden_state[0, tree.logit_nodes]
+        from trl.kernels import ChunkedLogProbFunction
+
+        logps, entropy, *_ = ChunkedLogProbFunction.apply(
+            hidden[tree.logit_slot], weight, bias, tokens, temperature, _VOCAB_TILE, None, 1.0, ("entropy",) if compute_entropy else ()
+        )
+        per_column = torch.cat([logps, blank])[tree.gather]
+        if entropy is not None:
+            entropy = torch.cat([entropy.detach(), blank])[tree.gather]
+        return per_column, entropy
+    logits = model(**inputs, logits_to_keep=tree.logit_nodes).logits[0]
     # (m, vocab), one row per needed parent: the update's biggest tensor, so it is kept once (the
     # autograd graph holds no scaled copy, softmax or index buffers of it) and scanned in chunks.
     logits = logits.float()
-    tokens = tree.node_ids[tree.scored_nodes]
     logps = _ChildLogprobs.apply(logits, tree.logit_slot, tokens, temperature)
-    blank = logps.new_zeros(1)
     per_column = torch.cat([logps, blank])[tree.gather]
     entropy = None
     if compute_entropy:
@@ -238,6 +249,31 @@ def tree_token_logps(
 
 #: Rows of logits scanned at a time (each chunk's temporaries are rows x vocabulary).
 _CHUNK = 128
+
+#: Vocabulary columns projected at a time by the chunked LM head (a tile is tokens x this).
+_VOCAB_TILE = 8192
+
+#: Config attributes by which a model scales or caps its logits in its own ``forward`` (TRL's
+#: list): such a model's logits are not ``hidden @ lm_head.weight.T``, so they are computed whole.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
+def _plain_lm_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
+    """``(decoder, weight, bias)`` when ``model``'s logits are exactly ``decoder(...)``'s last hidden
+    states times a plain linear head (so they can be computed a tile at a time); ``None`` when
+    they may not be (a LoRA on the head, a logit transform, no separate decoder): then the update
+    computes the logits whole, exactly as the model's forward does."""
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    config = getattr(model, "config", None)
+    if decoder is None or decoder is model or type(head) is not torch.nn.Linear or config is None:
+        return None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if any(getattr(text_config, name, None) is not None for name in _LOGIT_TRANSFORMS):
+        return None
+    return decoder, head.weight, head.bias
 
 
 class _ChildLogprobs(torch.autograd.Function):

@@ -113,8 +113,8 @@ def test_requests_with_different_seeds_share_one_batch(hf_policy, monkeypatch):
     """Seeds no longer split a batch: a trainer seeds every call, and one generate per seed
     would make rollouts as slow as unbatched ones."""
     calls = []
-    original = hf_policy.hf_model.generate
-    monkeypatch.setattr(hf_policy.hf_model, "generate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = hf_policy._generate_batch
+    monkeypatch.setattr(hf_policy, "_generate_batch", lambda *a, **k: calls.append(1) or original(*a, **k))
     reqs = [_req(QUESTIONS[i % 3], temperature=1.0, seed=100 + i, max_tokens=4) for i in range(4)]
     outs = hf_policy.generate(reqs)
     assert len(calls) == 1

@@ -197,6 +197,45 @@ def test_micro_batches_keep_shared_prefixes_together_within_the_node_budget():
         tree_micro_batches(interleaved, 0)
 
 
+def _logps_and_grads(net, logps_fn):
+    rows = [row([1, 2, 3], [4, 5], 1.0, name="a"), row([1, 2, 3], [4, 6, 7], -0.5, name="b"), row([9], [1, 2], 2.0, name="c")]
+    batch = pad_samples(rows, 0)
+    logps = logps_fn(net, rows, batch)
+    terms = policy_loss(logps, batch, loss_type="dapo", normalizer=loss_normalizer(rows, "dapo"))
+    params = [p for p in net.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(terms.loss, params)
+    return logps[batch.completion_mask.bool()], torch.cat([g.flatten() for g in grads])
+
+
+def _lora_on_the_head():
+    peft = pytest.importorskip("peft")
+    return peft.get_peft_model(tiny_llama(seed=1), peft.LoraConfig(r=4, target_modules=["q_proj", "lm_head"], init_lora_weights=False))
+
+
+@pytest.mark.parametrize("make", [tiny_llama, _lora_on_the_head], ids=["plain-head", "lora-on-the-head"])
+def test_the_lm_head_is_chunked_only_when_the_logits_are_a_plain_projection(make):
+    """A plain head is projected a tile at a time (no whole logits); a head that is more than
+    ``hidden @ weight.T`` (a LoRA on it, a logit transform) is computed whole, as the model's own
+    forward does. Both give the padded logprobs and gradients."""
+    from agentgym_lightning.training.token_tree import _plain_lm_head
+
+    net = make()
+    plain = _plain_lm_head(net)
+    assert (plain is not None) == (make is tiny_llama)
+    packed = _logps_and_grads(net, lambda n, rows, batch: tree_token_logps(n, build_token_tree(rows), batch, 0.7)[0])
+    padded = _logps_and_grads(net, lambda n, rows, batch: per_token_logps(n, batch, 0.7)[0])
+    torch.testing.assert_close(packed[0], padded[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=1e-4)
+
+
+def test_a_logit_transform_in_the_config_keeps_the_logits_whole():
+    from agentgym_lightning.training.token_tree import _plain_lm_head
+
+    net = tiny_llama()
+    net.config.final_logit_softcapping = 30.0
+    assert _plain_lm_head(net) is None
+
+
 def test_a_model_without_a_4d_mask_attention_is_named_with_the_reason():
     assert packed_unsupported_reason(tiny_llama("sdpa")) is None
     net = tiny_llama("sdpa")
