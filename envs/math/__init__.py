@@ -6,6 +6,7 @@
 - :mod:`.data`: the GSM8K and Calc-X loaders and the bundled-sample fallback;
 - :mod:`.sample`: the small GSM8K- and Calc-X-style samples the project wrote itself;
 - :mod:`.agent`: the calculator agent on the ``openai`` client (tool calls, or a text protocol);
+- :mod:`.verifier`: a verifier after that agent, accepting or correcting its answer (two agents);
 - :mod:`.env`: the ``make_env`` functions (Gymnasium entry points);
 - :mod:`.cli`: ``agentgym-lightning data gsm8k PATH`` and ``data calcx PATH``.
 

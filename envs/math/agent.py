@@ -261,11 +261,14 @@ class MathAgent:
     """``agent(task, ctx) -> AgentResult`` for :class:`~agentgym_lightning.env.AgentEnv`.
 
     ``task["question"]`` is the question. Use :meth:`run` with any ``openai.OpenAI`` client
-    outside an env.
+    outside an env. ``name`` (e.g. ``"solver"`` beside another agent) is sent as every call's
+    ``metadata["agent"]``, as framework adapters name their agents, for ``agent_match`` and
+    ``lora_per_agent``; without it the calls say only their role.
     """
 
-    def __init__(self, config: MathAgentConfig | None = None) -> None:
+    def __init__(self, config: MathAgentConfig | None = None, name: str | None = None) -> None:
         self.config = config or MathAgentConfig()
+        self.name = name
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> AgentResult:
         return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable)
@@ -338,7 +341,10 @@ class MathAgent:
         """One call: ``(content, tool calls as {id, name, arguments}, why each unreadable
         <tool_call> block failed, the assistant message to append)``."""
         cfg = self.config
-        kwargs: dict[str, Any] = {"metadata": {"role": "solver", "trainable": "true"}}
+        metadata = {"role": "solver", "trainable": "true"}
+        if self.name is not None:
+            metadata["agent"] = self.name
+        kwargs: dict[str, Any] = {"metadata": metadata}
         if cfg.max_tokens is not None:
             kwargs["max_tokens"] = cfg.max_tokens
         if cfg.temperature is not None:

@@ -8,7 +8,8 @@
     env = gym.make("lightning/GSM8K-v0", split="test", limit=200)
     env = gym.make("lightning/CalcX-v0", data_dir="path/to/calcx", split="test")
 
-The same agent (:mod:`.agent`) runs all three. The episode reward is 1.0 when the final answer
+The same agent (:mod:`.agent`) runs all three (``agent="solver-verifier"`` adds a verifier
+after it, :mod:`.verifier`). The episode reward is 1.0 when the final answer
 matches the gold (:func:`.answers.answers_match`, exact for GSM8K and Arithmetic, a relative
 tolerance of 1e-2 for Calc-X as in the Calc-X paper) and 0.0 otherwise. Each episode records
 ``trajectory.variables["metrics"]``: ``correct``, ``used_calculator`` (it made at least one
@@ -38,6 +39,7 @@ from .autogen_agent import AutoGenMathAgent
 from .answers import answers_match
 from .arithmetic import ArithmeticTasks, resolve_difficulty
 from .data import load_math
+from .verifier import SolverVerifierAgent, VerifiedResult, VerifierConfig
 
 __all__ = [
     "GSM8K_ID",
@@ -57,13 +59,15 @@ __all__ = [
 GSM8K_ID = "lightning/GSM8K-v0"
 CALCX_ID = "lightning/CalcX-v0"
 ARITHMETIC_ID = "lightning/Arithmetic-v0"
-#: The agents the envs can run (``agent=...``).
-AGENTS = ("scratch", "autogen")
+#: The agents the envs can run (``agent=...``): the from-scratch solver, the AutoGen solver, the
+#: from-scratch solver followed by a verifier (:mod:`.verifier`).
+AGENTS = ("scratch", "autogen", "solver-verifier")
 
 #: Reported with every episode unless ``air_weights`` says otherwise.
 DEFAULT_AIR_WEIGHTS: dict[str, float] = {"math.no_tool": 0.0}
 
 _AGENT_FIELDS = {f.name for f in dataclasses.fields(MathAgentConfig)}
+_VERIFIER_FIELDS = {f.name for f in dataclasses.fields(VerifierConfig)}
 
 
 class MathEpisodeAgent:
@@ -75,7 +79,7 @@ class MathEpisodeAgent:
     infrastructure failure instead of a zero reward.
     """
 
-    def __init__(self, agent: MathAgent, rel_tol: float = 0.0) -> None:
+    def __init__(self, agent: MathAgent | SolverVerifierAgent, rel_tol: float = 0.0) -> None:
         if rel_tol < 0:
             raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
         self.agent = agent
@@ -95,6 +99,9 @@ class MathEpisodeAgent:
             "used_calculator": float(result.calculator_calls > 0),
             "answer_parsed": float(result.answer_status == "ok"),
         }
+        if isinstance(result, VerifiedResult):  # what the verifier added: correct - solver_correct
+            metrics["solver_correct"] = float(answers_match(result.solver_answer, str(task["answer"]), self.rel_tol))
+            metrics["verifier_corrected"] = float(result.verdict == "corrected")
         ctx.emit_variable("metrics", metrics)
         return {"correct": correct, **dataclasses.asdict(result)}
 
@@ -158,15 +165,23 @@ def _build(
     if agent_kind not in AGENTS:
         raise ValueError(f"unknown math agent {agent_kind!r}; choose one of {', '.join(AGENTS)}")
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
+    verifier_options = {
+        k.removeprefix("verifier_"): kwargs.pop(k) for k in list(kwargs)
+        if k.startswith("verifier_") and k.removeprefix("verifier_") in _VERIFIER_FIELDS
+    }
+    if verifier_options and agent_kind != "solver-verifier":
+        raise ValueError(f"{', '.join('verifier_' + k for k in verifier_options)} need agent='solver-verifier'")
     if agent_kind == "autogen" and agent_options.get("protocol", "tools") != "tools":
         raise ValueError("the autogen agent calls the calculator as a native tool: protocol must be 'tools'")
     config = MathAgentConfig(max_turns=max_turns, max_tokens=max_tokens, **agent_options)
     kwargs.setdefault("env_id", env_id)
-    # A guard only: the agent itself never makes more than max_turns calls.
-    kwargs.setdefault("max_turns", max_turns)
+    # A guard only: the agent itself never makes more than max_turns calls (the verifier one more).
+    kwargs.setdefault("max_turns", max_turns + (agent_kind == "solver-verifier"))
     weights = {**DEFAULT_AIR_WEIGHTS, **dict(air_weights or {})}
     if agent_kind == "autogen":
         agent: MathEpisodeAgent = AutoGenMathEpisodeAgent(AutoGenMathAgent(config), rel_tol)
+    elif agent_kind == "solver-verifier":
+        agent = MathEpisodeAgent(SolverVerifierAgent(config, VerifierConfig(**verifier_options)), rel_tol)
     else:
         agent = MathEpisodeAgent(MathAgent(config), rel_tol)
     return AgentEnv(agent, tasks, MathReward(rel_tol), air_weights=weights, **kwargs)
@@ -206,7 +221,9 @@ def make_gsm8k_env(
         max_tokens: ``max_tokens`` of each call.
         **kwargs: ``agent``: ``"scratch"`` (default, :class:`~.agent.MathAgent`) or ``"autogen"``
             (the solver as an AutoGen ``AssistantAgent``, :mod:`.autogen_agent`; needs the
-            ``[autogen]`` extra). Agent options (any :class:`~.agent.MathAgentConfig` field: ``protocol``,
+            ``[autogen]`` extra), or ``"solver-verifier"`` (the from-scratch solver, then a verifier
+            that accepts or corrects its answer, :mod:`.verifier`; its options as
+            ``verifier_<field>`` of :class:`~.verifier.VerifierConfig`). Agent options (any :class:`~.agent.MathAgentConfig` field: ``protocol``,
             ``temperature``, ``system_prompt``...), then :class:`~agentgym_lightning.env.AgentEnv`
             options (``time_limit``, ``transport``, ``model_name``...).
     """
@@ -287,8 +304,11 @@ def calculator_policy(observation: Any, task: Mapping[str, Any] | None = None) -
 
     First call: it asks the calculator for ``task["expression"]`` (Arithmetic) or, lacking one,
     the gold answer itself; next call: ``Answer: <the last tool result>``. Works with both
-    protocols (it answers the ``text`` protocol in ``<tool_call>`` text).
+    protocols (it answers the ``text`` protocol in ``<tool_call>`` text). The verifier's call
+    (``agent="solver-verifier"``) it answers with the gold answer.
     """
+    if observation.request.metadata.get("role") == "verifier":
+        return f"Answer: {(task or {}).get('answer', '0')}"
     messages = observation.request.messages
     last = messages[-1]
     if last.get("role") == "tool" or "<tool_response>" in str(last.get("content") or ""):

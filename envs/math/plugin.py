@@ -20,6 +20,11 @@ source                        raw value, on which step
                               in the episode (the envs report it with weight 0 by default)
 ============================  ====================================================================
 
+With ``agent="solver-verifier"`` (:mod:`.verifier`) these come from the solver's calls (its
+variables land there); the verifier's call has none of them, and no source of its own: its
+answer is the final one, so the final reward already is its outcome, and a signal for "accepted
+a wrong answer" or "fixed a wrong one" would only repeat it.
+
 ::
 
     gym.make("lightning/Arithmetic-v0", air_weights={"math.calc_ok": 0.1, "math.calc_error": -0.1})

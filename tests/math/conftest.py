@@ -4,6 +4,7 @@ folder of the test's own (never the user's)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +39,15 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(data, "_cache", {})
     monkeypatch.setattr(data, "_noticed", set())
     return cache
+
+
+def play(env, policy, **reset_options: Any):
+    """One episode; ``policy(obs, task) -> action``. Returns (trajectory, observations, return)."""
+    obs, info = env.reset(seed=0, options=reset_options)
+    task, observations, total, done = info["task"], [obs], 0.0, False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(policy(obs, task))
+        observations.append(obs)
+        total += reward
+        done = terminated or truncated
+    return info["trajectory"], observations[:-1], total

@@ -26,19 +26,9 @@ from agentgym_lightning.envs.math.env import (
 from agentgym_lightning.llm import Completion, ToolCall
 from agentgym_lightning.policies.tool_calls import new_tool_call_id
 
+from .conftest import play
+
 ALL_AIR = {"math.calc_ok": 0.1, "math.calc_error": -0.1, "math.answer_missing": -0.5, "math.answer_unparsable": -0.3, "math.no_tool": -0.05}
-
-
-def play(env, policy, **reset_options: Any):
-    """One episode; ``policy(obs, task) -> action``. Returns (trajectory, observations, return)."""
-    obs, info = env.reset(seed=0, options=reset_options)
-    task, observations, total, done = info["task"], [obs], 0.0, False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(policy(obs, task))
-        observations.append(obs)
-        total += reward
-        done = terminated or truncated
-    return info["trajectory"], observations[:-1], total
 
 
 def rewards_by_source(trajectory):
