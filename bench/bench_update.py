@@ -9,9 +9,30 @@ shared machine), the token positions the trained forward ran against the rows'
 total and unique tokens, the peak RSS, and the loss and grad norm of both (they must agree);
 then the medians and ratios (padded / tree), and the check forward <= 1.25 x unique.
 
+The trainer's config is the run's own (its newest checkpoint's ``trainer_state.json``: env,
+model, loss, credit, ``agent_match``, LoRA...), so the rows and the loss are the ones that run
+trained on; ``--micro-batch-tokens`` and ``--[no-]gradient-checkpointing`` default to the run's
+too. A run without a checkpoint is replayed with the config's defaults on ``--env`` /
+``--env-kwarg`` (the main job's env by default: ``bench/env_args.py``), which the update does
+not depend on.
+
     python bench/bench_update.py runs/main
     python bench/bench_update.py runs/main --micro-batch-tokens 1024 --gradient-checkpointing --steps 2,4
-    python bench/bench_update.py runs/main --micro-batch-tokens 1024 --gradient-checkpointing --padded-defaults
+    python bench/bench_update.py runs/main --padded-defaults
+
+One Spider step (B2 x G8, the LangGraph SQL agent on Spider's count questions, prompts of
+~700-1,250 tokens of schema; docs/training.md, "The update and the rollout on Spider"):
+
+    AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider agentgym-lightning train \\
+        --env bench/spider_counts.py:make_env --env-kwarg split=train --agent-match 'writer|rewriter' \\
+        --air spider.executes=0.5 --steps 1 --tasks-per-step 2 --group-size 8 --learning-rate 2e-5 --set temperature=0.7 \\
+        --set gradient_checkpointing=true --set micro_batch_tokens=1024 --seed 0 \\
+        --output-dir runs/spider-b2g8 --no-wandb
+    AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider python bench/bench_update.py runs/spider-b2g8
+
+(both updates with the run's 1,024-token micro-batches and gradient checkpointing: with the
+config's defaults, 4,096 padded tokens and no checkpointing, a padded micro-batch of three
+~1,300-token rows holds ~6 GB of activations.)
 """
 
 from __future__ import annotations
@@ -25,6 +46,39 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from env_args import add_env_arguments, env_of  # noqa: E402
+
+
+def replay_config(run: str | Path, args: argparse.Namespace, path: str) -> dict[str, Any]:
+    """The config of ``path``'s (``padded`` or ``tree``) replay of ``run``: the run's own (its
+    newest checkpoint's), else the defaults on ``--env``; then the bench's flags."""
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.checkpoint import find_checkpoint
+
+    try:
+        state = json.loads((find_checkpoint(run) / "trainer_state.json").read_text(encoding="utf-8"))
+        config = {k: v for k, v in state["config"].items() if k in LightningRLConfig.field_names()}
+    except FileNotFoundError:
+        config = {}
+    if args.env is not None or not config:
+        config["env"], config["env_kwargs"] = env_of(args)
+    if path == "padded" and args.padded_defaults:
+        # the update before the tree: the config's own defaults, whatever the run set
+        config.pop("micro_batch_tokens", None)
+        config.pop("gradient_checkpointing", None)
+    else:
+        if args.micro_batch_tokens is not None:
+            config["micro_batch_tokens"] = args.micro_batch_tokens
+        if args.gradient_checkpointing is not None:
+            config["gradient_checkpointing"] = args.gradient_checkpointing
+    # The update trains the hf model whichever backend generated the rows: no generator to start
+    # (a vllm run is replayed without vLLM), and none of its options.
+    config.update(backend="hf", policy_kwargs={}, rollout_workers=0)
+    return {**config, "output_dir": tempfile.mkdtemp(), "report_to": [], "progress": False, "packed_update": path == "tree"}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -36,14 +90,15 @@ def child(args: argparse.Namespace) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = LightningRLConfig(
-        env="lightning/Arithmetic-v0", env_kwargs={"difficulty": 3, "examples": 1}, output_dir=tempfile.mkdtemp(), report_to=[],
-        progress=False, packed_update=args.child == "tree", seed=0,
-        **({} if args.child == "padded" and args.padded_defaults else
-           {"micro_batch_tokens": args.micro_batch_tokens, "gradient_checkpointing": args.gradient_checkpointing}),
+    trainer = LightningRLTrainer(LightningRLConfig.from_dict(json.loads(Path(args.config_file).read_text(encoding="utf-8"))))
+    cfg = trainer.config
+    # the rows as the run's train_step built them
+    batch = build_samples(
+        sorted(load_trajectories(args.step_file), key=lambda t: t.seed or 0), aggregation=cfg.aggregation, credit=cfg.credit,
+        credit_kwargs=cfg.credit_kwargs, scale_rewards=cfg.scale_rewards, zero_variance_groups=cfg.zero_variance_groups,
+        episode_weighting=cfg.episode_weighting, mask_truncated_completions=cfg.mask_truncated_completions,
+        agent_match=cfg.agent_match, adapters=trainer.adapters, agent_advantages=cfg.agent_advantages,
     )
-    trainer = LightningRLTrainer(config)
-    batch = build_samples(sorted(load_trajectories(args.step_file), key=lambda t: t.seed or 0))
     if not batch.samples:
         sys.exit(f"{args.step_file} has no rows to train on (every group had zero variance)")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -63,18 +118,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", nargs="?", help="a training run's output dir (holds trajectories/step-*.jsonl)")
     parser.add_argument("--steps", default=None, help="the steps to replay, e.g. 2,3 (default: all)")
-    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="micro_batch_tokens of both updates (default: the config's)")
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="both updates with gradient checkpointing")
+    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="micro_batch_tokens of both updates (default: the run's)")
+    parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                        help="both updates with (or without) gradient checkpointing (default: as the run)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--padded-defaults", action="store_true",
                         help="the padded update with the config's defaults (the update before the tree), not these flags")
+    add_env_arguments(parser)  # only for a run without a checkpoint (else the run's env), or to override it
     parser.add_argument("--child", choices=["padded", "tree"], help=argparse.SUPPRESS)
     parser.add_argument("--step-file", help=argparse.SUPPRESS)
+    parser.add_argument("--config-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.micro_batch_tokens is None:
-        from agentgym_lightning.training import LightningRLConfig
-
-        args.micro_batch_tokens = LightningRLConfig.micro_batch_tokens
     if args.child:
         child(args)
         return
@@ -86,16 +140,21 @@ def main() -> None:
         files = [f for f in files if int(f.stem.removeprefix("step-")) in wanted]
     if not files:
         sys.exit(f"no trajectories/step-*.jsonl in {args.run}: run a training job first (make run)")
-    flags = ["--micro-batch-tokens", str(args.micro_batch_tokens)] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
-    flags += ["--threads", str(args.threads)] if args.threads else []
-    flags += ["--padded-defaults"] if args.padded_defaults else []
-    print(f"micro_batch_tokens={args.micro_batch_tokens} gradient_checkpointing={args.gradient_checkpointing}"
-          + (" (the padded update: the config's defaults)" if args.padded_defaults else ""))
+    from agentgym_lightning.training import LightningRLConfig
+
+    config_files = {}
+    for path in ("padded", "tree"):
+        config = LightningRLConfig.from_dict(replay_config(args.run, args, path))  # checked here, once
+        config_files[path] = Path(config.output_dir, "config.json")
+        config_files[path].write_text(json.dumps(config.to_dict()), encoding="utf-8")
+        print(f"{path}: {config.env} {config.env_kwargs} model={config.model} use_peft={config.use_peft} "
+              f"micro_batch_tokens={config.micro_batch_tokens} gradient_checkpointing={config.gradient_checkpointing}")
+    flags = ["--threads", str(args.threads)] if args.threads else []
     print(f"{'step':>4} {'path':>6} {'rows':>4} {'total':>6} {'unique':>6} {'forward':>7} {'fwd/uniq':>8} {'update s':>8} {'cpu s':>7} {'peak MB':>8} {'loss':>10} {'grad norm':>9}")
     results: dict[str, list[dict]] = {"padded": [], "tree": []}
     for file in files:
         for path in ("padded", "tree"):
-            out = subprocess.run([sys.executable, __file__, "--child", path, "--step-file", str(file), *flags],
+            out = subprocess.run([sys.executable, __file__, "--child", path, "--step-file", str(file), "--config-file", str(config_files[path]), *flags],
                                  capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 sys.exit(f"the {path} update of {file} failed:\n{out.stderr[-3000:]}")
