@@ -52,7 +52,9 @@ SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         model, output_dir, resume = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None
-        policy = HFPolicy(model, device="cpu", default_max_tokens=6, num_threads=1)
+        # Each call alone: which calls arrive together (timing) changes logprobs in their last
+        # bits, and the test compares two runs' weights.
+        policy = HFPolicy(model, device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1)
         trainer = LightningRLTrainer(config(output_dir), env=make_env, policy=policy)
         result = trainer.train(resume_from=resume)
         print("STEPS", result.steps)
