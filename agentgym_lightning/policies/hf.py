@@ -298,8 +298,6 @@ class HFPolicy(Policy):
         return row, key, _Group(True, temperature, top_p)
 
     def _generate_group(self, group: _Group) -> list[tuple[_Row, Completion]]:
-        import torch
-
         rows = sorted(group.rows, key=lambda r: len(r.prompt_ids))  # less padding per batch
         out: list[tuple[_Row, Completion]] = []
         for start in range(0, len(rows), self.max_batch_size):
@@ -476,8 +474,9 @@ class _Sampler:
             self.warpers.append(TemperatureLogitsWarper(group.temperature))
         if group.do_sample and group.top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=group.top_p))
-        self.generators = [
-            None if r.request.sampling.seed is None else torch.Generator(device=device).manual_seed(int(r.request.sampling.seed))
+        self.generators = [  # (greedy decoding draws nothing: no generators to seed)
+            None if not group.do_sample or r.request.sampling.seed is None
+            else torch.Generator(device=device).manual_seed(int(r.request.sampling.seed))
             for r in rows
         ]
 
