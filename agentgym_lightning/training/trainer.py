@@ -101,7 +101,7 @@ from agentgym_lightning.training.token_tree import (
 from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
 
 __all__ = [
-    "EpisodesFailedError", "LightningRLTrainer", "NonFiniteUpdateWarning", "Terminated", "TrainResult", "TrainingStopped",
+    "EpisodesFailedError", "LightningRLTrainer", "MicroBatchesRepeatPrefixesWarning", "NonFiniteUpdateWarning", "Terminated", "TrainResult", "TrainingStopped",
     "episode_metrics", "release_freed_memory",
 ]
 
@@ -115,6 +115,16 @@ _RUN_IDENTITY = (
 
 class NonFiniteUpdateWarning(RuntimeWarning):
     """An update's loss or gradients were not finite: it was skipped, the weights are unchanged."""
+
+
+class MicroBatchesRepeatPrefixesWarning(UserWarning):
+    """``micro_batch_tokens`` cut the step's token tree where rows share long prefixes (a prompt
+    longer than the budget's share of it, such as Spider's schemas): each micro-batch ran the
+    shared prefix again. The loss is unchanged; only compute is lost."""
+
+
+#: Token positions the tree update may run per unique token before it warns (issue 18's bar).
+_PREFIX_REPEAT_WARN_RATIO = 1.25
 
 
 class TrainingStopped(RuntimeError):
@@ -236,6 +246,7 @@ class LightningRLTrainer:
             self.model.gradient_checkpointing_enable()
         self.ref_model = _reference_model(self.model, cfg) if cfg.beta > 0 else None
         self.packed_update = _packed_update(self.model, cfg.packed_update)
+        self._warned_repeated_prefixes = False
         params = [p for p in self.model.parameters() if p.requires_grad]
         #: Each adapter's parameters (lora_per_agent: clipped and reported per adapter).
         self.adapter_params = adapter_parameters(self.model, self.adapters.names) if self.adapters is not None else {}
@@ -532,6 +543,19 @@ class LightningRLTrainer:
             self.model.eval()
             if self.adapters is not None:
                 activate(self.model, self.adapters.names[0], self.adapters.names)
+        forward = sum(t.num_nodes for t in trees) if trees is not None else sum(m.input_ids.numel() for m in micro)
+        unique = count_unique_tokens(batch.samples)
+        if trees is not None and forward > _PREFIX_REPEAT_WARN_RATIO * unique and not self._warned_repeated_prefixes:
+            self._warned_repeated_prefixes = True
+            warnings.warn(
+                f"step {self.step + 1}: micro_batch_tokens={cfg.micro_batch_tokens} cut the token tree into {len(trees)} "
+                f"micro-batches that repeat shared prefixes: the update ran {forward} token positions for {unique} unique "
+                f"ones ({forward / unique:.2f}x). A micro_batch_tokens that holds a task's group (this step's whole tree: "
+                f"{unique}) runs each prefix once, for the memory that costs (a tree of n tokens holds n x n attention "
+                "scores per head); the loss is the same either way. Warned once per run (update/tokens/forward).",
+                MicroBatchesRepeatPrefixesWarning,
+                stacklevel=2,
+            )
         n = cfg.num_iterations
         tokens = max(totals["tokens"], 1.0)
         per_adapter: dict[str, float] = {}
@@ -558,8 +582,8 @@ class LightningRLTrainer:
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
             "update/nonfinite_skipped": totals["nonfinite_skipped"],
             # The trained forward of one iteration (the old/reference passes run the same positions again).
-            "update/tokens/forward": float(sum(t.num_nodes for t in trees) if trees is not None else sum(m.input_ids.numel() for m in micro)),
-            "update/tokens/unique": float(count_unique_tokens(batch.samples)),
+            "update/tokens/forward": float(forward),
+            "update/tokens/unique": float(unique),
             "update/packed": float(trees is not None),
         }
 

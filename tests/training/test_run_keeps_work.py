@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 
 import pytest
 
@@ -206,3 +207,27 @@ def test_a_full_disk_at_the_final_model_warns_and_keeps_the_checkpoint(tiny_mode
         result = trainer.train()
     assert result.steps == 1 and any("No space left on device" in m for m in result.messages)
     assert latest_checkpoint(tmp_path).name == "checkpoint-000001"
+
+
+def test_micro_batches_that_repeat_a_long_shared_prompt_are_warned_about_once(trainer):
+    """A budget smaller than a group's tree runs the shared prompt once per micro-batch: the
+    loss is unchanged, the compute is not, and the user hears of it (once) with the size that
+    would share it."""
+    from agentgym_lightning.training.samples import Sample, SampleBatch
+    from agentgym_lightning.training.trainer import MicroBatchesRepeatPrefixesWarning
+
+    if not trainer.packed_update:
+        pytest.skip("the tiny model's attention does not take the token tree")
+    prompt = list(range(1, 21))  # 20 shared tokens, 4 rows of 2 own tokens: 28 unique
+    rows = [Sample(prompt_ids=prompt, completion_ids=[30 + e, 40 + e], loss_mask=[1, 1], sampling_logprobs=[-1.0, -1.0],
+                   advantages=[1.0, 1.0], weight=1.0, episode_id=str(e), group_id="g") for e in range(4)]
+    trainer.config.micro_batch_tokens = 22  # one row per micro-batch: the prompt runs 4 times
+    with pytest.warns(MicroBatchesRepeatPrefixesWarning, match=r"ran 88 token positions for 28 unique ones \(3.14x\)"):
+        metrics = trainer.update(SampleBatch(samples=rows))
+    assert (metrics["update/tokens/forward"], metrics["update/tokens/unique"]) == (88.0, 28.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MicroBatchesRepeatPrefixesWarning)
+        trainer.update(SampleBatch(samples=rows))  # once per run
+        trainer._warned_repeated_prefixes = False
+        trainer.config.micro_batch_tokens = 28  # the whole tree: each prefix once, nothing to warn of
+        assert trainer.update(SampleBatch(samples=rows))["update/tokens/forward"] == 28.0
