@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg examples=1 \
 	--eval-env-kwarg split=test --eval-env-kwarg difficulty=3 --eval-env-kwarg examples=1 \
 	--air math.calc_ok=0.5 --steps 6 --tasks-per-step 4 --group-size 8 --learning-rate 2e-5 \
-	--eval-episodes 32 --set gradient_checkpointing=true --set micro_batch_tokens=1024 --seed 0 --output-dir runs/main
+	--eval-episodes 32 --set gradient_checkpointing=true --set micro_batch_tokens=1024 --set optim=adafactor \
+	--seed 0 --output-dir runs/main
 
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
 

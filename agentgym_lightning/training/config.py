@@ -33,6 +33,7 @@ _ZERO_VARIANCE = ("skip", "keep")
 _EPISODE_WEIGHTING = ("equal", "per_call")
 _IS_LEVELS = ("token", "sequence")
 _SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+_OPTIMIZERS = ("adamw", "adafactor")
 _BACKENDS = ("hf", "vllm")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
@@ -210,7 +211,13 @@ class LightningRLConfig:
     sampling_correction_clip_min: float | None = field(default=None, metadata={"help": "Lower bound of the correction ratio."})
 
     # ------------------------------------------------------------------ optimisation
-    learning_rate: float = field(default=2e-5, metadata={"help": "AdamW learning rate."})
+    optim: str = field(
+        default="adamw",
+        metadata={"help": "`adamw` (torch's AdamW: two fp32 moments per trained weight, twice the weights' memory) or "
+                          "`adafactor` (transformers' Adafactor at a fixed learning_rate, no first moment: factored "
+                          "second moments, almost no state; adam_beta1/adam_epsilon unused)."},
+    )
+    learning_rate: float = field(default=2e-5, metadata={"help": "The optimizer's learning rate."})
     lr_scheduler_type: str = field(default="constant", metadata={"help": "transformers scheduler name (`constant`, `linear`, `cosine`...)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps of the scheduler."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
@@ -321,6 +328,7 @@ class LightningRLConfig:
         choice("importance_sampling_level", _IS_LEVELS)
         choice("sampling_correction_mode", _SAMPLING_CORRECTION_MODES)
         choice("agent_advantages", _AGENT_ADVANTAGES)
+        choice("optim", _OPTIMIZERS)
         for name in ("max_steps", "tasks_per_step", "per_device_train_batch_size", "num_iterations", "logging_steps", "save_steps", "eval_episodes", "lora_r"):
             at_least(name, 1)
             if not isinstance(getattr(self, name), int):

@@ -231,3 +231,48 @@ def test_micro_batches_that_repeat_a_long_shared_prompt_are_warned_about_once(tr
         trainer._warned_repeated_prefixes = False
         trainer.config.micro_batch_tokens = 28  # the whole tree: each prefix once, nothing to warn of
         assert trainer.update(SampleBatch(samples=rows))["update/tokens/forward"] == 28.0
+
+
+def test_adafactor_trains_with_no_state_the_size_of_the_weights_and_resumes_exactly(tiny_model_dir, tmp_path):
+    """``optim="adafactor"``: the update moves the weights; the optimizer's state is factored (a
+    row and a column per matrix), not AdamW's two copies of every weight; and a checkpoint
+    restores it, so the update after a resume is the one the run would have made."""
+    import torch
+    from transformers.optimization import Adafactor
+
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    with pytest.raises(ValueError, match="optim must be one of adamw, adafactor; got 'sgd'"):
+        LightningRLConfig(env="lightning/GuessNumber-v0", optim="sgd")
+
+    def adafactor_trainer(out):
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+        config = LightningRLConfig(env="lightning/GuessNumber-v0", model=str(tiny_model_dir), output_dir=str(out),
+                                   report_to=[], progress=False, learning_rate=1e-2, optim="adafactor")
+        return LightningRLTrainer(config, policy=policy), policy
+
+    trainer, policy = adafactor_trainer(tmp_path / "straight")
+    try:
+        assert isinstance(trainer.optimizer, Adafactor)
+        initial = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        metrics = trainer.update(batch(1.0))
+        assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+        assert any(not bool((trainer.model.state_dict()[k] == v).all()) for k, v in initial.items())
+        weights = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        state = sum(t.numel() for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
+        assert 0 < state < 0.2 * weights  # AdamW: 2 x weights
+        checkpoint = trainer._save()
+        trainer.update(batch(-1.0))
+        straight = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    finally:
+        policy.close()
+
+    resumed, policy = adafactor_trainer(tmp_path / "resumed")
+    try:
+        resumed._resume(checkpoint)
+        resumed.update(batch(-1.0))
+        after = resumed.model.state_dict()
+        assert all(torch.equal(after[k], v) for k, v in straight.items())
+    finally:
+        policy.close()

@@ -287,6 +287,7 @@ def test_the_readme_main_job_is_a_valid_run_on_arithmetic_with_a_held_out_split(
     assert re.search(r"^run: setup\n\t\$\(BIN\)/agentgym-lightning train \$\(RUN_ARGS\)$", makefile, re.M)
     config = build_config(build_parser().parse_args(["train", *run_args]))
     assert config.env == "lightning/Arithmetic-v0" and config.air_weights == {"math.calc_ok": 0.5}
+    assert config.optim == "adafactor"  # no AdamW moments: the job's peak RSS stays under 3 GB (docs/training.md)
     assert config.eval_env_kwargs["split"] == "test" and config.eval_episodes > 0
     train_env = gym.make(config.env, **config.env_kwargs)
     heldout_env = gym.make(config.env, **config.eval_env_kwargs)
