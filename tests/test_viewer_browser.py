@@ -20,6 +20,7 @@ pytest.importorskip("matplotlib", reason="the viewer's charts need matplotlib (t
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -122,5 +123,6 @@ def test_the_report_file_draws_charts_and_opens_an_episode(browser, tmp_path):
     episode = browser.find_element(By.ID, "r0-train-4-s4-t1-m2")
     assert not episode.find_element(By.CSS_SELECTOR, ".call").is_displayed()  # closed until asked for
     browser.find_element(By.LINK_TEXT, "s4-t1-m2").click()
-    assert episode.find_element(By.CSS_SELECTOR, ".call").is_displayed()
+    # the click opens it from a script: wait for it (a loaded machine once failed the bare check)
+    WebDriverWait(browser, 10).until(lambda _: episode.find_element(By.CSS_SELECTOR, ".call").is_displayed())
     assert "call 1" in episode.text
