@@ -237,6 +237,16 @@ class LightningRLTrainer:
         disable_dropout_in_model(self.model)
         #: lora_per_agent: which agent's calls go to which adapter (None: one set of trained weights).
         self.adapters = AgentAdapters.from_config(cfg)
+        if self.adapters is not None and cfg.credit == "identical" and cfg.air_weights:
+            warnings.warn(
+                "lora_per_agent with credit 'identical': every call of an episode gets the episode's whole return, so "
+                f"each adapter also learns from the AIR of the other agents' calls ({', '.join(sorted(cfg.air_weights))}); "
+                "a verifier trained this way on a solver's calculator AIR learned to answer one digit (docs/training.md, "
+                "'An adapter per agent'). --credit discounted --set 'credit_kwargs={\"gamma\": 1.0}' (return-to-go) "
+                "keeps an earlier call's AIR off the later agents' calls.",
+                UserWarning,
+                stacklevel=2,
+            )
         if cfg.use_peft:
             shared = shares_model(self.policy, self.model)
             self.model = _add_lora(self.model, cfg) if self.adapters is None else add_agent_adapters(self.model, cfg, self.adapters.names)

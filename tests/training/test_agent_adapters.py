@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 
 import pytest
 import torch
@@ -451,3 +452,15 @@ def test_agents_sharing_one_adapter_train_exactly_as_one_lora(tiny_model_dir, tm
     assert max(float(p.abs().max()) for n, p in reference.items() if "lora_B" in n) > 1e-4, "the adapter must have trained"
     for n in trained:
         assert torch.allclose(trained[n], reference[n], atol=1e-5), n
+
+
+@needs_train
+def test_identical_credit_with_air_warns_that_each_agents_air_reaches_every_adapter(tiny_model_dir, tmp_path):
+    with pytest.warns(UserWarning, match=r"each adapter also learns from the AIR of the other agents' calls \(writer.ok\)"):
+        trainer = _trainer(tiny_model_dir, tmp_path / "identical", air_weights={"writer.ok": 0.5})
+    trainer.policy.close()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="lora_per_agent with credit")  # return-to-go: nothing to warn of
+        trainer = _trainer(tiny_model_dir, tmp_path / "discounted", air_weights={"writer.ok": 0.5}, credit="discounted",
+                           credit_kwargs={"gamma": 1.0})
+    trainer.policy.close()
