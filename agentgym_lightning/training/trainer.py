@@ -550,13 +550,15 @@ class LightningRLTrainer:
                 activate(self.model, self.adapters.names[0], self.adapters.names)
         forward = sum(t.num_nodes for t in trees) if trees is not None else sum(m.input_ids.numel() for m in micro)
         unique = count_unique_tokens(batch.samples)
-        if trees is not None and forward > _PREFIX_REPEAT_WARN_RATIO * unique and not self._warned_repeated_prefixes:
+        # Adapters' rows run apart (never one tree): what micro-batching could have shared is per part.
+        shareable = unique if len(parts) == 1 else sum(count_unique_tokens(rows) for rows in parts.values())
+        if trees is not None and forward > _PREFIX_REPEAT_WARN_RATIO * shareable and not self._warned_repeated_prefixes:
             self._warned_repeated_prefixes = True
             warnings.warn(
                 f"step {self.step + 1}: micro_batch_tokens={cfg.micro_batch_tokens} cut the token tree into {len(trees)} "
-                f"micro-batches that repeat shared prefixes: the update ran {forward} token positions for {unique} unique "
-                f"ones ({forward / unique:.2f}x). A micro_batch_tokens that holds a task's group (this step's whole tree: "
-                f"{unique}) runs each prefix once, for the memory that costs (a tree of n tokens holds n x n attention "
+                f"micro-batches that repeat shared prefixes: the update ran {forward} token positions for {shareable} unique "
+                f"ones ({forward / shareable:.2f}x). A micro_batch_tokens that holds a task's group (this step's whole tree: "
+                f"{shareable}) runs each prefix once, for the memory that costs (a tree of n tokens holds n x n attention "
                 "scores per head); the loss is the same either way. Warned once per run (update/tokens/forward).",
                 MicroBatchesRepeatPrefixesWarning,
                 stacklevel=2,

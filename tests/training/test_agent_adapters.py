@@ -464,3 +464,26 @@ def test_identical_credit_with_air_warns_that_each_agents_air_reaches_every_adap
         trainer = _trainer(tiny_model_dir, tmp_path / "discounted", air_weights={"writer.ok": 0.5}, credit="discounted",
                            credit_kwargs={"gamma": 1.0})
     trainer.policy.close()
+
+
+@needs_train
+def test_two_adapters_running_one_prompt_apart_is_not_warned_as_a_micro_batch_cut(tiny_model_dir, tmp_path):
+    """Adapters' rows never share a tree, so a prompt both agents saw runs once per adapter: that
+    is not micro_batch_tokens cutting a group, and is not warned about as one."""
+    from agentgym_lightning.training.samples import Sample, SampleBatch
+
+    trainer = _trainer(tiny_model_dir, tmp_path / "run", micro_batch_tokens=None)
+    try:
+        if not trainer.packed_update:
+            pytest.skip("the tiny model's attention does not take the token tree")
+        prompt = list(range(1, 21))
+        rows = [Sample(prompt_ids=prompt, completion_ids=[30 + i, 40 + i], loss_mask=[1, 1], sampling_logprobs=[-1.0, -1.0],
+                       advantages=[1.0, 1.0], weight=1.0, episode_id=str(i), group_id="g", adapter=adapter)
+                for i, adapter in enumerate(["writer", "writer", "rewriter", "rewriter"])]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*cut the token tree")
+            metrics = trainer.update(SampleBatch(samples=rows))
+        # each adapter's tree: the 20-token prompt and its 2 rows' 4 tokens
+        assert (metrics["update/tokens/forward"], metrics["update/tokens/unique"]) == (48.0, 28.0)
+    finally:
+        trainer.policy.close()
