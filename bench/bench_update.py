@@ -88,19 +88,13 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from agentgym_lightning.trajectory import load_trajectories
-    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer, build_samples
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     trainer = LightningRLTrainer(LightningRLConfig.from_dict(json.loads(Path(args.config_file).read_text(encoding="utf-8"))))
-    cfg = trainer.config
-    # the rows as the run's train_step built them
-    batch = build_samples(
-        sorted(load_trajectories(args.step_file), key=lambda t: t.seed or 0), aggregation=cfg.aggregation, credit=cfg.credit,
-        credit_kwargs=cfg.credit_kwargs, scale_rewards=cfg.scale_rewards, zero_variance_groups=cfg.zero_variance_groups,
-        episode_weighting=cfg.episode_weighting, mask_truncated_completions=cfg.mask_truncated_completions,
-        agent_match=cfg.agent_match, adapters=trainer.adapters, agent_advantages=cfg.agent_advantages,
-    )
+    # the rows as the run's train_step built them (episodes in seed order)
+    batch = trainer.samples(sorted(load_trajectories(args.step_file), key=lambda t: t.seed or 0))
     if not batch.samples:
         sys.exit(f"{args.step_file} has no rows to train on (every group had zero variance)")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

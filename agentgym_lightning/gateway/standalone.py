@@ -28,7 +28,7 @@ In Python (the trainer consumes these episodes like local ones)::
 
     with StandaloneGateway(policy, port=8000) as server:
         batch = server.take(16, timeout=600)          # the next 16 finished trajectories
-        trainer.update(build_samples(batch))
+        trainer.update(trainer.samples(batch))  # rows as the trainer's config builds them
 
 From the shell: ``agentgym-lightning serve --backend openai --base-url http://gpu:8000/v1``.
 """

@@ -215,12 +215,12 @@ class LightningRLConfig:
         default="adamw",
         metadata={"help": "`adamw` (torch's AdamW: two fp32 moments per trained weight, twice the weights' memory) or "
                           "`adafactor` (transformers' Adafactor at a fixed learning_rate, no first moment: factored "
-                          "second moments, almost no state; adam_beta1/adam_epsilon unused)."},
+                          "second moments, almost no state; the adam_* options unused)."},
     )
     learning_rate: float = field(default=2e-5, metadata={"help": "The optimizer's learning rate."})
     lr_scheduler_type: str = field(default="constant", metadata={"help": "transformers scheduler name (`constant`, `linear`, `cosine`...)."})
     warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps of the scheduler."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW's and Adafactor's)."})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})

@@ -389,19 +389,7 @@ class LightningRLTrainer:
         check_episodes_ran(trajectories, f"step {self.step + 1}", written)
         # 3. samples (episodes in seed order: the same rows whatever order they finished in)
         trajectories.sort(key=lambda t: t.seed or 0)
-        batch = build_samples(
-            trajectories,
-            aggregation=cfg.aggregation,
-            credit=cfg.credit,
-            credit_kwargs=cfg.credit_kwargs,
-            scale_rewards=cfg.scale_rewards,
-            zero_variance_groups=cfg.zero_variance_groups,
-            episode_weighting=cfg.episode_weighting,
-            mask_truncated_completions=cfg.mask_truncated_completions,
-            agent_match=cfg.agent_match,
-            adapters=self.adapters,
-            agent_advantages=cfg.agent_advantages,
-        )
+        batch = self.samples(trajectories)
         with _deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
             # 4. update
             t0 = time.perf_counter()
@@ -441,10 +429,29 @@ class LightningRLTrainer:
 
     # ================================================================== the update
 
+    def samples(self, trajectories: Sequence[Trajectory]) -> SampleBatch:
+        """The training rows of ``trajectories`` as this trainer's config builds them (credit,
+        aggregation, advantages, ``agent_match``, adapters), in the order given: a step passes
+        its episodes in seed order, so the rows do not depend on which episode finished first."""
+        cfg = self.config
+        return build_samples(
+            trajectories,
+            aggregation=cfg.aggregation,
+            credit=cfg.credit,
+            credit_kwargs=cfg.credit_kwargs,
+            scale_rewards=cfg.scale_rewards,
+            zero_variance_groups=cfg.zero_variance_groups,
+            episode_weighting=cfg.episode_weighting,
+            mask_truncated_completions=cfg.mask_truncated_completions,
+            agent_match=cfg.agent_match,
+            adapters=self.adapters,
+            agent_advantages=cfg.agent_advantages,
+        )
+
     def update(self, batch: SampleBatch) -> dict[str, float]:
         """One optimizer step (``num_iterations`` of them) on ``batch``'s rows; returns the loss
         statistics. The loop calls it on each step's rollouts; call it yourself to train on
-        episodes from elsewhere (``build_samples(load_trajectories(path))``)."""
+        episodes from elsewhere (``trainer.samples(load_trajectories(path))``)."""
         cfg = self.config
         if not batch.samples:
             return {"update/skipped": 1.0}

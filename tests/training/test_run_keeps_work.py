@@ -276,3 +276,29 @@ def test_adafactor_trains_with_no_state_the_size_of_the_weights_and_resumes_exac
         assert all(torch.equal(after[k], v) for k, v in straight.items())
     finally:
         policy.close()
+
+
+def test_samples_builds_the_rows_with_the_trainers_config(trainer):
+    """``trainer.samples`` is the step's row building, with the config's reward scaling and
+    zero-variance rule, not ``build_samples``'s defaults."""
+    from agentgym_lightning import ChatRequest, Completion, Reward, Status, Step, Trajectory
+
+    def episode(eid, final, air=()):
+        step = Step(index=0, request=ChatRequest(messages=[{"role": "user", "content": "q"}]),
+                    completion=Completion(text="x", prompt_token_ids=[1, 2], completion_token_ids=[3, 4], logprobs=[-0.5, -0.5]),
+                    rewards=[Reward(value=v, source="air") for v in air], trainable=True)
+        return Trajectory(episode_id=eid, group_id="g", steps=[step], final_reward=final, status=Status.SUCCEEDED)
+
+    from agentgym_lightning.training.samples import ADVANTAGE_EPS
+
+    episodes = [episode("A", 1.0, air=[0.2]), episode("B", 0.0)]  # returns 1.2 and 0.0
+    trainer.config.scale_rewards = "group"
+    sigma = math.sqrt(2 * 0.6**2)  # the group's sample std
+    assert [r.advantages[0] for r in trainer.samples(episodes).samples] == pytest.approx([0.6 / (sigma + ADVANTAGE_EPS), -0.6 / (sigma + ADVANTAGE_EPS)])
+    trainer.config.scale_rewards = "none"
+    assert [r.advantages[0] for r in trainer.samples(episodes).samples] == pytest.approx([0.6, -0.6])
+    tied = [episode("A", 1.0), episode("B", 1.0)]
+    trainer.config.zero_variance_groups = "keep"
+    assert [r.advantages[0] for r in trainer.samples(tied).samples] == [0.0, 0.0]
+    trainer.config.zero_variance_groups = "skip"
+    assert trainer.samples(tied).samples == []
