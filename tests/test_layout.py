@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import runpy
 import subprocess
@@ -104,70 +103,6 @@ def test_a_closed_episode_refuses_calls_and_no_longer_announces_its_end():
         episode.submit(_request())
     episode.finish(None, RuntimeError("unwound"))
     assert events.empty() and episode.finished
-
-
-MOVED = {
-    "agentgym_lightning.conformance": "agentgym_lightning.testing.conformance",
-    "agentgym_lightning.pytest_plugin": "agentgym_lightning.testing.pytest_plugin",
-    "agentgym_lightning.policies.openai_mock": "agentgym_lightning.testing.mock_openai_server",
-    "agentgym_lightning.policies.openai_server": "agentgym_lightning.policies.openai",
-    "agentgym_lightning.plugins.spider_air": "agentgym_lightning.envs.spider.plugin",
-    "agentgym_lightning.plugins.rag_air": "agentgym_lightning.envs.rag.plugin",
-    "agentgym_lightning.plugins.math_air": "agentgym_lightning.envs.math.plugin",
-}
-
-
-def test_a_moved_module_keeps_its_old_name_for_a_release():
-    # A fresh interpreter: an alias warns at its first import only.
-    code = (
-        "import importlib, json, sys, warnings\n"
-        f"moved = {MOVED!r}\n"
-        "seen = {}\n"
-        "for old, new in moved.items():\n"
-        "    with warnings.catch_warnings(record=True) as caught:\n"
-        "        warnings.simplefilter('always')\n"
-        "        exec(f'import {old}')  # an import statement, as users write it\n"
-        "    module = sys.modules[old]\n"
-        "    assert module is importlib.import_module(new), (old, module)\n"
-        "    seen[old] = [(str(w.message), w.filename) for w in caught if w.category is DeprecationWarning]\n"
-        "print(json.dumps(seen))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
-    seen = json.loads(out)
-    for old, new in MOVED.items():
-        # Attributed to the importing code (here the -c script), so Python shows it by default there.
-        assert [m for m, where in seen[old] if m.startswith(f"{old} moved to {new};") and where == "<string>"], seen[old]
-
-
-def test_the_old_names_import_what_they_did():
-    with pytest.warns(DeprecationWarning):
-        from agentgym_lightning.conformance import check_agent, no_network  # noqa: F401
-        from agentgym_lightning.policies.openai_server import OpenAIPolicy
-    from agentgym_lightning.policies.openai import OpenAIPolicy as Moved
-
-    assert OpenAIPolicy is Moved
-
-
-def test_the_old_mock_server_module_still_runs_as_a_script():
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentgym_lightning.policies.openai_mock", "--help"], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "--port" in proc.stdout
-
-
-def test_the_old_pytest_plugin_name_still_gives_the_fixture(tmp_path):
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["agentgym_lightning.pytest_plugin"]\n')
-    (tmp_path / "test_fixture.py").write_text("def test_it(agent_conformance):\n    assert callable(agent_conformance)\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "default::DeprecationWarning", str(tmp_path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 passed" in proc.stdout and "agentgym_lightning.pytest_plugin moved to" in proc.stdout
 
 
 def test_the_trainer_takes_its_metrics_from_the_metrics_module_not_the_eval_command():
