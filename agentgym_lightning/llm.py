@@ -310,8 +310,8 @@ def common_prefix_length(*sequences: Sequence[Any]) -> int:
 
 def ids_extend(ids: Sequence[int], *prefix: Sequence[int]) -> bool:
     """Whether token ids ``ids`` begin with the ``prefix`` sequences, one after another: a call's
-    prompt extending the previous call's prompt + completion (the one check of the env, the chat
-    template monitor and the trainer's row merging; no concatenation is built)."""
+    prompt extending the previous call's prompt + completion (the one check of the env and the
+    trainer's row merging; no concatenation is built)."""
     start = 0
     for part in prefix:
         end = start + len(part)

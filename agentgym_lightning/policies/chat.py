@@ -8,22 +8,18 @@ means the same prompt ids for the same conversation, whichever engine generates.
   assistant ``tool_calls`` in Hugging Face's structure; templates without it (SmolLM2's) get the
   tools described in the system prompt, tool calls written back as ``<tool_call>`` text and tool
   results as ``<tool_response>`` user messages (see :mod:`.tool_calls`).
-* :func:`completion_from_tokens` — decoded text, parsed tool calls and the exact ids/logprobs.
-* :func:`prompt_extends` / :class:`ChatTemplateMonitor` — whether a multi-turn conversation's
-  new prompt ids extend the previous call's prompt+completion ids (token-exactness of the chat
-  template; a trainer that concatenates turns needs it).
+* :func:`decode_completion` — decoded text, parsed tool calls and the exact ids/logprobs.
 
 These names are stable API.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion, ids_extend
+from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.tool_calls import (
     ParsedToolCalls,
     parse_tool_calls,
@@ -40,9 +36,6 @@ __all__ = [
     "render_prompt_ids",
     "DecodedCompletion",
     "decode_completion",
-    "completion_from_tokens",
-    "prompt_extends",
-    "ChatTemplateMonitor",
 ]
 
 
@@ -203,7 +196,15 @@ def decode_completion(
     parse_tools: bool = True,
     model: str | None = None,
 ) -> DecodedCompletion:
-    """Like :func:`completion_from_tokens`, also returning the tool-call parse (for AIR)."""
+    """Build the :class:`Completion` for generated tokens, with the tool-call parse behind it (for AIR).
+
+    ``completion_ids`` are exactly what the model produced (up to and including EOS or the token
+    that completed a stop string); ``logprobs`` align with them one per token. ``text`` defaults
+    to their decoding without special tokens; pass it when a stop string was cut out of it.
+    With ``parse_tools`` (pass ``bool(request.tools)``), ``<tool_call>`` blocks become
+    ``tool_calls``, the text becomes what lies outside them and ``finish_reason`` becomes
+    ``"tool_calls"``; otherwise ``finish_reason`` is kept (``"stop"``/``"length"``).
+    """
     if text is None:
         text = tokenizer.decode(list(completion_ids), skip_special_tokens=True)
     parsed = parse_tool_calls(text) if parse_tools else ParsedToolCalls(content=text)
@@ -224,106 +225,3 @@ def decode_completion(
         tool_call_errors=list(parsed.errors),
     )
     return DecodedCompletion(completion=completion, parsed=parsed)
-
-
-def completion_from_tokens(
-    tokenizer: Any,
-    prompt_ids: Sequence[int],
-    completion_ids: Sequence[int],
-    logprobs: Sequence[float] | None,
-    finish_reason: str,
-    *,
-    text: str | None = None,
-    parse_tools: bool = True,
-    model: str | None = None,
-) -> Completion:
-    """Build the :class:`Completion` for generated tokens.
-
-    ``completion_ids`` are exactly what the model produced (up to and including EOS or the token
-    that completed a stop string); ``logprobs`` align with them one per token. ``text`` defaults
-    to their decoding without special tokens; pass it when a stop string was cut out of it.
-    With ``parse_tools`` (pass ``bool(request.tools)``), ``<tool_call>`` blocks become
-    ``tool_calls``, the text becomes what lies outside them and ``finish_reason`` becomes
-    ``"tool_calls"``; otherwise ``finish_reason`` is kept (``"stop"``/``"length"``).
-    """
-    return decode_completion(
-        tokenizer,
-        prompt_ids,
-        completion_ids,
-        logprobs,
-        finish_reason,
-        text=text,
-        parse_tools=parse_tools,
-        model=model,
-    ).completion
-
-
-def prompt_extends(
-    prev_prompt_ids: Sequence[int] | None,
-    prev_completion_ids: Sequence[int] | None,
-    prompt_ids: Sequence[int] | None,
-) -> bool:
-    """Whether ``prompt_ids`` starts with ``prev_prompt_ids + prev_completion_ids``.
-
-    True means the chat template re-rendered the previous turn token for token, so one sequence
-    can hold the whole conversation with the model's own tokens. False means re-tokenization
-    drift (the template reformatted the answer, or text re-tokenized differently); a trainer must
-    then treat each call as its own sequence.
-    """
-    if prev_prompt_ids is None or prev_completion_ids is None or prompt_ids is None:
-        return False
-    return ids_extend(prompt_ids, prev_prompt_ids, prev_completion_ids)
-
-
-class ChatTemplateMonitor:
-    """Counts chat-template exactness failures across the calls of each episode.
-
-    Call :meth:`observe` with every completion of an episode, in order; it compares the
-    completion's ``prompt_token_ids`` with the previous call's prompt+completion ids of the same
-    episode and returns the value for ``Step.prompt_extends_previous`` (``None`` for an
-    episode's first call or when ids are unknown). Thread-safe. Call :meth:`end` when the episode
-    ends to free its ids.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[str, list[int]] = {}
-        self._lock = threading.Lock()
-        #: Calls compared (each an episode's second call or later).
-        self.checks = 0
-        #: Of those, how many did not extend the previous call.
-        self.mismatches = 0
-
-    def observe(self, episode_id: str, completion: Completion) -> bool | None:
-        """Record ``completion`` for ``episode_id``; whether its prompt extended the previous call."""
-        prompt, generated = completion.prompt_token_ids, completion.completion_token_ids
-        with self._lock:
-            prev = self._last.get(episode_id)
-            if prompt is None or generated is None:
-                self._last.pop(episode_id, None)
-                return None
-            self._last[episode_id] = list(prompt) + list(generated)
-            if prev is None:
-                return None
-            extends = ids_extend(prompt, prev)
-            self.checks += 1
-            if not extends:
-                self.mismatches += 1
-            return extends
-
-    def end(self, episode_id: str) -> None:
-        """Forget ``episode_id`` (its episode ended)."""
-        with self._lock:
-            self._last.pop(episode_id, None)
-
-    @property
-    def mismatch_rate(self) -> float:
-        """``mismatches / checks`` (0.0 before any check)."""
-        return self.mismatches / self.checks if self.checks else 0.0
-
-    def metrics(self) -> dict[str, float]:
-        """``{"chat_template/checks": ..., "chat_template/mismatches": ..., ...}`` for logging."""
-        return {
-            "chat_template/checks": float(self.checks),
-            "chat_template/mismatches": float(self.mismatches),
-            "chat_template/mismatch_rate": self.mismatch_rate,
-        }

@@ -169,7 +169,7 @@ def render_assistant_text(content: str | None, tool_calls: Sequence[ToolCall | M
 
     ``content`` first, then one :func:`format_tool_call` per call, separated by newlines. This
     is the inverse of :func:`parse_tool_calls` for text the model wrote in this layout, which is
-    what keeps a re-rendered conversation token-exact (see ``chat.prompt_extends``).
+    what keeps a re-rendered conversation token-exact (checked by :func:`agentgym_lightning.llm.ids_extend`).
     """
     parts = [content] if content else []
     for call in tool_calls or []:

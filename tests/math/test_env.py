@@ -143,14 +143,14 @@ def test_config_is_checked():
 def _token_policy(tokenizer, replies):
     """Answers like the hf backend would: prompt ids from the chat template, the reply's tokens +
     EOS as the completion, tool calls parsed from the text."""
-    from agentgym_lightning.policies.chat import completion_from_tokens, render_prompt_ids
+    from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
 
     replies = iter(replies)
 
     def policy(obs, task):
         prompt = render_prompt_ids(tokenizer, obs.request)
         ids = tokenizer(next(replies).format(**task), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        return completion_from_tokens(tokenizer, prompt, ids, None, "stop", parse_tools=bool(obs.request.tools))
+        return decode_completion(tokenizer, prompt, ids, None, "stop", parse_tools=bool(obs.request.tools)).completion
 
     return policy
 

@@ -6,14 +6,11 @@ import json
 
 import pytest
 
-from agentgym_lightning.llm import ChatRequest, Completion, ToolCall
+from agentgym_lightning.llm import ChatRequest, ToolCall, ids_extend
 from agentgym_lightning.policies.chat import (
-    ChatTemplateMonitor,
-    completion_from_tokens,
     content_text,
     decode_completion,
     prepare_messages,
-    prompt_extends,
     render_prompt_ids,
     render_prompt_text,
     template_supports_tools,
@@ -150,26 +147,26 @@ def test_no_chat_template_is_a_clear_error(smol_path):
         render_prompt_ids(tok, _request([{"role": "user", "content": "hi"}]))
 
 
-def test_completion_from_tokens_plain_text_is_exact(smol_tokenizer):
+def test_decoded_plain_text_is_exact(smol_tokenizer):
     text = " Hello there!\n"
     ids = smol_tokenizer(text, add_special_tokens=False)["input_ids"] + [smol_tokenizer.eos_token_id]
-    c = completion_from_tokens(smol_tokenizer, [1, 2, 3], ids, [-0.5] * len(ids), "stop", model="m")
+    c = decode_completion(smol_tokenizer, [1, 2, 3], ids, [-0.5] * len(ids), "stop", model="m").completion
     assert c.text == text  # not stripped: echoing it back must re-render the same tokens
     assert c.tool_calls == [] and c.finish_reason == "stop"
     assert c.prompt_token_ids == [1, 2, 3] and c.completion_token_ids == ids
     assert c.logprobs == [-0.5] * len(ids) and c.model == "m"
 
 
-def test_completion_from_tokens_parses_tool_calls(smol_tokenizer):
+def test_decoded_tool_calls_are_parsed(smol_tokenizer):
     text = 'Checking.\n<tool_call>{"name": "run_sql", "arguments": {"query": "SELECT 1"}}</tool_call>'
     ids = smol_tokenizer(text, add_special_tokens=False)["input_ids"] + [smol_tokenizer.eos_token_id]
-    c = completion_from_tokens(smol_tokenizer, [1], ids, None, "stop")
+    c = decode_completion(smol_tokenizer, [1], ids, None, "stop").completion
     assert c.finish_reason == "tool_calls"
     assert c.text == "Checking."
     assert [(t.name, json.loads(t.arguments)) for t in c.tool_calls] == [("run_sql", {"query": "SELECT 1"})]
     assert c.completion_token_ids == ids and c.logprobs is None
     # no tools offered: the text stays text
-    c2 = completion_from_tokens(smol_tokenizer, [1], ids, None, "stop", parse_tools=False)
+    c2 = decode_completion(smol_tokenizer, [1], ids, None, "stop", parse_tools=False).completion
     assert c2.tool_calls == [] and c2.text == text and c2.finish_reason == "stop"
 
 
@@ -184,7 +181,7 @@ def test_decode_completion_reports_malformed_calls(smol_tokenizer):
 
 def test_text_override_for_stop_strings(smol_tokenizer):
     ids = smol_tokenizer("abc STOP def", add_special_tokens=False)["input_ids"]
-    c = completion_from_tokens(smol_tokenizer, [1], ids, None, "stop", text="abc ")
+    c = decode_completion(smol_tokenizer, [1], ids, None, "stop", text="abc ").completion
     assert c.text == "abc " and c.completion_token_ids == ids
 
 
@@ -195,7 +192,7 @@ def test_tool_round_trip_extends_the_prompt(smol_tokenizer):
     prompt1 = render_prompt_ids(smol_tokenizer, first)
     answer = '<tool_call>{"name": "run_sql", "arguments": {"query": "SELECT count(*) FROM singer"}}</tool_call>'
     completion_ids = smol_tokenizer(answer, add_special_tokens=False)["input_ids"] + [smol_tokenizer.eos_token_id]
-    c = completion_from_tokens(smol_tokenizer, prompt1, completion_ids, None, "stop")
+    c = decode_completion(smol_tokenizer, prompt1, completion_ids, None, "stop").completion
     assert c.finish_reason == "tool_calls" and c.text == ""
 
     assistant = {"role": "assistant", "content": c.text or None, "tool_calls": [t.to_openai() for t in c.tool_calls]}
@@ -204,13 +201,13 @@ def test_tool_round_trip_extends_the_prompt(smol_tokenizer):
         tools=TOOLS,
     )
     prompt2 = render_prompt_ids(smol_tokenizer, second)
-    assert prompt_extends(prompt1, completion_ids, prompt2)
+    assert ids_extend(prompt2, prompt1, completion_ids)
 
     # a text answer round-trips too
     answer_ids = smol_tokenizer("There are 6 singers.", add_special_tokens=False)["input_ids"] + [smol_tokenizer.eos_token_id]
-    c3 = completion_from_tokens(smol_tokenizer, prompt2, answer_ids, None, "stop")
+    c3 = decode_completion(smol_tokenizer, prompt2, answer_ids, None, "stop").completion
     third = _request(second.messages + [{"role": "assistant", "content": c3.text}, {"role": "user", "content": "Thanks"}], tools=TOOLS)
-    assert prompt_extends(prompt2, answer_ids, render_prompt_ids(smol_tokenizer, third))
+    assert ids_extend(render_prompt_ids(smol_tokenizer, third), prompt2, answer_ids)
 
 
 def test_reformatted_history_does_not_extend(smol_tokenizer):
@@ -219,34 +216,7 @@ def test_reformatted_history_does_not_extend(smol_tokenizer):
     completion_ids = smol_tokenizer("  spaced answer", add_special_tokens=False)["input_ids"] + [smol_tokenizer.eos_token_id]
     # the agent strips the answer before echoing it: the template cannot reproduce the tokens
     second = _request(first.messages + [{"role": "assistant", "content": "spaced answer"}, {"role": "user", "content": "more"}])
-    assert not prompt_extends(prompt1, completion_ids, render_prompt_ids(smol_tokenizer, second))
-
-
-def test_prompt_extends_basics():
-    assert prompt_extends([1, 2], [3], [1, 2, 3, 4])
-    assert prompt_extends([1, 2], [3], [1, 2, 3])
-    assert not prompt_extends([1, 2], [3], [1, 2])
-    assert not prompt_extends([1, 2], [3], [1, 9, 3, 4])
-    assert not prompt_extends(None, [3], [1, 2, 3])
-
-
-def test_chat_template_monitor_counts_mismatches():
-    mon = ChatTemplateMonitor()
-
-    def comp(prompt, out):
-        return Completion(text="", prompt_token_ids=prompt, completion_token_ids=out)
-
-    assert mon.observe("e1", comp([1, 2], [3])) is None  # first call: nothing to compare
-    assert mon.observe("e2", comp([7], [8])) is None
-    assert mon.observe("e1", comp([1, 2, 3, 4], [5])) is True
-    assert mon.observe("e2", comp([7, 9], [1])) is False
-    assert mon.observe("e1", comp([1, 2, 3, 4, 5, 6], [])) is True
-    assert (mon.checks, mon.mismatches) == (3, 1)
-    assert mon.mismatch_rate == pytest.approx(1 / 3)
-    assert mon.metrics()["chat_template/mismatches"] == 1.0
-    assert mon.observe("e3", Completion(text="x")) is None  # no ids (external API)
-    mon.end("e1")
-    assert mon.observe("e1", comp([1], [2])) is None  # forgotten
+    assert not ids_extend(render_prompt_ids(smol_tokenizer, second), prompt1, completion_ids)
 
 
 def test_tool_call_objects_render_like_dicts(smol_tokenizer):
