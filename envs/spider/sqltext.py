@@ -188,11 +188,6 @@ def official_normalize(sql: str, *, max_chars: int | None = None) -> str | None:
     return "".join(text for _, text in first if text.lower() != "distinct")
 
 
-def strip_distinct_only(sql: str) -> str:
-    """DISTINCT removal over the whole text (no statement split); used by tests and tools."""
-    return "".join(text for _, text in _tokens(sql) if text.lower() != "distinct")
-
-
 def has_order_by(sql: str) -> bool:
     """The official order rule: rows are compared in order iff ``'order by'`` (exactly one space)
     occurs anywhere in the (normalized) gold text, subqueries and literals included."""
