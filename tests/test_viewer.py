@@ -97,6 +97,24 @@ def test_an_episode_shows_each_call_once_with_its_credit_and_why_it_is_not_train
     assert client.get("/runs/3/train/1").status_code == 404
 
 
+def test_a_credit_strategy_not_installed_here_is_named_instead_of_the_advantages(tmp_path):
+    from starlette.testclient import TestClient
+
+    from agentgym_lightning.viewer.app import make_app
+
+    run = tmp_path / "run"
+    with TrajectoryWriter(run / "trajectories" / "step-000001.jsonl") as w:
+        w.write(_episode([("a", "b")], eid="one", final_reward=1.0))
+        w.write(_episode([("c", "d")], eid="two", final_reward=0.0))
+    state = run / "checkpoints" / "checkpoint-1" / "trainer_state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"step": 1, "config": {"credit": "someone-elses-plugin"}}))
+    client = TestClient(make_app([RunFolder(run)]))
+    listing = client.get("/runs/0/train/1").text
+    assert "advantages not shown: unknown credit strategy &#x27;someone-elses-plugin&#x27;" in listing
+    assert "advantage" not in client.get("/runs/0/train/1/one").text.replace("advantages not shown", "")
+
+
 def test_the_live_app_sees_what_the_run_writes(tmp_path):
     from starlette.testclient import TestClient
 

@@ -49,6 +49,10 @@ agent that ran in fewer than two of the group's episodes, or whose episodes tie,
 (its calls are skipped, or kept with advantage 0). A rewriter that runs only after a failed check
 is so compared with the rewriter's other attempts, not with episodes that never needed it.
 ``"episode"`` keeps one normalisation per episode, every agent's calls sharing its advantage.
+
+:func:`configured_samples` builds the rows as a :class:`~.config.LightningRLConfig` says (the
+trainer's ``samples`` and the run viewer call it); the batch keeps each call's value and advantage
+and each group's zero-variance flag, so what a page shows is what the update trained on.
 """
 
 from __future__ import annotations
@@ -64,9 +68,18 @@ from agentgym_lightning.credit import assign_credit
 from agentgym_lightning.llm import ids_extend
 from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.training.agent_adapters import AgentAdapters
+from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
-__all__ = ["Sample", "SampleBatch", "build_samples", "episode_advantages", "untrained_reason", "ADVANTAGE_EPS"]
+__all__ = [
+    "Sample",
+    "SampleBatch",
+    "build_samples",
+    "configured_samples",
+    "episode_advantages",
+    "untrained_reason",
+    "ADVANTAGE_EPS",
+]
 
 #: Added to the group's std before dividing (TRL's value).
 ADVANTAGE_EPS = 1e-4
@@ -119,6 +132,13 @@ class SampleBatch:
 
     samples: list[Sample] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
+    #: Each call's value (step 1), by episode id: every episode that ended (not infra_failed).
+    values: dict[str, list[float]] = field(default_factory=dict)
+    #: Each call's advantage (step 2), by episode id: the episodes compared within their group.
+    advantages: dict[str, list[float]] = field(default_factory=dict)
+    #: Whether a group carried no learning signal, by group id (``episode:<id>`` for an episode
+    #: without one): see "Zero variance".
+    zero_variance: dict[str, bool] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -148,11 +168,16 @@ def episode_advantages(
     ``agent_of`` (a step's agent, or ``None``) normalises each agent's calls on their own; a
     group is then zero-variance when every agent's is.
     """
-    advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
+    _, advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
+    return advantages, _zero_variance(flat_cells), counts
+
+
+def _zero_variance(flat_cells: Mapping[tuple[str, str | None], bool]) -> dict[str, bool]:
+    """A group is zero-variance when every one of its (group, agent) cells is."""
     zero_variance: dict[str, bool] = {}
     for (key, _), flat in flat_cells.items():
         zero_variance[key] = zero_variance.get(key, True) and flat
-    return advantages, zero_variance, counts
+    return zero_variance
 
 
 def _advantages(
@@ -161,9 +186,9 @@ def _advantages(
     credit_kwargs: Mapping[str, Any] | None,
     scale_rewards: str,
     agent_of: Callable[[Step], str | None] | None,
-) -> tuple[dict[str, list[float]], dict[tuple[str, str | None], bool], dict[str, float]]:
-    """:func:`episode_advantages`, with the zero-variance flag of every (group, agent) cell
-    (one cell per group, agent ``None``, without ``agent_of``)."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[tuple[str, str | None], bool], dict[str, float]]:
+    """:func:`episode_advantages`, with the values it normalised and the zero-variance flag of
+    every (group, agent) cell (one cell per group, agent ``None``, without ``agent_of``)."""
     counts: dict[str, float] = defaultdict(float)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
@@ -231,7 +256,7 @@ def _advantages(
             counts["groups/zero_variance"] += 1
         elif agent_of is not None:
             counts["agents/zero_variance"] += sum(flat_cells[(key, agent)] for agent in agents if agent is not None)
-    return advantages, flat_cells, dict(counts)
+    return values, advantages, flat_cells, dict(counts)
 
 
 def build_samples(
@@ -267,7 +292,7 @@ def build_samples(
     if adapters is not None and aggregation != "transition":
         raise ValueError("adapters (lora_per_agent) need aggregation 'transition': a trajectory row merges several agents' calls")
     agent_of = adapters.agent_of if adapters is not None and agent_advantages == "per_agent" else None
-    advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
+    values, advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
     match = _both(as_agent_match(agent_match), adapters.trains if adapters is not None else None)
     stats: dict[str, float] = defaultdict(float, counts)
     stats["episodes"] = float(len(trajectories))
@@ -307,7 +332,27 @@ def build_samples(
     stats["rows"] = float(len(samples))
     stats["loss_tokens"] = float(sum(s.num_loss_tokens for s in samples))
     stats["tokens/total"] = float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
-    return SampleBatch(samples=samples, stats=dict(stats))
+    return SampleBatch(
+        samples=samples, stats=dict(stats), values=values, advantages=advantages, zero_variance=_zero_variance(flat_cells)
+    )
+
+
+def configured_samples(trajectories: Sequence[Trajectory], config: LightningRLConfig) -> SampleBatch:
+    """:func:`build_samples` with ``config``'s options (credit, aggregation, advantages,
+    ``agent_match``, ``lora_per_agent``'s adapters): the rows the trainer trains on."""
+    return build_samples(
+        trajectories,
+        aggregation=config.aggregation,
+        credit=config.credit,
+        credit_kwargs=config.credit_kwargs,
+        scale_rewards=config.scale_rewards,
+        zero_variance_groups=config.zero_variance_groups,
+        episode_weighting=config.episode_weighting,
+        mask_truncated_completions=config.mask_truncated_completions,
+        agent_match=config.agent_match,
+        adapters=AgentAdapters.from_config(config),
+        agent_advantages=config.agent_advantages,
+    )
 
 
 def _both(first: Callable[[Step], bool] | None, second: Callable[[Step], bool] | None) -> Callable[[Step], bool] | None:

@@ -89,7 +89,7 @@ from agentgym_lightning.training.checkpoint import (
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
 from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
-from agentgym_lightning.training.samples import SampleBatch, build_samples
+from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.token_tree import (
     build_token_tree,
@@ -433,20 +433,7 @@ class LightningRLTrainer:
         """The training rows of ``trajectories`` as this trainer's config builds them (credit,
         aggregation, advantages, ``agent_match``, adapters), in the order given: a step passes
         its episodes in seed order, so the rows do not depend on which episode finished first."""
-        cfg = self.config
-        return build_samples(
-            trajectories,
-            aggregation=cfg.aggregation,
-            credit=cfg.credit,
-            credit_kwargs=cfg.credit_kwargs,
-            scale_rewards=cfg.scale_rewards,
-            zero_variance_groups=cfg.zero_variance_groups,
-            episode_weighting=cfg.episode_weighting,
-            mask_truncated_completions=cfg.mask_truncated_completions,
-            agent_match=cfg.agent_match,
-            adapters=self.adapters,
-            agent_advantages=cfg.agent_advantages,
-        )
+        return configured_samples(trajectories, self.config)
 
     def update(self, batch: SampleBatch) -> dict[str, float]:
         """One optimizer step (``num_iterations`` of them) on ``batch``'s rows; returns the loss

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym_lightning.agent_match import as_agent_match
-from agentgym_lightning.credit import assign_credit
-from agentgym_lightning.training.agent_adapters import AgentAdapters, agent_routes
-from agentgym_lightning.training.samples import episode_advantages, untrained_reason
+from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.samples import SampleBatch, configured_samples, untrained_reason
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 from agentgym_lightning.viewer.alarms import group_diversity, run_alarms
 from agentgym_lightning.viewer.charts import CHARTS, air_sources, chart_svg
@@ -159,31 +158,16 @@ def _file_table(index: int, run: RunFolder, series: dict[str, list[tuple[int, fl
 # ------------------------------------------------------------------ episodes of a step
 
 
-@dataclass
-class _Credit:
-    """What the trainer made of an episode file's episodes (none for evaluations)."""
-
-    values: dict[str, list[float]]
-    advantages: dict[str, list[float]]
-    zero_variance: dict[str, bool]
-    error: str | None = None
-
-
-def _credit(file: EpisodeFile, episodes: Sequence[Trajectory], config: dict[str, Any]) -> _Credit:
+def _credit(file: EpisodeFile, episodes: Sequence[Trajectory], config: dict[str, Any]) -> tuple[SampleBatch, str | None]:
+    """What the trainer made of an episode file's episodes (its values, advantages and
+    zero-variance groups), built as the run's config builds its rows, and why not when that
+    cannot be done here. Nothing for evaluations."""
     if file.kind != "train":
-        return _Credit({}, {}, {})
-    credit, kwargs = config.get("credit", "identical"), dict(config.get("credit_kwargs") or {})
+        return SampleBatch(), None
     try:
-        values = {t.episode_id: assign_credit(t, credit, **kwargs) for t in episodes if t.steps and t.trainable}
-        # lora_per_agent with per-agent advantages: each agent's calls were normalised on their own.
-        routes = agent_routes(config.get("lora_per_agent", False), config.get("agent_match"))
-        agent_of = AgentAdapters(routes).agent_of if routes and config.get("agent_advantages", "per_agent") == "per_agent" else None
-        advantages, zero_variance, _ = episode_advantages(
-            episodes, credit=credit, credit_kwargs=kwargs, scale_rewards=config.get("scale_rewards", "group"), agent_of=agent_of
-        )
+        return configured_samples(episodes, LightningRLConfig.from_dict(config)), None
     except (ValueError, RuntimeError) as exc:  # a credit plugin that is not installed here
-        return _Credit({}, {}, {}, error=str(exc))
-    return _Credit(values, advantages, zero_variance)
+        return SampleBatch(), str(exc)
 
 
 def _groups(episodes: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
@@ -202,12 +186,12 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
     """A step's (or an evaluation's) episodes, grouped by GRPO group with rewards and advantages."""
     episodes = run.episodes(file)
     config = run.config() if config is None else config
-    credit = _credit(file, episodes, config)
+    credit, error = _credit(file, episodes, config)
     skip_flat = config.get("zero_variance_groups", "skip") == "skip"
     diversity = {g.group: g for g in group_diversity(episodes)}
     out = []
-    if credit.error:
-        out.append(f"<p class=muted>advantages not shown: {e(credit.error)}</p>")
+    if error:
+        out.append(f"<p class=muted>advantages not shown: {e(error)}</p>")
     for key, members in _groups(episodes).items():
         d = diversity.get(key)
         flat = credit.zero_variance.get(key)
@@ -300,14 +284,14 @@ def episode_detail(
     episode: Trajectory,
     *,
     config: dict[str, Any] | None = None,
-    credit: _Credit | None = None,
+    credit: SampleBatch | None = None,
     decode: Callable[[list[int]], list[str]] | None = None,
     limit: int = 20_000,
 ) -> str:
     """One episode call by call (see the module docstring); ``limit`` cuts long messages."""
     config = run.config() if config is None else config
     if credit is None:
-        credit = _credit(file, run.episodes(file), config)
+        credit, _ = _credit(file, run.episodes(file), config)
     if decode is None:
         decode = run.token_decoder()
     match = as_agent_match(config.get("agent_match")) if config.get("agent_match") else None
@@ -407,7 +391,7 @@ def report(runs: Sequence[RunFolder], *, limit: int = 4000) -> str:
     for i, f in last:
         run = runs[i]
         episodes = run.episodes(f)
-        credit = _credit(f, episodes, configs[i])
+        credit, _ = _credit(f, episodes, configs[i])
         parts.append(f"<h2>{e(run.name)} · episodes of {e(_what(f))}, call by call</h2>")
         for t in (t for members in _groups(episodes).values() for t in members):
             parts.append(

@@ -410,7 +410,7 @@ def test_the_viewer_shows_the_per_agent_advantages_the_update_used(tmp_path):
     from agentgym_lightning.viewer.run import EpisodeFile
 
     config = {"lora_per_agent": {"writer": "wa", "rewriter": "rw"}, "agent_match": None}
-    shown = _credit(EpisodeFile("train", 1, tmp_path / "step.jsonl"), _group(), config).advantages
+    shown = _credit(EpisodeFile("train", 1, tmp_path / "step.jsonl"), _group(), config)[0].advantages
     batch = build_samples(_group(), adapters=AgentAdapters(config["lora_per_agent"]))
     for row in batch.samples:
         assert shown[row.episode_id][row.steps[0]] == pytest.approx(row.advantages[0])

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentgym_lightning import ChatRequest, Completion, Reward, Status, Step, Trajectory
-from agentgym_lightning.training.samples import ADVANTAGE_EPS, build_samples, episode_advantages
+from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.samples import ADVANTAGE_EPS, build_samples, configured_samples, episode_advantages
 
 EPS = ADVANTAGE_EPS
 
@@ -99,6 +100,27 @@ def test_transition_rows_and_equal_episode_weights():
     assert a0.advantages == pytest.approx([0.6 / (sigma + EPS)] * 2)
     assert batch.stats["episodes/infra_failed"] == 1 and batch.stats["rows"] == 3 and batch.stats["loss_tokens"] == 6
     assert batch.stats["tokens/total"] == sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples) == 4 + 6 + 5
+
+
+def test_the_batch_keeps_each_calls_value_and_advantage_and_each_groups_zero_variance():
+    tied = [episode("T1", "t", [call(0, [1], [2])], 1.0), episode("T2", "t", [call(0, [1], [3])], 1.0)]
+    episodes = two_call_group() + tied + [episode("L", None, [call(0, [1], [4])], 0.5)]
+    batch = build_samples(episodes, credit="discounted", credit_kwargs={"gamma": 0.5})
+    adv, flat, _ = episode_advantages(episodes, credit="discounted", credit_kwargs={"gamma": 0.5})
+    assert batch.advantages == adv and batch.zero_variance == flat == {"g": False, "t": True}
+    # every episode that ended has its calls' values; only those compared in a group have advantages
+    assert batch.values == {"A": pytest.approx([0.7, 1.0]), "B": [0.0], "T1": [1.0], "T2": [1.0], "L": [0.5]}
+    assert set(batch.advantages) == {"A", "B", "T1", "T2"}
+
+
+def test_configured_samples_builds_the_rows_as_the_config_says():
+    config = LightningRLConfig(aggregation="trajectory", credit="final-only", episode_weighting="per_call", scale_rewards="none")
+    expected = build_samples(
+        two_call_group(), aggregation="trajectory", credit="final-only", episode_weighting="per_call", scale_rewards="none"
+    )
+    assert expected != build_samples(two_call_group())  # the options change the rows...
+    assert configured_samples(two_call_group(), config) == expected  # ...and the config passes every one
+    assert configured_samples(two_call_group(), LightningRLConfig()) == build_samples(two_call_group())
 
 
 def test_per_call_weighting():
