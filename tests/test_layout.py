@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import queue
+import re
 import runpy
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,6 +56,19 @@ def test_the_import_graph_script_runs():
         [sys.executable, str(REPO / "bench" / "import_graph.py")], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert "all (typing too): 0 circle(s)" in out
+
+
+def test_what_the_import_graph_needs_is_in_the_dev_extra():
+    """`make setup` installs the `dev` extra, and this file runs bench/import_graph.py: every
+    distribution that script imports (outside the standard library) must be declared there."""
+    tree = ast.parse((REPO / "bench" / "import_graph.py").read_text(encoding="utf-8"))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    third_party = imported - set(sys.stdlib_module_names) - {"__future__"}
+    assert "networkx" in third_party  # the check reads the script's imports
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]["dev"]
+    declared = {re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower() for requirement in dev}
+    assert third_party <= declared, f"bench/import_graph.py imports {sorted(third_party - declared)}: add them to the dev extra"
 
 
 def _request(text: str = "hi") -> ChatRequest:
