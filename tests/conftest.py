@@ -6,12 +6,8 @@ import importlib.util
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 
 # The conformance kit's fixture (agent_conformance), as adapter authors use it.
 pytest_plugins = ["agentgym_lightning.testing.pytest_plugin"]

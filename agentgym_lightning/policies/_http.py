@@ -148,7 +148,6 @@ class SyncHTTP:
         self._stale = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
         self._idle: deque[Any] = deque()
         self._lock = threading.Lock()
-        self.connections_opened = 0
 
     def _acquire(self) -> tuple[Any, bool]:
         with self._lock:
@@ -157,7 +156,6 @@ class SyncHTTP:
         conn = self._connect()
         conn.connect()
         conn.sock.settimeout(self.timeout)  # connect_timeout was for connecting only
-        self.connections_opened += 1
         return conn, False
 
     def request(self, method: str, path: str, content: bytes | None) -> Response:

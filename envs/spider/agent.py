@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SpiderAgentConfig", "SpiderAgent", "SpiderAnswer", "classify_sql", "format_result", "parse_verdict"]
 
-SQL_STATUSES = ("no_sql", "parse_error", "exec_error", "executes")
-
 WRITER_SYSTEM = """You are an expert in SQLite. Write one SQLite query that answers the user's question over this database.
 Use only the tables and columns in the schema. Reply with the query in a ```sql code block.
 
