@@ -76,7 +76,6 @@ __all__ = [
     "SampleBatch",
     "build_samples",
     "configured_samples",
-    "episode_advantages",
     "untrained_reason",
     "ADVANTAGE_EPS",
 ]
@@ -153,25 +152,6 @@ def _tie(xs: list[float]) -> bool:
     return max(xs) - min(xs) <= _TIE
 
 
-def episode_advantages(
-    trajectories: Sequence[Trajectory],
-    *,
-    credit: str = "identical",
-    credit_kwargs: Mapping[str, Any] | None = None,
-    scale_rewards: str = "group",
-    agent_of: Callable[[Step], str | None] | None = None,
-) -> tuple[dict[str, list[float]], dict[str, bool], dict[str, float]]:
-    """Per-call advantages of trainable episodes (step 2 of the module docstring).
-
-    Returns ``(advantages by episode id, zero-variance flag by group key, counts)``. Episodes not
-    in the result were excluded (infrastructure failures, unfinished, or alone in their group).
-    ``agent_of`` (a step's agent, or ``None``) normalises each agent's calls on their own; a
-    group is then zero-variance when every agent's is.
-    """
-    _, advantages, flat_cells, counts = _advantages(trajectories, credit, credit_kwargs, scale_rewards, agent_of)
-    return advantages, _zero_variance(flat_cells), counts
-
-
 def _zero_variance(flat_cells: Mapping[tuple[str, str | None], bool]) -> dict[str, bool]:
     """A group is zero-variance when every one of its (group, agent) cells is."""
     zero_variance: dict[str, bool] = {}
@@ -187,8 +167,11 @@ def _advantages(
     scale_rewards: str,
     agent_of: Callable[[Step], str | None] | None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[tuple[str, str | None], bool], dict[str, float]]:
-    """:func:`episode_advantages`, with the values it normalised and the zero-variance flag of
-    every (group, agent) cell (one cell per group, agent ``None``, without ``agent_of``)."""
+    """Per-call values and advantages of trainable episodes (steps 1 and 2 of the module docstring),
+    the zero-variance flag of every (group, agent) cell (one cell per group, agent ``None``,
+    without ``agent_of``) and the counts. Episodes without advantages were excluded
+    (infrastructure failures, unfinished, or alone in their group); ``agent_of`` (a step's agent,
+    or ``None``) normalises each agent's calls on their own."""
     counts: dict[str, float] = defaultdict(float)
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:

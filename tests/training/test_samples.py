@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agentgym_lightning import ChatRequest, Completion, Reward, Status, Step, Trajectory
 from agentgym_lightning.training.config import LightningRLConfig
-from agentgym_lightning.training.samples import ADVANTAGE_EPS, build_samples, configured_samples, episode_advantages
+from agentgym_lightning.training.samples import ADVANTAGE_EPS, build_samples, configured_samples
 
 EPS = ADVANTAGE_EPS
 
@@ -35,6 +35,13 @@ def episode(eid, group, steps, final, status=Status.SUCCEEDED):
     return Trajectory(episode_id=eid, group_id=group, steps=list(steps), final_reward=final, status=status)
 
 
+def advantages_of(trajectories, **options):
+    """What :func:`build_samples` made of ``trajectories`` before the rows: each call's advantage
+    by episode, each group's zero-variance flag, and the counts."""
+    batch = build_samples(trajectories, **options)
+    return batch.advantages, batch.zero_variance, batch.stats
+
+
 def sample_std(xs):
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
@@ -49,7 +56,7 @@ def two_call_group():
 
 
 def test_identical_credit_is_grpo_over_episodes_shared_by_their_calls():
-    adv, flat, counts = episode_advantages(two_call_group(), credit="identical")
+    adv, flat, counts = advantages_of(two_call_group(), credit="identical")
     # returns: A = 0.2 + 1.0 = 1.2, B = 0.0 (C excluded)
     sigma = sample_std([1.2, 0.0])
     assert adv["A"] == pytest.approx([0.6 / (sigma + EPS)] * 2)
@@ -59,7 +66,7 @@ def test_identical_credit_is_grpo_over_episodes_shared_by_their_calls():
 
 
 def test_discounted_credit_values_per_call_with_an_episode_level_baseline():
-    adv, _, _ = episode_advantages(two_call_group(), credit="discounted", credit_kwargs={"gamma": 0.5})
+    adv, _, _ = advantages_of(two_call_group(), credit="discounted", credit_kwargs={"gamma": 0.5})
     # A's step rewards: [0.2, 0 + final 1.0] -> values [0.2 + 0.5 * 1.0, 1.0] = [0.7, 1.0]; B: [0.0]
     means = [0.85, 0.0]
     mu, sigma = 0.425, sample_std(means)
@@ -68,7 +75,7 @@ def test_discounted_credit_values_per_call_with_an_episode_level_baseline():
 
 
 def test_final_only_credit():
-    adv, _, _ = episode_advantages(two_call_group(), credit="final-only")
+    adv, _, _ = advantages_of(two_call_group(), credit="final-only")
     # A: [0.2, 1.0] (mean 0.6), B: [0.0]
     mu, sigma = 0.3, sample_std([0.6, 0.0])
     assert adv["A"] == pytest.approx([(0.2 - mu) / (sigma + EPS), (1.0 - mu) / (sigma + EPS)])
@@ -80,9 +87,9 @@ def test_scale_rewards_none_and_batch():
         episode("D", "h", [call(0, [1], [2])], 1.0),
         episode("E", "h", [call(0, [1], [3])], 0.5),
     ]
-    none, _, _ = episode_advantages(groups, scale_rewards="none")
+    none, _, _ = advantages_of(groups, scale_rewards="none")
     assert none["A"] == pytest.approx([0.6, 0.6]) and none["D"] == pytest.approx([0.25])
-    batch, _, _ = episode_advantages(groups, scale_rewards="batch")
+    batch, _, _ = advantages_of(groups, scale_rewards="batch")
     sigma = sample_std([1.2, 0.0, 1.0, 0.5])
     assert batch["E"] == pytest.approx([-0.25 / (sigma + EPS)])
 
@@ -106,11 +113,16 @@ def test_the_batch_keeps_each_calls_value_and_advantage_and_each_groups_zero_var
     tied = [episode("T1", "t", [call(0, [1], [2])], 1.0), episode("T2", "t", [call(0, [1], [3])], 1.0)]
     episodes = two_call_group() + tied + [episode("L", None, [call(0, [1], [4])], 0.5)]
     batch = build_samples(episodes, credit="discounted", credit_kwargs={"gamma": 0.5})
-    adv, flat, _ = episode_advantages(episodes, credit="discounted", credit_kwargs={"gamma": 0.5})
-    assert batch.advantages == adv and batch.zero_variance == flat == {"g": False, "t": True}
+    assert batch.zero_variance == {"g": False, "t": True}
     # every episode that ended has its calls' values; only those compared in a group have advantages
     assert batch.values == {"A": pytest.approx([0.7, 1.0]), "B": [0.0], "T1": [1.0], "T2": [1.0], "L": [0.5]}
-    assert set(batch.advantages) == {"A", "B", "T1", "T2"}
+    assert set(batch.advantages) == {"A", "B", "T1", "T2"} and batch.advantages["T1"] == batch.advantages["T2"] == [0.0]
+    mu, sigma = 0.425, sample_std([0.85, 0.0])  # as in the discounted test above
+    assert batch.advantages["A"] == pytest.approx([(0.7 - mu) / (sigma + EPS), (1.0 - mu) / (sigma + EPS)])
+    # the rows carry those advantages: the tied group's are skipped (zero_variance_groups="skip")
+    assert {(r.episode_id, r.steps[0]): r.advantages[0] for r in batch.samples} == {
+        ("A", 0): batch.advantages["A"][0], ("A", 1): batch.advantages["A"][1], ("B", 0): batch.advantages["B"][0]
+    }
 
 
 def test_configured_samples_builds_the_rows_as_the_config_says():
@@ -239,7 +251,7 @@ def tied_discounted_group():
 )
 def test_a_group_whose_returns_tie_is_zero_variance_under_every_credit_strategy(credit, kwargs):
     # Before: discounted values [0.5, 1.0] in both episodes -> sigma 0 -> advantages of +-2,500.
-    adv, flat, counts = episode_advantages(tied_discounted_group(), credit=credit, credit_kwargs=kwargs)
+    adv, flat, counts = advantages_of(tied_discounted_group(), credit=credit, credit_kwargs=kwargs)
     assert flat == {"g": True} and counts["groups/zero_variance"] == 1
     assert all(a == 0.0 for values in adv.values() for a in values)
     skipped = build_samples(tied_discounted_group(), credit=credit, credit_kwargs=kwargs)
@@ -253,7 +265,7 @@ def test_a_group_whose_episode_means_tie_but_returns_differ_is_zero_variance():
     # dividing A's per-call differences by 1e-4 would give +-10,000.
     a = episode("A", "g", [call(0, [1], [2]), call(1, [1, 2, 5], [3])], 2.0)
     b = episode("B", "g", [call(0, [1], [4])], 1.0)
-    adv, flat, _ = episode_advantages([a, b], credit="final-only")
+    adv, flat, _ = advantages_of([a, b], credit="final-only")
     assert flat == {"g": True} and all(x == 0.0 for v in adv.values() for x in v)
 
 
@@ -269,6 +281,6 @@ def test_advantages_never_blow_up_when_a_groups_returns_tie(rewards, final, gamm
     for i, rs in enumerate(rewards):
         steps = [call(j, [1], [2], rewards=[("air", r)]) for j, r in enumerate(rs)]
         members.append(episode(f"E{i}", "g", steps, final - sum(s.reward for s in steps)))
-    adv, flat, _ = episode_advantages(members, credit="discounted", credit_kwargs={"gamma": gamma})
+    adv, flat, _ = advantages_of(members, credit="discounted", credit_kwargs={"gamma": gamma})
     assert flat == {"g": True}
     assert all(x == 0.0 for v in adv.values() for x in v)
