@@ -16,7 +16,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "agentgym_lightning.commands.plugins",
     "agentgym_lightning.commands.envs",
-    "agentgym_lightning.eval",
+    "agentgym_lightning.commands.eval",
     "agentgym_lightning.commands.train",
     "agentgym_lightning.commands.serve",
     "agentgym_lightning.commands.report",

@@ -23,7 +23,7 @@ The contract:
   lowered to ``N``; see :class:`TimeLimitAsMaxTurns`), so the last step's ``info`` has the
   trajectory and status as always.
 
-For drivers of many envs (:func:`~agentgym_lightning.rollout.rollout`): ``step_wait(timeout)`` and
+For drivers of many envs (:func:`~agentgym_lightning.rollouts.in_process.rollout`): ``step_wait(timeout)`` and
 ``reset_wait(timeout)`` raise :class:`TimeoutError` when the agent has not called or ended in time
 (call again later), :meth:`AgentEnv.set_ready_callback` tells when there is something to wait
 for, and :attr:`AgentEnv.deadline` says when the episode's time limit falls.
@@ -139,6 +139,14 @@ class AgentEnv(gym.Env[Observation, Any]):
             :class:`~agentgym_lightning.agent_match.AgentMatch` fields, or ``fn(step) -> bool``.
             Calls it rejects are answered and recorded as always, with ``step.trainable=False``.
             ``None`` (default): every call the agent did not mark untrainable.
+        trajectory_reward: ``fn(trajectory) -> float | None``, the final reward when the agent
+            returns, read from its episode's trajectory (``trajectory.result`` is what the agent
+            returned); instead of ``reward_fn`` and the hook. For a driver that learns the reward
+            from elsewhere than the agent's result (the HTTP driver: a remote agent's ``done``).
+        on_end: ``fn(episode_id)``, called when an episode ends, however it ends (the agent
+            returned, truncated, closed), before its agent is stopped: an agent that waits on
+            something outside (the HTTP driver's stand-in for a remote agent) is released there
+            at once, rather than cancelled after ``stop_grace``.
 
     With neither ``reward_fn`` nor an ``agentgym_episode_reward`` hook that answers, episodes end
     with ``final_reward=None``; the env warns once (:class:`NoRewardWarning`).
@@ -163,6 +171,8 @@ class AgentEnv(gym.Env[Observation, Any]):
         render_mode: str | None = None,
         seed_calls: bool = False,
         agent_match: AgentMatchSpec | AgentMatch | None = None,
+        trajectory_reward: Callable[[Trajectory], SupportsFloat | None] | None = None,
+        on_end: Callable[[str], None] | None = None,
     ) -> None:
         if transport not in ("inproc", "http"):
             raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
@@ -188,6 +198,8 @@ class AgentEnv(gym.Env[Observation, Any]):
         self.render_mode = render_mode
         self.seed_calls = seed_calls
         self.agent_match = as_agent_match(agent_match)
+        self.trajectory_reward = trajectory_reward
+        self.on_end = on_end
         self.observation_space = ObservationSpace()
         self.action_space = CompletionSpace()
 
@@ -448,6 +460,9 @@ class AgentEnv(gym.Env[Observation, Any]):
         return self._end(status, _format_error(event.error), reward, final)
 
     def _episode_reward(self, task: Any, result: Any, trajectory: Trajectory) -> float | None:
+        if self.trajectory_reward is not None:
+            value = self.trajectory_reward(trajectory)
+            return None if value is None else checked_reward(value, f"the trajectory_reward of {self._name}")
         if self.reward_fn is not None:
             return checked_reward(self.reward_fn(task, result), f"the reward_fn of {self._name}")
         value = self._hook.agentgym_episode_reward(task=task, result=result, trajectory=trajectory)
@@ -498,6 +513,8 @@ class AgentEnv(gym.Env[Observation, Any]):
     def _end(self, status: Status, error: str | None, reward: float, final: float | None = None) -> StepResult:
         episode = self._episode
         assert episode is not None
+        if self.on_end is not None:
+            self.on_end(episode.episode_id)
         trajectory = episode.trajectory
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.

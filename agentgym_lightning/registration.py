@@ -1,4 +1,5 @@
-"""Registers the ``lightning/...`` environment ids with Gymnasium (on ``import agentgym_lightning``).
+"""Env ids: registers the ``lightning/...`` ones with Gymnasium (on ``import agentgym_lightning``),
+reads what a user names (:func:`resolve_env_id`) and makes envs from it (:func:`make_env_factory`).
 
 Gymnasium 1.x has no entry-point env plugins, so environments come through the
 ``agentgym_register_envs`` hook: the bundled env packages' own plugins (``envs/<name>/plugin.py``,
@@ -10,13 +11,24 @@ env is named here. An env of one's own needs none of that: ``module:Id`` (Gymnas
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from gymnasium.envs.registration import WrapperSpec
+
+if TYPE_CHECKING:
+    from agentgym_lightning.env import AgentEnv
+
+__all__ = [
+    "BUNDLED_ENVS", "TIME_LIMIT_AS_MAX_TURNS", "register_envs", "lightning_env_ids", "resolve_env_id", "make_env_factory",
+    "is_file_factory", "file_factory",
+]
 
 #: The environments the core registers itself: id -> entry point (the env packages under
 #: ``envs/`` register theirs through their plugins).
@@ -63,6 +75,60 @@ def lightning_env_ids() -> list[str]:
     """Every registered id in the ``lightning`` namespace and those added by plugins."""
     register_envs()
     return sorted(k for k, v in gym.registry.items() if v.namespace == "lightning" or k in _plugin_env_ids)
+
+
+def resolve_env_id(env: str) -> str:
+    """The env id a user named: accepts ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``,
+    Gymnasium's ``module:Id`` and ``path/to/file.py:make_env`` (checked here: the module imports
+    and registers ``Id``, the file has the function). Raises ``ValueError`` for an unknown id,
+    listing the known ones and saying how to use one's own."""
+    register_envs()
+    if env in gym.registry:
+        return env
+    if f"lightning/{env}" in gym.registry:
+        return f"lightning/{env}"
+    if is_file_factory(env):
+        file_factory(env)
+        return env
+    module, sep, env_id = env.partition(":")
+    if sep:
+        if os.getcwd() not in sys.path:  # as `python -m` does: a module beside you imports
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--env {env}: cannot import {module!r} ({exc})") from None
+        if env_id not in gym.registry:
+            raise ValueError(f"--env {env}: importing {module!r} did not register {env_id!r} (it must call gymnasium.register)")
+        return env
+    known = ", ".join(lightning_env_ids()) or "none"
+    raise ValueError(
+        f"unknown environment {env!r} (registered: {known}); for an env of your own, pass --env my_module:{env} "
+        "(a module that calls gymnasium.register on import) or --env path/to/file.py:make_env (a function "
+        "returning an AgentEnv), or register it from a plugin's agentgym_register_envs hook"
+    )
+
+
+def make_env_factory(env: str | Callable[[], AgentEnv], env_kwargs: Mapping[str, Any] | None = None) -> Callable[[], AgentEnv]:
+    """A zero-argument factory from an env id (``gym.make``: a registered id or Gymnasium's
+    ``module:Id``), a ``path/to/file.py:make_env`` string (that function, called with
+    ``env_kwargs``), or a factory."""
+    if isinstance(env, str):
+        from agentgym_lightning.env import AgentEnv
+
+        register_envs()
+        kwargs = dict(env_kwargs or {})
+
+        def factory() -> AgentEnv:
+            made = file_factory(env)(**kwargs) if is_file_factory(env) else gym.make(env, **kwargs)
+            if not isinstance(made.unwrapped, AgentEnv):
+                raise TypeError(f"{env} is not an agentgym-lightning AgentEnv")
+            return made.unwrapped
+
+        return factory
+    if env_kwargs:
+        raise ValueError("env_kwargs only apply to an env id; bake them into your factory instead")
+    return env
 
 
 def is_file_factory(env: str) -> bool:

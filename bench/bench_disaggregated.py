@@ -318,7 +318,7 @@ def run_gateway(
 ) -> Stage:
     """``agents`` episodes at once through AgentEnv(transport="http") + rollout + the policy."""
     from agentgym_lightning.env import AgentEnv
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     log = CallLog()
     print(f"... {name}: {agents} agents x {calls} calls", file=sys.stderr, flush=True)

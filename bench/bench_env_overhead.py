@@ -33,7 +33,7 @@ import httpx
 from agentgym_lightning import Completion
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.gateway import get_gateway
-from agentgym_lightning.rollout import rollout
+from agentgym_lightning.rollouts.in_process import rollout
 
 BODY = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]}).encode()
 HEADERS = {"content-type": "application/json"}

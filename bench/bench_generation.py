@@ -68,7 +68,7 @@ def run_env(
 ) -> tuple[Throughput, list[list[ChatRequest]], float]:
     """Episodes through AgentEnv + the batched driver; returns throughput, the batches made and
     the seconds spent inside ``policy.generate``."""
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     recorder = RecordingPolicy(policy)
     started = time.perf_counter()

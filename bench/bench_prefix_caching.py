@@ -48,7 +48,7 @@ from agentgym_lightning.llm import ChatRequest, Completion  # noqa: E402
 
 
 def _env_factory(args: argparse.Namespace) -> Callable[[], Any]:
-    from agentgym_lightning.rollout import make_env_factory
+    from agentgym_lightning.registration import make_env_factory
 
     factory = make_env_factory(*env_of(args))
 
@@ -67,7 +67,7 @@ def _answers(completions: Sequence[Completion]) -> list[tuple[int, ...]]:
 def run_rollout(policy: Any, args: argparse.Namespace) -> tuple[float, float, list[list[ChatRequest]], list[tuple[int, ...]]]:
     """One step's episodes; returns wall and CPU seconds (the process's), the generate batches,
     every call's tokens."""
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
     from agentgym_lightning.training.generation import SamplingOverride
 
     recorder = RecordingPolicy(policy)  # inside the override: it records the requests as sampled

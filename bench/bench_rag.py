@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 4. episodes searching at once, through the env and the batched driver
     from agentgym_lightning.envs.rag.env import make_env
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     by_question = {e.question: e for e in data.examples}
 

@@ -32,7 +32,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from agentgym_lightning.env import AgentEnv  # noqa: E402
 from agentgym_lightning.llm import Completion  # noqa: E402
-from agentgym_lightning.rollout import rollout  # noqa: E402
+from agentgym_lightning.rollouts.in_process import rollout  # noqa: E402
 
 
 def agent(task, ctx):
@@ -71,7 +71,7 @@ def main() -> None:
 
     from agentgym_lightning.testing.mock_openai_server import spawn_mock_server
     from agentgym_lightning.policies.openai import OpenAIPolicy
-    from agentgym_lightning.ray_rollout import RayRolloutRunner, init_ray
+    from agentgym_lightning.rollouts.ray_workers import RayRolloutRunner, init_ray
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     env = functools.partial(make_env, args.calls, args.tool_ms)
@@ -100,7 +100,7 @@ def main() -> None:
                 assert len(out) == args.episodes
                 for n, runner in runners.items():
                     t = time.perf_counter()
-                    out = runner.rollout(**kw)
+                    out = runner.rollout(progress=False, **kw)
                     walls[f"{n} workers"].append(time.perf_counter() - t)
                     assert len(out) == args.episodes and runner.stats.workers_lost == 0
             getattr(local_policy, "close", lambda: None)()

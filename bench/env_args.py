@@ -30,7 +30,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
 
 def env_of(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The env id (or file factory) and kwargs that ``args`` name (see the module docstring)."""
-    from agentgym_lightning.eval import parse_kwargs
+    from agentgym_lightning.commands.eval import parse_kwargs
 
     given = parse_kwargs(args.env_kwarg, "--env-kwarg")
     if args.env is None:

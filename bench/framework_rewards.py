@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
-from agentgym_lightning.eval import evaluate
+from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.policies import make_policy
 from agentgym_lightning.training.generation import SamplingOverride
 

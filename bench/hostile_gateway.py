@@ -485,7 +485,7 @@ def stage_poison(args: argparse.Namespace, *, episodes: int = 8) -> None:
 
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.policies.models import resolve_model
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     hf = HFPolicy(str(resolve_model("smollm2-135m")), device="cpu", default_max_tokens=2, num_threads=1)
     batches: list[int] = []

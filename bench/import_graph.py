@@ -22,7 +22,12 @@ design; the first two are what Python would run into.
 
 (``--repo``: another checkout, e.g. ``git archive main | tar -x -C /tmp/main`` for a before-number.)
 
-Exit status 0 always: this measures, it does not judge.
+It also checks the direction of the flow: :data:`LAYERS` puts every module in one layer, in the
+order data flows (the data model first, the commands and the viewer last), and an edge of any
+kind that runs from a layer to a later one is listed as a *backward import* (a module calling
+back up the flow: it is in the wrong room).
+
+Exit status 0 always: this measures, it does not judge (``tests/test_layout.py`` judges).
 """
 
 from __future__ import annotations
@@ -39,6 +44,26 @@ PACKAGE = "agentgym_lightning"
 # Source folder -> the package name it ships under (pyproject's [tool.setuptools.package-dir]).
 FOLDERS = {PACKAGE: PACKAGE, "plugins": f"{PACKAGE}.plugins", "envs": f"{PACKAGE}.envs"}
 KINDS = ("module", "function", "typing")
+
+#: The package's layers in flow order, each a name and the modules in it, named without the
+#: ``agentgym_lightning.`` prefix (``__init__``: the package itself); a name covers the modules
+#: under it (``gateway``: ``gateway.router``, ...). An import may go to an earlier layer or
+#: within one, never to a later one. Every module must be in one (a new one is placed here).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("data model", ("llm", "trajectory", "spaces", "metrics", "agent_match", "paths", "background_loop")),
+    ("plugin hooks", ("hookspecs", "plugin_manager", "credit")),
+    ("reward bounds, tracing", ("reward_bounds", "tracing")),
+    ("episode", ("episode",)),
+    ("gateway", ("gateway",)),
+    ("agent, worker", ("agent", "worker", "framework_agent")),
+    ("plugins", ("plugins",)),
+    ("env", ("env", "registration", "__init__")),
+    ("policies", ("policies",)),
+    ("environments", ("envs",)),
+    ("rollouts", ("rollouts",)),
+    ("training", ("training",)),
+    ("commands, viewer, tools", ("commands", "viewer", "cli", "__main__", "testing")),
+)
 
 
 def module_files(repo: Path) -> dict[str, Path]:
@@ -142,6 +167,34 @@ def circles(graph: nx.MultiDiGraph, kinds: tuple[str, ...]) -> list[list[str]]:
     return sorted((sorted(c) for c in nx.strongly_connected_components(sub) if len(c) > 1), key=len, reverse=True)
 
 
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
+    """The index in ``layers`` of ``module``'s layer (its longest matching name), ``None`` if none."""
+    short = "__init__" if module == PACKAGE else module.removeprefix(PACKAGE + ".")
+    best: tuple[int, int] | None = None  # (length of the name matched, layer)
+    for index, (_, names) in enumerate(layers):
+        for name in names:
+            if (short == name or short.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def unplaced(graph: nx.MultiDiGraph, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+    """Modules in no layer."""
+    return sorted(m for m in graph if layer_of(m, layers) is None)
+
+
+def backward_imports(
+    graph: nx.MultiDiGraph, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> list[tuple[str, str, str, int]]:
+    """``(importer, imported, kind, line)`` for every edge, of any kind, from a layer to a later one."""
+    found = set()
+    for a, b, data in graph.edges(data=True):
+        la, lb = layer_of(a, layers), layer_of(b, layers)
+        if la is not None and lb is not None and lb > la:
+            found.add((a, b, data["kind"], data["line"]))
+    return sorted(found)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", action="store_true", help="also list the edges inside each circle")
@@ -160,11 +213,20 @@ def main() -> None:
         "modules": graph.number_of_nodes(),
         "edges": {kind: counts[kind] for kind in KINDS},
         "circles": {name: circles(graph, kinds) for name, kinds in views.items()},
+        "unplaced": unplaced(graph),
+        "backward_imports": [list(edge) for edge in backward_imports(graph)],
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return
     print(f"{result['modules']} modules; import edges: " + ", ".join(f"{k} {v}" for k, v in result["edges"].items()))
+    print(f"\nlayers: {' -> '.join(name for name, _ in LAYERS)}")
+    print(f"modules in no layer: {len(result['unplaced'])}")
+    for module in result["unplaced"]:
+        print(f"  {module}")
+    print(f"backward imports (to a later layer): {len(result['backward_imports'])}")
+    for a, b, kind, line in result["backward_imports"]:
+        print(f"  {a.removeprefix(PACKAGE + '.')} -> {b.removeprefix(PACKAGE + '.')}  ({kind}, line {line})")
     for name, comps in result["circles"].items():
         print(f"\n{name}: {len(comps)} circle(s), {sum(map(len, comps))} modules in them")
         for comp in comps:

@@ -25,7 +25,7 @@ from agentgym_lightning.envs.math.env import make_arithmetic_env  # noqa: E402
 from agentgym_lightning.llm import new_tool_call_id  # noqa: E402
 from agentgym_lightning.policies import make_policy  # noqa: E402
 from agentgym_lightning.policies.tool_calls import parse_tool_calls  # noqa: E402
-from agentgym_lightning.rollout import rollout  # noqa: E402
+from agentgym_lightning.rollouts.in_process import rollout  # noqa: E402
 
 ENV_KWARGS = {"split": "test", "difficulty": 3, "examples": 1}  # the main job's held-out eval
 

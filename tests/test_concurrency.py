@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from agentgym_lightning import Completion, Status
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.rollout import rollout
+from agentgym_lightning.rollouts.in_process import rollout
 
 
 def counting_agent(task, ctx):

@@ -475,3 +475,20 @@ def test_semantic_variables_have_a_size_and_a_count_limit():
     assert "'c' would be one more than this episode's limit of 2" in errors[1] and errors[2:] == [400]
     assert info["trajectory"].variables == {"a": 1, "b": 2}
     gateway.close()
+
+
+def test_trajectory_reward_gives_the_final_reward_and_on_end_runs_however_an_episode_ends():
+    # The HTTP driver's seams: a final reward read from the trajectory (not the agent's result),
+    # and a call when an episode ends, before its agent is stopped, to release an agent that waits.
+    ended: list[str] = []
+    env = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 1}], lambda task, result: 9.0,
+                   trajectory_reward=lambda t: 0.75 if t.result == "a" else 0.0, on_end=ended.append)
+    _, terminated, _, info = run_episode(env, lambda obs: "a", seed=0)
+    assert terminated and info["final_reward"] == 0.75 and info["trajectory"].final_reward == 0.75  # not reward_fn's 9.0
+    assert ended == [info["trajectory"].episode_id]
+    env.reset(seed=1)
+    env.close()  # mid-episode: truncated, and on_end is told first
+    assert len(ended) == 2 and ended[1] == env.trajectory.episode_id and env.trajectory.status is Status.TRUNCATED
+    none = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 1}], trajectory_reward=lambda t: None)
+    assert run_episode(none, lambda obs: "b", seed=0)[3]["final_reward"] is None  # None: only emitted rewards count
+    none.close()

@@ -10,9 +10,11 @@ import re
 import pytest
 
 from agentgym_lightning import Completion, Reward, Status, Step, Trajectory, load_trajectories
-from agentgym_lightning.eval import evaluate, parse_kwargs, summarize
+from agentgym_lightning.commands.eval import parse_kwargs
 from agentgym_lightning.hookspecs import hookimpl
 from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.metrics import summarize
+from agentgym_lightning.rollouts.evaluation import evaluate
 
 
 def _bisect_answer(request: ChatRequest) -> str:

@@ -56,6 +56,66 @@ def test_the_import_graph_script_runs():
         [sys.executable, str(REPO / "bench" / "import_graph.py")], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert "all (typing too): 0 circle(s)" in out
+    assert "modules in no layer: 0" in out and "backward imports (to a later layer): 0" in out
+
+
+def test_every_module_is_in_a_layer_and_imports_only_earlier_layers():
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(REPO)
+    # A new module is placed in bench/import_graph.py's LAYERS, in the order data flows.
+    assert graph_tools.unplaced(graph) == []
+    # Every edge, function-level and TYPE_CHECKING ones too, goes to an earlier layer or within one.
+    assert graph_tools.backward_imports(graph) == []
+
+
+def test_the_gateway_reaches_no_driver_env_or_rollout():
+    import networkx as nx
+
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(REPO)
+    gateway = [m for m in graph if m == "agentgym_lightning.gateway" or m.startswith("agentgym_lightning.gateway.")]
+    assert len(gateway) > 10
+    forbidden = ("agentgym_lightning.env", "agentgym_lightning.worker", "agentgym_lightning.rollouts", "agentgym_lightning.training")
+    for module in gateway:
+        reached = nx.descendants(graph, module)  # through any import, of any kind, however indirect
+        assert not [m for m in reached if m.startswith(forbidden)], module
+
+
+def test_the_layer_check_sees_a_backward_import_of_every_kind(tmp_path):
+    # gateway/x imports a driver under TYPE_CHECKING and inside a function, env/ at module level
+    # through a package __init__; episode imports gateway (a later layer) too.
+    pkg = tmp_path / "agentgym_lightning"
+    (pkg / "gateway").mkdir(parents=True)
+    (pkg / "rollouts").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "env.py").write_text("E = 1\n")
+    (pkg / "episode.py").write_text("from agentgym_lightning.gateway import x\n")
+    (pkg / "gateway" / "__init__.py").write_text("")
+    (pkg / "gateway" / "x.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from agentgym_lightning.rollouts.driver import D\n"
+        "def f():\n    from agentgym_lightning.rollouts import driver\n"
+        "from agentgym_lightning.env import E\n"
+    )
+    (pkg / "rollouts" / "__init__.py").write_text("")
+    (pkg / "rollouts" / "driver.py").write_text("from agentgym_lightning.env import E\nD = 1\n")
+    graph_tools = _import_graph()
+    graph = graph_tools.build_graph(tmp_path)
+    assert graph_tools.unplaced(graph) == []
+    found = {(a.removeprefix("agentgym_lightning."), b.removeprefix("agentgym_lightning."), kind)
+             for a, b, kind, _ in graph_tools.backward_imports(graph)}
+    assert found == {
+        ("gateway.x", "rollouts.driver", "typing"),
+        ("gateway.x", "rollouts", "typing"),
+        ("gateway.x", "rollouts.driver", "function"),
+        ("gateway.x", "rollouts", "function"),
+        ("gateway.x", "env", "module"),
+        ("episode", "gateway.x", "module"),
+        ("episode", "gateway", "module"),
+    }
+    # A module no layer names is reported, not silently allowed.
+    (pkg / "stray.py").write_text("")
+    assert graph_tools.unplaced(graph_tools.build_graph(tmp_path)) == ["agentgym_lightning.stray"]
 
 
 def test_what_the_import_graph_needs_is_in_the_dev_extra():
@@ -121,10 +181,12 @@ def test_a_closed_episode_refuses_calls_and_no_longer_announces_its_end():
     assert events.empty() and episode.finished
 
 
-def test_the_trainer_takes_its_metrics_from_the_metrics_module_not_the_eval_command():
+def test_the_trainer_and_the_eval_command_share_one_evaluate():
     graph = _import_graph().build_graph(REPO)
-    assert "agentgym_lightning.eval" not in graph.successors("agentgym_lightning.training.trainer")
-    assert "agentgym_lightning.metrics" in graph.successors("agentgym_lightning.training.trainer")
+    trainer = set(graph.successors("agentgym_lightning.training.trainer"))
+    assert "agentgym_lightning.commands.eval" not in trainer
+    assert {"agentgym_lightning.metrics", "agentgym_lightning.rollouts.evaluation"} <= trainer
+    assert "agentgym_lightning.rollouts.evaluation" in graph.successors("agentgym_lightning.commands.eval")
 
 
 def test_the_failure_isolator_is_public_and_isolates_a_rejected_request():

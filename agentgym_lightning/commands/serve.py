@@ -9,7 +9,7 @@ Remote agents open episodes over HTTP, make their LLM calls against the base URL
 (answered by this server's policy, batched), post rewards and variables, and say ``done``; every
 finished trajectory (token ids included) is appended to ``--output`` and readable at
 ``GET /episodes/{id}/trajectory``. The API: ``docs/remote-agents.md`` and
-:mod:`agentgym_lightning.gateway.standalone`. Runs until Ctrl-C or SIGTERM (either ends the open
+:mod:`agentgym_lightning.rollouts.http_agents`. Runs until Ctrl-C or SIGTERM (either ends the open
 episodes as truncated and writes them to ``--output``).
 """
 
@@ -59,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit 0 on Ctrl-C or SIGTERM, 2 on a bad argument."""
-    from agentgym_lightning.eval import parse_kwargs
-    from agentgym_lightning.gateway.standalone import StandaloneGateway
+    from agentgym_lightning.commands.eval import parse_kwargs
+    from agentgym_lightning.rollouts.http_agents import StandaloneGateway
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
 
     try:

@@ -119,7 +119,7 @@ def _air(items: list[str]) -> dict[str, float]:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The run's :class:`LightningRLConfig` from the command line (see the module docstring)."""
-    from agentgym_lightning.eval import parse_kwargs
+    from agentgym_lightning.commands.eval import parse_kwargs
     from agentgym_lightning.training.checkpoint import find_checkpoint
     from agentgym_lightning.training.config import LightningRLConfig
 
@@ -177,11 +177,11 @@ def run(args: argparse.Namespace) -> int:
     (both after saving the last completed step), 2 on a bad option, 1 when the run stopped on an
     error (a dead policy backend: the last completed step is saved) or every episode of a rollout
     failed before its first LLM call."""
-    from agentgym_lightning.eval import _resolve_env_id
+    from agentgym_lightning.registration import resolve_env_id
 
     try:
         config = build_config(args)
-        config = config.replace(env=_resolve_env_id(config.env))
+        config = config.replace(env=resolve_env_id(config.env))
         _check_output_dir(Path(config.output_dir))
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)

@@ -21,9 +21,9 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from agentgym_lightning.tracing.spans import episode_root_span_id, episode_trace_id, record_from_sdk
+from agentgym_lightning.tracing.spans import SpanRecord, episode_root_span_id, episode_trace_id, record_from_sdk
 
 try:  # the `tracing` extra
     from opentelemetry import context as otel_context
@@ -34,10 +34,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     trace = None  # type: ignore[assignment]
     SpanProcessor = object  # type: ignore[assignment,misc]
 
-if TYPE_CHECKING:
-    from agentgym_lightning.episode import Episode
-
 __all__ = [
+    "TracedEpisode",
     "EpisodeSpanProcessor",
     "PROCESSOR",
     "DISABLE_ENV",
@@ -48,6 +46,16 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+class TracedEpisode(Protocol):
+    """What the processor needs of an episode (:class:`agentgym_lightning.episode.Episode` is
+    one): tracing comes before the episode in the flow, so it names no episode module."""
+
+    episode_id: str
+
+    def record_spans(self, records: list[SpanRecord]) -> None:
+        """Take the agent's spans (started or finished)."""
+
 
 #: Set to ``0`` to leave OpenTelemetry alone: no processor, no episode traces.
 DISABLE_ENV = "AGENTGYM_LIGHTNING_TRACING"
@@ -62,17 +70,17 @@ class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
     """Hands every span of a running episode's trace to that episode (started and ended)."""
 
     def __init__(self) -> None:
-        self._episodes: dict[int, Episode] = {}
+        self._episodes: dict[int, TracedEpisode] = {}
         self._lock = threading.Lock()
         self._installed_on: set[int] = set()
         self._warned = False
 
-    def add(self, episode: Episode) -> None:
+    def add(self, episode: TracedEpisode) -> None:
         """Route the spans of ``episode``'s trace to it (until :meth:`remove`)."""
         with self._lock:
             self._episodes[episode_trace_id(episode.episode_id)] = episode
 
-    def remove(self, episode: Episode) -> None:
+    def remove(self, episode: TracedEpisode) -> None:
         with self._lock:
             self._episodes.pop(episode_trace_id(episode.episode_id), None)
 
@@ -128,7 +136,7 @@ PROCESSOR = EpisodeSpanProcessor()
 
 
 @contextlib.contextmanager
-def episode_trace(episode: Episode) -> Iterator[None]:
+def episode_trace(episode: TracedEpisode) -> Iterator[None]:
     """Run the code inside as ``episode``'s trace (its id is the episode id), its spans routed
     to the episode; does nothing when tracing is off (:func:`available`)."""
     if not available() or not PROCESSOR.install():

@@ -107,7 +107,7 @@ class LightningRLConfig:
         metadata={
             "help": "Ray actors that run the step's episodes (0: in this process). Each gets whole GRPO groups and "
             "its own envs and agents; their LLM calls come back to this trainer's generator, served over HTTP "
-            "and batched across workers (`agentgym_lightning.ray_rollout`). Needs the `ray` extra."
+            "and batched across workers (`agentgym_lightning.rollouts.ray_workers`). Needs the `ray` extra."
         },
     )
     ray_address: str | None = field(

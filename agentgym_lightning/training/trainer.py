@@ -5,8 +5,8 @@ Each training step:
 1. **Tasks.** Pick ``tasks_per_step`` (B) tasks — a function of the seed and the step
    (:mod:`.schedule`), so a resumed run sees the same data.
 2. **Rollouts.** Run ``num_generations`` (G) episodes of each through
-   :func:`~agentgym_lightning.rollout.rollout` (or on ``rollout_workers`` Ray actors:
-   :mod:`.remote_rollouts`): the agents run unmodified, and the current policy
+   :func:`~agentgym_lightning.rollouts.in_process.rollout` (or on ``rollout_workers`` Ray actors:
+   :mod:`agentgym_lightning.rollouts.served_policy`): the agents run unmodified, and the current policy
    answers every pending LLM call in batches, sampling at the training temperature, each call
    seeded from its episode (reproducible however the calls were batched).
 3. **Samples.** Credit assignment gives every call a value, advantages are normalised within each
@@ -65,8 +65,10 @@ from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.metrics import summarize
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
-from agentgym_lightning.registration import is_file_factory
-from agentgym_lightning.rollout import make_env_factory, rollout
+from agentgym_lightning.registration import is_file_factory, make_env_factory
+from agentgym_lightning.rollouts.base import Rollouts
+from agentgym_lightning.rollouts.evaluation import evaluate
+from agentgym_lightning.rollouts.in_process import InProcessRollouts
 from agentgym_lightning.training.agent_adapters import (
     AdapterRouting,
     AgentAdapters,
@@ -370,18 +372,23 @@ class LightningRLTrainer:
         t0 = time.perf_counter()
         sampling = SamplingOverride(self.generator, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
         if cfg.rollout_workers and self._remote is None:
-            from agentgym_lightning.training.remote_rollouts import RemoteRollouts
+            from agentgym_lightning.rollouts.served_policy import ServedPolicyRollouts
 
-            self._remote = RemoteRollouts(self.env_factory, sampling, cfg, self.adapters)
+            self._remote = ServedPolicyRollouts(
+                self.env_factory, sampling, workers=cfg.rollout_workers, host=cfg.generation_host, ray_address=cfg.ray_address,
+                worker_timeout=cfg.rollout_worker_timeout, retry_infra_failed=cfg.retry_infra_failed,
+                wrap_worker_policy=functools.partial(AdapterRouting, adapters=self.adapters) if self.adapters is not None else None,
+            )
         written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
         with TrajectoryWriter(written) as writer:
-            run = self._remote.rollout if self._remote is not None else functools.partial(rollout, self.env_factory, sampling, progress=False)
-            trajectories = run(
+            rollouts: Rollouts = self._remote if self._remote is not None else InProcessRollouts(self.env_factory, sampling)
+            trajectories = rollouts.rollout(
                 episodes=cfg.episodes_per_step,
                 group_size=cfg.num_generations,
                 concurrency=cfg.concurrency or cfg.episodes_per_step,
                 seed=_step_seed(cfg.seed, self.step),
                 tasks=tasks,
+                progress=False,
                 on_trajectory=writer.write,
             )
         rollout_s = time.perf_counter() - t0
@@ -596,21 +603,21 @@ class LightningRLTrainer:
         if self.eval_factory is None:
             raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
         policy = SamplingOverride(self.generator, temperature=cfg.eval_temperature, max_tokens=cfg.max_completion_length)
-        start = time.perf_counter()
         written = self.output_dir / "eval" / f"step-{self.step:06d}.jsonl"
-        with TrajectoryWriter(written) as writer:
-            trajectories = rollout(
-                self.eval_factory,
-                policy,
-                episodes=cfg.eval_episodes,
-                concurrency=cfg.eval_episodes,
-                seed=cfg.seed + 7_919,  # the same held-out episodes at every evaluation
-                progress=False,
-                on_trajectory=writer.write,
-            )
+        result = evaluate(
+            self.eval_factory,
+            policy,
+            episodes=cfg.eval_episodes,
+            concurrency=cfg.eval_episodes,
+            seed=cfg.seed + 7_919,  # the same held-out episodes at every evaluation
+            output=written,
+            progress=False,
+            log_metrics=False,  # logged below, with the step, once the episodes are known to have run
+            strict=True,  # Ctrl-C and a failed write stop the run (train() checkpoints)
+        )
         release_freed_memory()
-        check_episodes_ran(trajectories, f"the evaluation at step {self.step}", written)
-        metrics = {f"eval/{k}": v for k, v in summarize(trajectories, time.perf_counter() - start).items()}
+        check_episodes_ran(result.trajectories, f"the evaluation at step {self.step}", written)
+        metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
         self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
         return metrics
 

@@ -204,9 +204,9 @@ def test_resolve_model_paths_and_errors(tmp_path, monkeypatch, smol_path):
 def test_completion_ids_round_trip_through_the_env(hf_policy):
     """Episodes of GuessNumber driven by the batched rollout: every step's completion in the
     trajectory carries exactly the ids and logprobs the policy produced."""
-    pytest.importorskip("agentgym_lightning.rollout")
+    pytest.importorskip("agentgym_lightning.rollouts.in_process")
     from agentgym_lightning.envs.guess_number import make_env
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     produced: list[Completion] = []
 

@@ -595,7 +595,7 @@ def test_replicas_share_the_load_sticky_per_episode_and_a_dead_one_leaves_rotati
 def test_metadata_names_the_episode_for_the_policy_but_not_in_the_trajectory():
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.llm import EPISODE_KEY
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     seen = []
 

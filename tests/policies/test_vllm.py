@@ -172,7 +172,7 @@ def test_completion_ids_round_trip_through_the_env(vllm_policy):
     """GuessNumber episodes driven by the batched rollout on the vllm backend: every step's
     completion in the trajectory carries exactly the ids and logprobs vLLM produced."""
     from agentgym_lightning.envs.guess_number import make_env
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     produced = []
 

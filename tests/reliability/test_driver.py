@@ -12,7 +12,7 @@ import pytest
 
 from agentgym_lightning import Completion, Status
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.rollout import rollout
+from agentgym_lightning.rollouts.in_process import rollout
 
 
 def agent(task, ctx):
@@ -182,7 +182,7 @@ def test_an_agent_with_parallel_calls_gets_every_one_answered():
 
 def test_a_slow_policy_never_truncates_agents_through_their_time_limit():
     from agentgym_lightning.env import AgentEnv
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     def two_calls(task, ctx):
         ctx.chat_completion([{"role": "user", "content": "1"}])

@@ -10,7 +10,8 @@ import pytest
 
 from agentgym_lightning import Completion, Status, Trajectory, load_trajectories
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.eval import evaluate, summarize
+from agentgym_lightning.metrics import summarize
+from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.trajectory import TruncatedLineWarning
 
 

@@ -23,7 +23,7 @@ from agentgym_lightning import Completion, Status
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.gateway import Gateway
 from agentgym_lightning.gateway.limits import GatewayLimits
-from agentgym_lightning.rollout import rollout
+from agentgym_lightning.rollouts.in_process import rollout
 
 SMALL = GatewayLimits(
     max_body_bytes=256 * 2**10,

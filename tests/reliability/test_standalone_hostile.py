@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from agentgym_lightning.gateway.standalone import StandaloneGateway
+from agentgym_lightning.rollouts.http_agents import StandaloneGateway
 from agentgym_lightning.llm import Completion
 from agentgym_lightning.reward_bounds import RewardRefusedWarning, reward_refused
 from agentgym_lightning.trajectory import Status, load_trajectories

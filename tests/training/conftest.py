@@ -22,4 +22,4 @@ def smol_path():
 
     return resolve_model("smollm2-135m")
 
-# tiny_model_dir lives in tests/conftest.py (the Ray tests in tests/scaling use it too).
+# tiny_model_dir lives in tests/conftest.py (the Ray tests in tests/rollouts use it too).

@@ -275,7 +275,7 @@ def _lora_weights(model, adapter):
 
 def _rows(trainer, adapter, tiny_model_dir):
     """Rows of one agent, from a real rollout's episodes."""
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     trajectories = rollout(_make_env, trainer.generator, episodes=8, group_size=4, seed=3, progress=False)
     batch = build_samples(trajectories, adapters=trainer.adapters, zero_variance_groups="keep")
@@ -380,14 +380,14 @@ def test_the_openai_backend_sends_the_adapter_as_the_model():
 
 
 def test_a_rollout_workers_calls_reach_the_trainers_generator_with_their_adapters():
-    """The Ray path without Ray: a worker's policy (what RemoteRollouts builds, pickled) routes
+    """The Ray path without Ray: a worker's policy (what ServedPolicyRollouts builds, pickled) routes
     and sends over HTTP to the trainer's PolicyServer, whose routing keeps the adapter."""
     import functools
     import pickle
 
     from agentgym_lightning.policies.openai import OpenAIPolicy
     from agentgym_lightning.policies.policy_server import PolicyServer
-    from agentgym_lightning.training.remote_rollouts import _routed
+    from agentgym_lightning.rollouts.served_policy import _wrapped
 
     adapters = AgentAdapters({"writer": "w", "rewriter": "r"})
     seen: list[str] = []
@@ -397,7 +397,8 @@ def test_a_rollout_workers_calls_reach_the_trainers_generator_with_their_adapter
         return [Completion(text="ok") for _ in requests]
 
     with PolicyServer(AdapterRouting(generator, adapters)).start() as server:
-        factory = pickle.loads(pickle.dumps(functools.partial(_routed, functools.partial(OpenAIPolicy, "policy", base_url=server.base_url), adapters)))
+        routing = functools.partial(AdapterRouting, adapters=adapters)  # what the trainer hands the workers
+        factory = pickle.loads(pickle.dumps(functools.partial(_wrapped, functools.partial(OpenAIPolicy, "policy", base_url=server.base_url), routing)))
         worker = factory()
         answers = worker.generate([_request("writer"), _request("rewriter"), _request("checker")])
         worker.policy.close()

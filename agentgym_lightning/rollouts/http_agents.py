@@ -1,4 +1,4 @@
-"""The standalone gateway: episodes whose agents run somewhere else, driven over HTTP.
+"""The HTTP driver (the standalone gateway): episodes whose agents run somewhere else.
 
 An agent in another process, container or machine, in any language, takes part in rollouts
 through five HTTP calls (all JSON; ``Authorization: Bearer <token>`` on every one when the server
@@ -18,7 +18,9 @@ has a token, which it always has off loopback)::
                                         logprobs); 409 while it runs, 404 when unknown
 
 Each episode is an :class:`~agentgym_lightning.env.AgentEnv` episode whose agent is a stand-in
-that waits for ``done``: the same gateway, batching (:class:`~agentgym_lightning.rollout.RolloutStream`),
+that waits for ``done`` (released by the env's ``on_end`` however the episode ends; its final
+reward is the env's ``trajectory_reward``: what ``done`` carried): the same gateway, batching
+(:class:`~agentgym_lightning.rollouts.in_process.RolloutStream`),
 statuses and trajectories as local agents. ``done`` with a ``reward`` sets the final reward;
 with an ``error`` the episode ends ``task_failed`` (final reward 0). An agent that goes silent
 is truncated on its own once it has used ``agent_time_limit`` seconds of its own time (time its
@@ -50,10 +52,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.gateway.gateway import Gateway
 from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, GatewayError, error_body
-from agentgym_lightning.rollout import DEFAULT_MAX_BATCH_WAIT, RolloutStream
+from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
+from agentgym_lightning.rollouts.in_process import DEFAULT_MAX_BATCH_WAIT, RolloutStream
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
 __all__ = ["StandaloneGateway", "RemoteAgentError", "REMOTE_ENV_ID"]
@@ -66,25 +68,6 @@ REMOTE_ENV_ID = "remote"
 
 class RemoteAgentError(Exception):
     """The remote agent reported an error with ``done`` (the episode ends ``task_failed``)."""
-
-
-class _RemoteEnv(AgentEnv):
-    """An env whose agent waits for the remote agent's ``done``; the final reward is the one
-    ``done`` carried (``None`` without one: only posted rewards count)."""
-
-    def __init__(self, server: StandaloneGateway, **kwargs: Any) -> None:
-        super().__init__(server._remote_agent, tasks=[None], env_id=REMOTE_ENV_ID, **kwargs)
-        self._server = server
-
-    def _episode_reward(self, task: Any, result: Any, trajectory: Trajectory) -> float | None:
-        return self._server._final_rewards.pop(trajectory.episode_id, None)
-
-    def _end(self, status: Any, error: str | None, reward: float, final: float | None = None) -> Any:
-        # However the episode ends (truncated, closed), release the stand-in at once: it would
-        # otherwise hold the driver for the env's stop grace.
-        if self.episode_id is not None:
-            self._server._outcome(self.episode_id).cancel()
-        return super()._end(status, error, reward, final)
 
 
 class StandaloneGateway:
@@ -107,7 +90,7 @@ class StandaloneGateway:
         keep_bytes: The most bytes of JSON those kept trajectories may hold together (oldest
             dropped first; the newest is always kept, so its ``done`` can answer with it).
         open_timeout: See ``concurrency``.
-        max_batch_wait: As in :func:`~agentgym_lightning.rollout.rollout`.
+        max_batch_wait: As in :func:`~agentgym_lightning.rollouts.in_process.rollout`.
     """
 
     def __init__(
@@ -146,10 +129,20 @@ class StandaloneGateway:
         self._finished_changed = threading.Condition(self._lock)
         self._queue: queue.SimpleQueue[Trajectory] = queue.SimpleQueue()
         self._writer = TrajectoryWriter(output, append=True) if output is not None else None
-        env_kwargs = {"time_limit": agent_time_limit, "max_turns": max_turns, "transport": "http", "gateway": self.gateway}
-        self._stream = RolloutStream(
-            lambda: _RemoteEnv(self, **env_kwargs), policy, concurrency=concurrency, max_batch_wait=max_batch_wait
-        )
+        def remote_env() -> AgentEnv:
+            return AgentEnv(
+                self._remote_agent,
+                tasks=[None],
+                env_id=REMOTE_ENV_ID,
+                time_limit=agent_time_limit,
+                max_turns=max_turns,
+                transport="http",
+                gateway=self.gateway,
+                trajectory_reward=self._final_reward,
+                on_end=self._release,
+            )
+
+        self._stream = RolloutStream(remote_env, policy, concurrency=concurrency, max_batch_wait=max_batch_wait)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         #: Episodes opened and finished since start (for logs).
@@ -259,6 +252,16 @@ class StandaloneGateway:
     async def _remote_agent(self, task: Any, ctx: Any) -> Any:
         """Runs in the episode for the remote agent: waits for its ``done``."""
         return await asyncio.wrap_future(self._outcome(ctx.episode_id))
+
+    def _final_reward(self, trajectory: Trajectory) -> float | None:
+        """The final reward the remote agent's ``done`` carried (``None`` without one: only
+        posted rewards count)."""
+        return self._final_rewards.pop(trajectory.episode_id, None)
+
+    def _release(self, episode_id: str) -> None:
+        """However the episode ends (truncated, closed), release its stand-in at once: it would
+        otherwise hold the driver for the env's stop grace."""
+        self._outcome(episode_id).cancel()
 
     # ------------------------------------------------------------------ routes
 

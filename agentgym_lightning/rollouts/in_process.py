@@ -40,29 +40,28 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from tqdm.auto import tqdm
 
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.llm import EPISODE_KEY, ChatRequest
 from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
-from agentgym_lightning.registration import file_factory, is_file_factory
+from agentgym_lightning.registration import make_env_factory
+from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.spaces import Observation
 from agentgym_lightning.trajectory import Status, Trajectory
 
 __all__ = [
     "rollout",
     "iter_rollout",
+    "InProcessRollouts",
     "RolloutStream",
     "plan_rollout",
-    "collect",
-    "make_env_factory", "PolicyFn", "MAX_POLICY_FAILURES", "DEFAULT_MAX_BATCH_WAIT", "BATCH_WAIT_FRACTION"]
+    "PolicyFn", "MAX_POLICY_FAILURES", "DEFAULT_MAX_BATCH_WAIT", "BATCH_WAIT_FRACTION"]
 
 log = logging.getLogger(__name__)
 
@@ -75,27 +74,6 @@ MAX_POLICY_FAILURES = 3
 DEFAULT_MAX_BATCH_WAIT = 0.05
 #: ...and at most this fraction of the last ``generate``'s duration.
 BATCH_WAIT_FRACTION = 0.1
-
-
-def make_env_factory(env: str | Callable[[], AgentEnv], env_kwargs: Mapping[str, Any] | None = None) -> Callable[[], AgentEnv]:
-    """A zero-argument factory from an env id (``gym.make``: a registered id or Gymnasium's
-    ``module:Id``), a ``path/to/file.py:make_env`` string (that function, called with
-    ``env_kwargs``), or a factory."""
-    if isinstance(env, str):
-        import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
-
-        kwargs = dict(env_kwargs or {})
-
-        def factory() -> AgentEnv:
-            made = file_factory(env)(**kwargs) if is_file_factory(env) else gym.make(env, **kwargs)
-            if not isinstance(made.unwrapped, AgentEnv):
-                raise TypeError(f"{env} is not an agentgym-lightning AgentEnv")
-            return made.unwrapped
-
-        return factory
-    if env_kwargs:
-        raise ValueError("env_kwargs only apply to an env id; bake them into your factory instead")
-    return env
 
 
 @dataclass
@@ -437,7 +415,7 @@ class RolloutStream:
         max_batch_wait: float | None,
         max_batch_size: int | None,
     ) -> RolloutStream:
-        """A stream over a fixed plan (what :func:`iter_rollout` runs)."""
+        """A stream over a fixed plan (what :meth:`InProcessRollouts.iter_rollout` runs)."""
         stream = cls.__new__(cls)
         stream._factory = factory
         stream._driver = _Driver(factory, envs, work, FailureIsolator(policy), max_batch_wait, max_batch_size, concurrency)
@@ -538,6 +516,60 @@ class RolloutStream:
         self.close()
 
 
+class InProcessRollouts(Rollouts):
+    """The batched driver as a rollout front-end: ``env``'s episodes run in this process,
+    answered by ``policy`` (see the module docstring for how).
+
+    Args:
+        env: An env id (``"lightning/Spider-v0"``) or a factory returning an ``AgentEnv``.
+        policy: A :class:`~agentgym_lightning.policies.base.Policy`, or any
+            ``fn(requests) -> completions``; it gets the pending requests in batches.
+        env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
+        max_batch_wait: Seconds the oldest pending call may wait for others to join its batch
+            (and never more than ``BATCH_WAIT_FRACTION`` of the last ``generate``'s duration);
+            ``None`` waits for every running agent (lock-step rounds).
+        max_batch_size: Most calls per ``generate`` (default: every pending call).
+
+    :meth:`iter_rollout` returns a :class:`RolloutStream` (iterate it with ``for`` or
+    ``async for``); :meth:`~agentgym_lightning.rollouts.base.Rollouts.rollout` collects it.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], AgentEnv],
+        policy: Any,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_batch_wait: float | None = DEFAULT_MAX_BATCH_WAIT,
+        max_batch_size: int | None = None,
+    ) -> None:
+        self.factory = make_env_factory(env, env_kwargs)
+        self.policy = policy
+        self.max_batch_wait = max_batch_wait
+        self.max_batch_size = max_batch_size
+
+    def iter_rollout(
+        self,
+        *,
+        episodes: int,
+        group_size: int = 1,
+        concurrency: int = 8,
+        seed: int = 0,
+        tasks: Sequence[Any] | None = None,
+    ) -> RolloutStream:
+        _check_settings(concurrency, self.max_batch_wait, self.max_batch_size)
+        factory = self.factory
+        envs: list[AgentEnv] = [factory()]
+        try:
+            work = _plan(envs[0], episodes, group_size, seed, tasks)
+            envs += [factory() for _ in range(min(concurrency, len(work)) - 1)]
+        except BaseException:
+            for e in envs:
+                e.close()
+            raise
+        return RolloutStream._planned(factory, self.policy, envs, work, concurrency, self.max_batch_wait, self.max_batch_size)
+
+
 def iter_rollout(
     env: str | Callable[[], AgentEnv],
     policy: Any,
@@ -554,17 +586,8 @@ def iter_rollout(
     """:func:`rollout` as a stream: iterate it (``for`` or ``async for``) to get each
     trajectory as it finishes. Same arguments and plan as :func:`rollout` (the same seeds give
     the same episodes); see :class:`RolloutStream`."""
-    _check_settings(concurrency, max_batch_wait, max_batch_size)
-    factory = make_env_factory(env, env_kwargs)
-    envs: list[AgentEnv] = [factory()]
-    try:
-        work = _plan(envs[0], episodes, group_size, seed, tasks)
-        envs += [factory() for _ in range(min(concurrency, len(work)) - 1)]
-    except BaseException:
-        for e in envs:
-            e.close()
-        raise
-    return RolloutStream._planned(factory, policy, envs, work, concurrency, max_batch_wait, max_batch_size)
+    front = InProcessRollouts(env, policy, env_kwargs=env_kwargs, max_batch_wait=max_batch_wait, max_batch_size=max_batch_size)
+    return front.iter_rollout(episodes=episodes, group_size=group_size, concurrency=concurrency, seed=seed, tasks=tasks)
 
 
 def plan_rollout(
@@ -591,25 +614,12 @@ def rollout(
     max_batch_size: int | None = None,
 ) -> list[Trajectory]:
     """Run ``episodes`` episodes of ``env`` with ``policy``; returns their trajectories in the
-    order they finished.
+    order they finished: :class:`InProcessRollouts` ``(env, policy, ...).rollout(...)``.
 
-    Args:
-        env: An env id (``"lightning/Spider-v0"``) or a factory returning an ``AgentEnv``.
-        policy: A :class:`~agentgym_lightning.policies.base.Policy`, or any
-            ``fn(requests) -> completions``; it gets the pending requests in batches.
-        episodes: How many episodes to run in total.
-        group_size: Episodes per task (GRPO groups); they share a ``group_id``.
-        concurrency: Episodes running at once (one env each).
-        seed: Seeds task sampling (when the env draws tasks) and each episode's reset.
-        tasks: Tasks to run, in order (default: the env's own list, in order, or draws from it).
-        progress: Show a progress bar.
-        on_trajectory: Called with each trajectory as it finishes (write it out here: nothing
-            finished is lost if the run is interrupted).
-        env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
-        max_batch_wait: Seconds the oldest pending call may wait for others to join its batch
-            (and never more than ``BATCH_WAIT_FRACTION`` of the last ``generate``'s duration);
-            ``None`` waits for every running agent (lock-step rounds). See the module docstring.
-        max_batch_size: Most calls per ``generate`` (default: every pending call).
+    The plan's arguments (``episodes``, ``group_size``, ``concurrency``, ``seed``, ``tasks``)
+    and ``progress``/``on_trajectory`` are those of every front-end
+    (:class:`~agentgym_lightning.rollouts.base.Rollouts`); ``env``, ``policy``, ``env_kwargs``,
+    ``max_batch_wait`` and ``max_batch_size`` are :class:`InProcessRollouts`'s.
 
     A request the backend rejects fails only its own call (an OpenAI 400 to that agent); a
     backend that fails every request ends those episodes ``infra_failed`` and, after
@@ -617,47 +627,13 @@ def rollout(
     episodes are closed (recorded as truncated) before it propagates. For a stream of
     trajectories as they finish (sync or async), see :func:`iter_rollout`.
     """
-    stream = iter_rollout(
-        env,
-        policy,
+    front = InProcessRollouts(env, policy, env_kwargs=env_kwargs, max_batch_wait=max_batch_wait, max_batch_size=max_batch_size)
+    return front.rollout(
         episodes=episodes,
         group_size=group_size,
         concurrency=concurrency,
         seed=seed,
         tasks=tasks,
-        env_kwargs=env_kwargs,
-        max_batch_wait=max_batch_wait,
-        max_batch_size=max_batch_size,
+        progress=progress,
+        on_trajectory=on_trajectory,
     )
-    return collect(stream, total=episodes, progress=progress, on_trajectory=on_trajectory)
-
-
-def collect(
-    trajectories: Iterable[Trajectory],
-    *,
-    total: int | None = None,
-    progress: bool = True,
-    on_trajectory: Callable[[Trajectory], None] | None = None,
-) -> list[Trajectory]:
-    """Drain a stream of trajectories into a list, with a progress bar (mean reward) and a
-    callback per trajectory; the stream is closed however this ends."""
-    results: list[Trajectory] = []
-    # No bar, no tqdm at all: even a disabled one starts tqdm's monitor thread.
-    bar = tqdm(total=total, desc="episodes", unit="ep", dynamic_ncols=True) if progress else None
-    reward_sum = 0.0
-    try:
-        for trajectory in trajectories:
-            results.append(trajectory)
-            if on_trajectory is not None:
-                on_trajectory(trajectory)
-            reward_sum += trajectory.total_reward
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{reward_sum / len(results):.3f}", refresh=False)
-    finally:
-        close = getattr(trajectories, "close", None)
-        if close is not None:
-            close()
-        if bar is not None:
-            bar.close()
-    return results

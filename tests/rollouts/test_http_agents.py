@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentgym_lightning.gateway.standalone import StandaloneGateway
+from agentgym_lightning.rollouts.http_agents import StandaloneGateway
 from agentgym_lightning.llm import Completion
 from agentgym_lightning.trajectory import Status, load_trajectories
 

@@ -3,12 +3,12 @@
 Each :class:`RolloutWorker` actor holds its own envs, gateway, agent threads and policy (built
 in the actor by the ``policy_factory`` you give: normally the ``openai`` backend pointed at the
 generation servers, see :class:`~agentgym_lightning.policies.openai.OpenAIPolicy`), and runs
-its share of the step exactly as :func:`~agentgym_lightning.rollout.rollout` would in one process:
-the step is planned once, here (:func:`~agentgym_lightning.rollout.plan_rollout`: the same tasks,
+its share of the step exactly as :func:`~agentgym_lightning.rollouts.in_process.rollout` would in one process:
+the step is planned once, here (:func:`~agentgym_lightning.rollouts.in_process.plan_rollout`: the same tasks,
 groups and reset seeds as the single-process run), and whole GRPO groups are dealt round-robin
 to the workers. Every finished trajectory comes back at once (a Ray streaming generator).
 
-Faults (the contract; ``tests/test_ray_rollout.py`` checks it):
+Faults (the contract; ``tests/rollouts/test_ray_workers.py`` checks it):
 
 - A worker that dies (its process killed, its node lost) costs only the episodes it had not
   returned yet: each ends ``infra_failed`` (never a zero reward to train on) with an error naming
@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.rollout import DEFAULT_MAX_BATCH_WAIT, RolloutStream, collect, make_env_factory, plan_rollout
+from agentgym_lightning.registration import make_env_factory
+from agentgym_lightning.rollouts.base import Rollouts
+from agentgym_lightning.rollouts.in_process import DEFAULT_MAX_BATCH_WAIT, RolloutStream, plan_rollout
 from agentgym_lightning.trajectory import Status, Trajectory
 
 __all__ = ["RayRolloutRunner", "RolloutWorker", "RolloutStats", "init_ray"]
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 #: Seconds a rollout worker may take to start (import, build its policy).
 STARTUP_TIMEOUT = 300.0
 
-#: (task, group_id, reset seed), as :func:`~agentgym_lightning.rollout.plan_rollout` gives them.
+#: (task, group_id, reset seed), as :func:`~agentgym_lightning.rollouts.in_process.plan_rollout` gives them.
 PlanItem = tuple[Any, str, int]
 
 
@@ -136,8 +138,10 @@ class RolloutStats:
         }
 
 
-class RayRolloutRunner:
-    """Runs rollouts on ``num_workers`` Ray actors (see the module docstring).
+class RayRolloutRunner(Rollouts):
+    """Runs rollouts on ``num_workers`` Ray actors (see the module docstring): the same plan as
+    in one process for the same arguments (the same episodes), trajectories in the order they
+    finished; ``concurrency`` is the total over all workers.
 
     Args:
         env: An env id or a (picklable) factory returning an ``AgentEnv``; built in each worker.
@@ -151,7 +155,9 @@ class RayRolloutRunner:
         worker_cpus: CPUs each actor reserves (fractions allowed: agents mostly wait on I/O).
         worker_timeout: Seconds a worker may go without returning a trajectory before it is
             deemed hung and killed.
-        max_batch_wait: Each worker's batching wait, as in :func:`~agentgym_lightning.rollout.rollout`.
+        max_batch_wait: Each worker's batching wait, as in :func:`~agentgym_lightning.rollouts.in_process.rollout`.
+        retry_infra_failed: Run the episodes lost with their workers once more (see the
+            module docstring).
     """
 
     def __init__(
@@ -166,6 +172,7 @@ class RayRolloutRunner:
         worker_cpus: float = 0.5,
         worker_timeout: float = 600.0,
         max_batch_wait: float | None = DEFAULT_MAX_BATCH_WAIT,
+        retry_infra_failed: bool = False,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -178,6 +185,7 @@ class RayRolloutRunner:
         self.worker_cpus = worker_cpus
         self.worker_timeout = worker_timeout
         self.max_batch_wait = max_batch_wait
+        self.retry_infra_failed = retry_infra_failed
         init_ray(ray_address, num_cpus if num_cpus is not None else (None if ray_address else num_workers))
         import ray
 
@@ -232,31 +240,6 @@ class RayRolloutRunner:
 
     # ------------------------------------------------------------------ rollouts
 
-    def rollout(
-        self,
-        *,
-        episodes: int,
-        group_size: int = 1,
-        concurrency: int = 8,
-        seed: int = 0,
-        tasks: Sequence[Any] | None = None,
-        progress: bool = False,
-        on_trajectory: Callable[[Trajectory], None] | None = None,
-        retry_infra_failed: bool = False,
-    ) -> list[Trajectory]:
-        """:func:`~agentgym_lightning.rollout.rollout` on the workers: the same plan (the same
-        episodes for the same arguments), trajectories in the order they finished.
-        ``concurrency`` is the total over all workers."""
-        stream = self.iter_rollout(
-            episodes=episodes,
-            group_size=group_size,
-            concurrency=concurrency,
-            seed=seed,
-            tasks=tasks,
-            retry_infra_failed=retry_infra_failed,
-        )
-        return collect(stream, total=episodes, progress=progress, on_trajectory=on_trajectory)
-
     def iter_rollout(
         self,
         *,
@@ -265,9 +248,7 @@ class RayRolloutRunner:
         concurrency: int = 8,
         seed: int = 0,
         tasks: Sequence[Any] | None = None,
-        retry_infra_failed: bool = False,
     ) -> Iterator[Trajectory]:
-        """:meth:`rollout` as a generator of trajectories as they finish."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         probe = make_env_factory(self.env, self.env_kwargs)()
@@ -281,7 +262,7 @@ class RayRolloutRunner:
         for outcome in self._run(plan, list(range(self.num_workers)), concurrency):
             if isinstance(outcome, Trajectory):
                 yield outcome
-            elif retry_infra_failed:
+            elif self.retry_infra_failed:
                 lost.append(outcome)  # its retry's outcome is yielded instead
             else:
                 self.stats.infra_failed += 1

@@ -6,8 +6,8 @@
     agentgym-lightning eval --env lightning/Spider-v0 --backend vllm --model Qwen/Qwen2.5-0.5B-Instruct
     agentgym-lightning eval --env lightning/Spider-v0 --backend openai --base-url http://127.0.0.1:8000/v1
 
-Episodes run through the batched driver (:func:`agentgym_lightning.rollout.rollout`); each
-finished trajectory is appended to ``--output`` (JSONL) at once, so Ctrl-C keeps everything that
+Episodes run through :func:`agentgym_lightning.rollouts.evaluation.evaluate` (the batched
+driver, in this process); each finished trajectory is appended to ``--output`` (JSONL) at once, so Ctrl-C keeps everything that
 finished and still prints the summary of it.
 
 Arguments are checked before the model is built (``--max-turns``, every ``--env-kwarg`` by building
@@ -25,16 +25,17 @@ import argparse
 import json
 import math
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentgym_lightning.metrics import json_metrics, summarize
-from agentgym_lightning.trajectory import Status, Trajectory, TrajectoryWriter
+from agentgym_lightning.metrics import json_metrics
+from agentgym_lightning.trajectory import Status
 
-__all__ = ["register", "run", "evaluate", "summarize", "EvalResult", "parse_kwargs"]
+if TYPE_CHECKING:
+    from agentgym_lightning.rollouts.evaluation import EvalResult
+
+__all__ = ["register", "run", "parse_kwargs"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -96,81 +97,6 @@ def parse_kwargs(items: Sequence[str], flag: str = "--env-kwarg") -> dict[str, A
     return out
 
 
-@dataclass
-class EvalResult:
-    """What :func:`evaluate` ran: the finished trajectories and their summary."""
-
-    trajectories: list[Trajectory] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-    wall_time: float = 0.0
-    interrupted: bool = False
-    #: Why ``output`` could not be written (a full disk...), if it could not; the eval went on.
-    output_error: str | None = None
-
-
-def evaluate(
-    env: str | Callable[[], Any],
-    policy: Any,
-    *,
-    episodes: int,
-    group_size: int = 1,
-    concurrency: int = 8,
-    seed: int = 0,
-    output: str | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
-    progress: bool = True,
-    log_metrics: bool = True,
-) -> EvalResult:
-    """Run ``episodes`` episodes and summarize them; Ctrl-C stops early and keeps what finished.
-
-    ``env`` and ``policy`` are as for :func:`~agentgym_lightning.rollout.rollout`. Each finished
-    trajectory is written to ``output`` (JSONL) as it finishes. The summary is passed to the
-    ``agentgym_log_metrics`` hook unless ``log_metrics`` is false.
-    """
-    from agentgym_lightning.rollout import rollout
-
-    result = EvalResult()
-    writer = TrajectoryWriter(output) if output else None
-
-    def on_trajectory(trajectory: Trajectory) -> None:
-        result.trajectories.append(trajectory)
-        if writer is not None and result.output_error is None:
-            try:
-                writer.write(trajectory)
-            except OSError as exc:  # a full disk costs the file, not the eval: stop writing, say so
-                result.output_error = f"could not write {output}: {exc.strerror or exc}"
-
-    started = time.perf_counter()
-    try:
-        rollout(
-            env,
-            policy,
-            episodes=episodes,
-            group_size=group_size,
-            concurrency=concurrency,
-            seed=seed,
-            progress=progress,
-            on_trajectory=on_trajectory,
-            env_kwargs=env_kwargs or None,
-        )
-    except KeyboardInterrupt:
-        # rollout has closed the running episodes; what finished is already on disk.
-        result.interrupted = True
-    finally:
-        result.wall_time = time.perf_counter() - started
-        if writer is not None:
-            try:
-                writer.close()
-            except OSError as exc:  # what a failed write left buffered cannot be flushed either
-                result.output_error = result.output_error or f"could not write {output}: {exc.strerror or exc}"
-    result.metrics = summarize(result.trajectories, result.wall_time)
-    if log_metrics:
-        from agentgym_lightning.plugin_manager import get_plugin_manager
-
-        get_plugin_manager().hook.agentgym_log_metrics(metrics=dict(result.metrics), step=None)
-    return result
-
-
 def _number(value: float) -> str:
     return f"{value:.4f}" if math.isfinite(value) else "n/a"
 
@@ -229,8 +155,10 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
             policy_kwargs["api_key"] = args.api_key
     elif args.base_url or args.api_key:
         raise _UsageError("--base-url/--api-key only apply to --backend openai")
+    from agentgym_lightning.registration import resolve_env_id
+
     try:
-        env_id = _resolve_env_id(args.env)
+        env_id = resolve_env_id(args.env)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
     _check_env_kwargs(env_id, env_kwargs)
@@ -261,7 +189,7 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
     """Build (and close) one env with ``env_kwargs``: an unknown or bad one fails here, cheaply."""
     import gymnasium as gym
 
-    from agentgym_lightning.rollout import make_env_factory
+    from agentgym_lightning.registration import make_env_factory
 
     try:
         env = make_env_factory(env_id, env_kwargs)()  # its warnings (data skipped...) show here, once
@@ -279,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     interrupted.
     """
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
+    from agentgym_lightning.rollouts.evaluation import evaluate
 
     try:
         env_id, env_kwargs, policy_kwargs = _check_args(args)
@@ -325,40 +254,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-def _resolve_env_id(env: str) -> str:
-    """Accept ``GuessNumber-v0`` for ``lightning/GuessNumber-v0``, Gymnasium's ``module:Id`` and
-    ``path/to/file.py:make_env`` (checked here: the module imports and registers ``Id``, the file
-    has the function); unknown ids list the known ones and say how to use one's own."""
-    import importlib
-    import os
-
-    import gymnasium as gym
-
-    import agentgym_lightning  # noqa: F401 - registers the lightning/... ids
-    from agentgym_lightning.registration import file_factory, is_file_factory, lightning_env_ids
-
-    if env in gym.registry:
-        return env
-    if f"lightning/{env}" in gym.registry:
-        return f"lightning/{env}"
-    if is_file_factory(env):
-        file_factory(env)
-        return env
-    module, sep, env_id = env.partition(":")
-    if sep:
-        if os.getcwd() not in sys.path:  # as `python -m` does: a module beside you imports
-            sys.path.insert(0, os.getcwd())
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"--env {env}: cannot import {module!r} ({exc})") from None
-        if env_id not in gym.registry:
-            raise ValueError(f"--env {env}: importing {module!r} did not register {env_id!r} (it must call gymnasium.register)")
-        return env
-    known = ", ".join(lightning_env_ids()) or "none"
-    raise ValueError(
-        f"unknown environment {env!r} (registered: {known}); for an env of your own, pass --env my_module:{env} "
-        "(a module that calls gymnasium.register on import) or --env path/to/file.py:make_env (a function "
-        "returning an AgentEnv), or register it from a plugin's agentgym_register_envs hook"
-    )

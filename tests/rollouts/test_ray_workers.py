@@ -17,8 +17,8 @@ import psutil  # noqa: E402
 
 from agentgym_lightning.env import AgentEnv  # noqa: E402
 from agentgym_lightning.llm import Completion  # noqa: E402
-from agentgym_lightning.ray_rollout import RayRolloutRunner  # noqa: E402
-from agentgym_lightning.rollout import rollout  # noqa: E402
+from agentgym_lightning.rollouts.ray_workers import RayRolloutRunner  # noqa: E402
+from agentgym_lightning.rollouts.in_process import rollout  # noqa: E402
 from agentgym_lightning.trajectory import Status  # noqa: E402
 
 # The workers unpickle this module's agent, env and policy by value (a test module is not
@@ -58,7 +58,7 @@ class Scripted:
 @pytest.fixture(scope="module")
 def local_ray():
     started = time.perf_counter()
-    from agentgym_lightning.ray_rollout import init_ray
+    from agentgym_lightning.rollouts.ray_workers import init_ray
 
     # Children from earlier tests (the Spider env's SQL worker pool lives for the process) are not Ray's.
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -103,10 +103,10 @@ def test_a_killed_worker_loses_only_its_episodes(local_ray, tmp_path, retry):
     held = {"id": 0, "calls": 1, "hold": str(marker)}
     # Groups are dealt round-robin: worker 0 gets the held groups, worker 1 the free ones.
     tasks = [held, {"id": 1, "calls": 1}, held, {"id": 3, "calls": 1}]
-    with RayRolloutRunner(make_env, Scripted, num_workers=2) as runner:
+    with RayRolloutRunner(make_env, Scripted, num_workers=2, retry_infra_failed=retry) as runner:
         pids = runner.worker_pids()
         got = []
-        for trajectory in runner.iter_rollout(episodes=8, group_size=2, concurrency=8, seed=1, tasks=tasks, retry_infra_failed=retry):
+        for trajectory in runner.iter_rollout(episodes=8, group_size=2, concurrency=8, seed=1, tasks=tasks):
             got.append(trajectory)
             if len(got) == 4:  # worker 1 is done; worker 0's four episodes are in flight
                 os.kill(pids[0], signal.SIGKILL)

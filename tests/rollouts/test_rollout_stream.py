@@ -9,7 +9,7 @@ import time
 
 from agentgym_lightning import Completion, Status
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.rollout import RolloutStream, iter_rollout, rollout
+from agentgym_lightning.rollouts.in_process import RolloutStream, iter_rollout, rollout
 
 
 def agent(task, ctx):
