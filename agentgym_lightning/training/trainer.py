@@ -65,6 +65,7 @@ from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.metrics import summarize
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
+from agentgym_lightning.judge import JudgeConfig
 from agentgym_lightning.registration import is_file_factory
 from agentgym_lightning.rollout import make_env_factory, rollout
 from agentgym_lightning.training.agent_adapters import (
@@ -88,6 +89,7 @@ from agentgym_lightning.training.checkpoint import (
 )
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
+from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import SampleBatch, build_samples
 from agentgym_lightning.training.schedule import TaskSchedule
@@ -271,6 +273,7 @@ class LightningRLTrainer:
         self._mid_update = False
         self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
+        self._judge: Any = None  # the LLM judge (config.judge), made on first use
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
         if self.adapters is not None:
             self._sync()  # a generator of its own must hold every adapter before the first call names one
@@ -325,6 +328,9 @@ class LightningRLTrainer:
             if self._remote is not None:
                 self._remote.close()
                 self._remote = None
+            if self._judge is not None:
+                self._judge.close()
+                self._judge = None
             result.steps = self.step
             result.history = list(self.history)
             if completed:
@@ -374,7 +380,7 @@ class LightningRLTrainer:
 
             self._remote = RemoteRollouts(self.env_factory, sampling, cfg, self.adapters)
         written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
-        with TrajectoryWriter(written) as writer:
+        with TrajectoryWriter(written) as writer, self._judged(writer.write) as on_trajectory:
             run = self._remote.rollout if self._remote is not None else functools.partial(rollout, self.env_factory, sampling, progress=False)
             trajectories = run(
                 episodes=cfg.episodes_per_step,
@@ -382,7 +388,7 @@ class LightningRLTrainer:
                 concurrency=cfg.concurrency or cfg.episodes_per_step,
                 seed=_step_seed(cfg.seed, self.step),
                 tasks=tasks,
-                on_trajectory=writer.write,
+                on_trajectory=on_trajectory,
             )
         rollout_s = time.perf_counter() - t0
         release_freed_memory()  # the rollout's KV caches, before the update's gradients
@@ -408,6 +414,7 @@ class LightningRLTrainer:
                 **update,
                 **(adapter_rollout_metrics(trajectories, self.adapters) if self.adapters is not None else {}),
                 **(self._remote.metrics() if self._remote is not None else {}),
+                **(self._judge.take_stats().metrics() if self._judge is not None else {}),
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
@@ -426,6 +433,15 @@ class LightningRLTrainer:
         if interrupted.signum is not None:
             raise KeyboardInterrupt
         return metrics
+
+    def _judged(self, on_trajectory: Callable[[Trajectory], Any]) -> Any:
+        """``on_trajectory`` as the rollout's callback, behind the LLM judge when the config has
+        one: each group is judged as it completes, while the rollout goes on."""
+        if self.config.judge is None:
+            return contextlib.nullcontext(on_trajectory)
+        if self._judge is None:
+            self._judge = JudgingService.start(JudgeConfig.from_dict(self.config.judge), self.policy, self.tokenizer, self.output_dir)
+        return self._judge.streaming(on_trajectory, self.config.num_generations)
 
     # ================================================================== the update
 
