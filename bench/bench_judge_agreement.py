@@ -50,6 +50,8 @@ def main() -> None:
     p.add_argument("--transcript", action="store_true")
     p.add_argument("--max-groups", type=int, default=16)
     p.add_argument("--max-prompt-tokens", type=int, default=3000)
+    p.add_argument("--max-tokens", type=int, default=96, help="the judge's answer limit (a scores object of 8 needs ~40 tokens)")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="seconds per judge call (a CPU judge prefills thousands of tokens)")
     args = p.parse_args()
 
     paths = sorted((args.run / "trajectories").glob("step-*.jsonl")) if args.run.is_dir() else [args.run]
@@ -69,7 +71,8 @@ def main() -> None:
             url = server.base_url
             count_tokens = lambda text: len(policy.tokenizer(text).input_ids)  # noqa: E731
         config = JudgeConfig(
-            base_url=url, model=args.judge_model, mode=args.mode, transcript=args.transcript, max_prompt_tokens=args.max_prompt_tokens, concurrency=2
+            base_url=url, model=args.judge_model, mode=args.mode, transcript=args.transcript, max_prompt_tokens=args.max_prompt_tokens, concurrency=2,
+            max_tokens=args.max_tokens, timeout_s=args.timeout_s
         )
         judge = stack.enter_context(GroupJudge(config, count_tokens=count_tokens))
         t0 = time.perf_counter()
