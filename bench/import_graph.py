@@ -61,6 +61,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policies", ("policies",)),
     ("environments", ("envs",)),
     ("rollouts", ("rollouts",)),
+    ("judge", ("judge",)),
     ("training", ("training",)),
     ("commands, viewer, tools", ("commands", "viewer", "cli", "__main__", "testing")),
 )

@@ -95,6 +95,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--eval-env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="held-out env keyword argument (repeatable); turns the eval on")
     p.add_argument("--policy-kwarg", action="append", default=[], metavar="KEY=VALUE", help="policy backend keyword argument (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any config field (repeatable; JSON values), e.g. --set beta=0.04")
+    judge = p.add_argument_group("LLM judge (docs/judge.md): the judge's score becomes each episode's final reward")
+    judge.add_argument("--judge-base-url", metavar="URL", help="an OpenAI-compatible judge endpoint, or `policy`: the trained policy judges")
+    judge.add_argument("--judge-model", metavar="NAME", help="the judge's model name (default `judge`)")
+    judge.add_argument("--judge-mode", choices=["relative", "absolute"], help="rank the group's episodes against each other (default) or score each alone")
+    judge.add_argument("--judge-rubric", metavar="TEXT|@FILE", help="what the judge values (default: a rubric for agents)")
+    judge.add_argument("--judge-weight", type=float, metavar="W", help="final reward = W * judge + (1 - W) * env reward (default 1)")
+    judge.add_argument("--judge-transcript", action="store_const", const=True, default=None, help="show the judge each episode's calls and tool calls, not only its answer")
     p.add_argument("--no-wandb", action="store_true", help="do not log to Weights & Biases (metrics.jsonl is always written)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
@@ -115,6 +122,23 @@ def _air(items: list[str]) -> dict[str, float]:
             except ValueError:
                 raise ValueError(f"--air expects SOURCE=WEIGHT pairs, got {pair!r}") from None
     return out
+
+
+def _judge_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--judge-*`` flags as ``judge`` config options; a rubric file is read now, so the
+    run's saved config holds the rubric it was judged by."""
+    options = {
+        name: getattr(args, f"judge_{name}")
+        for name in ("base_url", "model", "mode", "rubric", "weight", "transcript")
+        if getattr(args, f"judge_{name}", None) is not None
+    }
+    rubric = options.get("rubric")
+    if isinstance(rubric, str) and rubric.startswith("@"):
+        path = Path(rubric[1:])
+        if not path.is_file():
+            raise ValueError(f"--judge-rubric {rubric}: no such file")
+        options["rubric"] = path.read_text(encoding="utf-8")
+    return options
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -151,6 +175,9 @@ def build_config(args: argparse.Namespace) -> Any:
         base["eval_env_kwargs"] = {**(base.get("eval_env_kwargs") or {}), **parse_kwargs(args.eval_env_kwarg, "--eval-env-kwarg")}
     if args.policy_kwarg:
         base["policy_kwargs"] = {**base.get("policy_kwargs", {}), **parse_kwargs(args.policy_kwarg, "--policy-kwarg")}
+    judge = _judge_options(args)
+    if judge:
+        base["judge"] = {**(base.get("judge") or {}), **judge}
     base.update(parse_kwargs(args.set, "--set"))
     if args.no_wandb:
         base["report_to"] = []

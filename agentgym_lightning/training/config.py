@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.training.agent_adapters import agent_routes
 
 __all__ = ["LightningRLConfig", "LOSS_TYPES", "AGGREGATIONS"]
@@ -145,6 +146,14 @@ class LightningRLConfig:
     air_weights: dict[str, float] = field(
         default_factory=dict,
         metadata={"help": "Automatic Intermediate Reward weights by source (`{'math.tool_ok': 0.2}`); merged into the env's."},
+    )
+    judge: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "An LLM judge's options (`JudgeConfig` fields: `base_url`, `model`, `mode`, `rubric`, `weight`...): "
+            "each group's episodes are scored by one judge call, and the score is the final reward (mixed with the "
+            "env's by `weight`). None: the env's reward alone. docs/judge.md."
+        },
     )
     scale_rewards: str = field(
         default="group",
@@ -375,6 +384,10 @@ class LightningRLConfig:
         for name in ("env_kwargs", "policy_kwargs", "credit_kwargs", "air_weights"):
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"{name} must be a mapping; got {type(getattr(self, name)).__name__}")
+        if self.judge is not None:
+            if not isinstance(self.judge, Mapping):
+                raise ValueError(f"judge must be a mapping of JudgeConfig options or None; got {type(self.judge).__name__}")
+            JudgeConfig.from_dict(self.judge)  # names a bad option now, not at the first step
         for source, weight in self.air_weights.items():
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ValueError(f"air_weights[{source!r}] must be a finite number; got {weight!r}")

@@ -65,6 +65,7 @@ from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.metrics import summarize
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
+from agentgym_lightning.judge import JudgeConfig
 from agentgym_lightning.registration import is_file_factory, make_env_factory
 from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.evaluation import evaluate
@@ -90,6 +91,7 @@ from agentgym_lightning.training.checkpoint import (
 )
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
+from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
@@ -273,6 +275,7 @@ class LightningRLTrainer:
         self._mid_update = False
         self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
+        self._judge: Any = None  # the LLM judge (config.judge), made on first use
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
         if self.adapters is not None:
             self._sync()  # a generator of its own must hold every adapter before the first call names one
@@ -327,6 +330,9 @@ class LightningRLTrainer:
             if self._remote is not None:
                 self._remote.close()
                 self._remote = None
+            if self._judge is not None:
+                self._judge.close()
+                self._judge = None
             result.steps = self.step
             result.history = list(self.history)
             if completed:
@@ -380,7 +386,7 @@ class LightningRLTrainer:
                 wrap_worker_policy=functools.partial(AdapterRouting, adapters=self.adapters) if self.adapters is not None else None,
             )
         written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
-        with TrajectoryWriter(written) as writer:
+        with TrajectoryWriter(written) as writer, self._judged(writer.write) as on_trajectory:
             rollouts: Rollouts = self._remote if self._remote is not None else InProcessRollouts(self.env_factory, sampling)
             trajectories = rollouts.rollout(
                 episodes=cfg.episodes_per_step,
@@ -389,7 +395,7 @@ class LightningRLTrainer:
                 seed=_step_seed(cfg.seed, self.step),
                 tasks=tasks,
                 progress=False,
-                on_trajectory=writer.write,
+                on_trajectory=on_trajectory,
             )
         rollout_s = time.perf_counter() - t0
         release_freed_memory()  # the rollout's KV caches, before the update's gradients
@@ -415,6 +421,7 @@ class LightningRLTrainer:
                 **update,
                 **(adapter_rollout_metrics(trajectories, self.adapters) if self.adapters is not None else {}),
                 **(self._remote.metrics() if self._remote is not None else {}),
+                **(self._judge.take_stats().metrics() if self._judge is not None else {}),
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
@@ -433,6 +440,15 @@ class LightningRLTrainer:
         if interrupted.signum is not None:
             raise KeyboardInterrupt
         return metrics
+
+    def _judged(self, on_trajectory: Callable[[Trajectory], Any]) -> Any:
+        """``on_trajectory`` as the rollout's callback, behind the LLM judge when the config has
+        one: each group is judged as it completes, while the rollout goes on."""
+        if self.config.judge is None:
+            return contextlib.nullcontext(on_trajectory)
+        if self._judge is None:
+            self._judge = JudgingService.start(JudgeConfig.from_dict(self.config.judge), self.policy, self.tokenizer, self.output_dir)
+        return self._judge.streaming(on_trajectory, self.config.num_generations)
 
     # ================================================================== the update
 
