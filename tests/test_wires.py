@@ -15,6 +15,7 @@ from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.episode import Episode
 from agentgym_lightning.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import assistant_message
+from agentgym_lightning.gateway.wires import base as wires_base
 from agentgym_lightning.gateway.wires.anthropic_messages import content_blocks, messages_to_chat
 from agentgym_lightning.gateway.wires.responses import (
     ResponsesWire,
@@ -198,6 +199,42 @@ def test_an_invalid_input_item_is_refused_naming_its_type_and_field():
     # A null stays a refusal where a value is required (null means "not given").
     status, message = _refusal({"input": [user, {**call, "call_id": None}]})
     assert "input[1] (function_call item).call_id: Field required" in message
+
+
+def test_a_request_repeating_its_last_user_turn_is_flagged_and_warned_about_once(monkeypatch):
+    """Semantic Kernel's OpenAIResponsesAgent sends each user turn twice: such a step is recorded as
+    sent (the policy saw it so), flagged on its request, and the process warns once."""
+    monkeypatch.setattr(wires_base, "_repeat_warned", False)
+    tools = [{"type": "function", "name": "add", "description": "add one", "parameters": SCHEMA}]
+
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        turn = {"role": "user", "content": task}
+        r = client.responses.create(model=ctx.model, instructions="be brief", input=[turn, turn], tools=tools)
+        call = r.output[1]
+        done = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+        r = client.responses.create(model=ctx.model, instructions="be brief", input=[turn, turn, *r.output, done], tools=tools)
+        return r.output_text
+
+    with pytest.warns(wires_base.RepeatedUserTurnWarning, match="Semantic Kernel's OpenAIResponsesAgent") as caught:
+        for _ in range(2):
+            seen, wires, text = run(agent, "inproc")
+    assert len(caught) == 1  # once per process, however many requests
+    assert text == "3" and wires == ["responses", "responses"]
+    assert all(request.repeated_user_turn for request in seen)
+    assert seen[0].messages[1:] == [{"role": "user", "content": "inproc"}] * 2  # as sent
+
+
+def test_only_a_last_user_turn_given_twice_in_a_row_is_a_repeated_turn():
+    def request(*messages):
+        return ChatRequest(messages=[{"role": role, "content": text} for role, text in messages])
+
+    assert request(("user", "q"), ("user", "q")).repeated_user_turn
+    assert request(("system", "s"), ("user", "q"), ("user", "q"), ("assistant", "a"), ("tool", "3")).repeated_user_turn
+    assert not request(("user", "q")).repeated_user_turn
+    assert not request(("user", "q"), ("assistant", "a"), ("user", "q")).repeated_user_turn  # not in a row
+    assert not request(("user", "q"), ("user", "q"), ("assistant", "a"), ("user", "r")).repeated_user_turn  # not the last
+    assert not request(("user", "q"), ("user", "q2")).repeated_user_turn
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

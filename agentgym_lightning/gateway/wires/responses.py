@@ -324,7 +324,7 @@ class ResponsesWire(Wire):
         self, episode: Episode, data: Any, content_part_types: Collection[str], parent_span_id: str | None = None
     ) -> PendingCall:
         request, conversation = self._read(data, episode, content_part_types)
-        call = episode.submit(request, parent_span_id)
+        call = self.hand_over(episode, request, parent_span_id)
         _stored(episode)[response_id(call)] = _Stored(conversation)
         return call
 
