@@ -247,8 +247,11 @@ def test_an_ended_episodes_connections_are_closed_by_the_gateway():
             assert terminated and info["trajectory"].result == "ok"
             # The gateway's side of the agent's connection is closed when the episode ends (not
             # after the keep-alive timeout); the agent's side has seen it and waits for its client.
-            assert _wait_until(lambda: not any(c.laddr.port == gw.port for c in _connections(gw.port)))
-            assert {c.status for c in _connections(gw.port)} == {psutil.CONN_CLOSE_WAIT}
+            def closed_by_the_gateway():
+                sockets = _connections(gw.port)
+                return not any(c.laddr.port == gw.port for c in sockets) and {c.status for c in sockets} == {psutil.CONN_CLOSE_WAIT}
+
+            assert _wait_until(closed_by_the_gateway), _connections(gw.port)
         assert len(_connections(gw.port)) == 3  # one per episode, each the client's own, closed
     finally:
         env.close()
