@@ -175,6 +175,40 @@ def test_an_agent_that_resends_its_output_items_as_the_sdk_dumps_them_completes_
     assert wires == ["responses", "responses"] and text == "3"
 
 
+def test_no_field_a_null_is_dropped_from_is_required_and_nullable_in_the_sdks_types():
+    """The wire reads a null as "not given" at the body's top level, in input items and in their
+    parts; that loses nothing only while no field there is Required[Optional[...]] (as a function
+    tool's "parameters" is, which the wire leaves alone)."""
+    import typing
+
+    from openai.types.responses import ResponseInputItemParam
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+    from typing_extensions import Required, get_type_hints, is_typeddict
+
+    def typed_dicts(hint, depth):
+        if is_typeddict(hint):
+            yield hint
+            if depth:
+                for field in get_type_hints(hint).values():
+                    yield from typed_dicts(field, depth - 1)
+        else:
+            for arg in typing.get_args(hint):
+                yield from typed_dicts(arg, depth)
+
+    served = [
+        m for m in typing.get_args(ResponseInputItemParam)
+        if {"message", "function_call", "function_call_output"} & set(typing.get_args(get_type_hints(m)["type"]))
+    ]
+    assert len(served) == 5  # three message shapes, a function call, its output
+    nullable_required = [
+        f"{t.__name__}.{name}"
+        for t in {*typed_dicts(typing.Union[tuple(served)], 1), ResponseCreateParamsBase}  # items and their parts
+        for name, hint in get_type_hints(t, include_extras=True).items()
+        if typing.get_origin(hint) is Required and type(None) in typing.get_args(typing.get_args(hint)[0])
+    ]
+    assert nullable_required == []
+
+
 def _refusal(body):
     try:
         ResponsesWire().parse(body, Episode(task=None), ("text",))

@@ -52,9 +52,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResponsesWire",
-    "SERVED_ITEMS",
-    "nulls_absent",
-    "check_items",
     "input_to_messages",
     "tools_to_chat",
     "tools_from_chat",
@@ -71,7 +68,7 @@ _UNSERVED = {
 }
 _LOGPROBS = "message.output_text.logprobs"
 #: The input items this wire reads (:func:`input_to_messages`).
-SERVED_ITEMS = ("message", "function_call", "function_call_output")
+_SERVED_ITEMS = ("message", "function_call", "function_call_output")
 
 
 @dataclass
@@ -113,7 +110,7 @@ def _text(content: Any, where: str, assistant: bool) -> Any:
     return [{"type": "text", "text": t} for t in texts]
 
 
-def nulls_absent(data: dict[str, Any]) -> dict[str, Any]:
+def _nulls_absent(data: dict[str, Any]) -> dict[str, Any]:
     """The body with a ``null`` read as a field not given, as OpenAI's server reads it, at the
     body's top level, in each input item and in each item's content (or output) parts. No field
     there is both required and nullable in the ``openai`` types, so nothing that means ``null``
@@ -151,18 +148,18 @@ def _item_params(kind: str) -> Any:
 def _unserved_item(where: str, kind: Any) -> GatewayError:
     return GatewayError(
         400,
-        f"{where}: items of type {kind!r:.40} are not served; this gateway reads {', '.join(SERVED_ITEMS)} items",
+        f"{where}: items of type {kind!r:.40} are not served; this gateway reads {', '.join(_SERVED_ITEMS)} items",
     )
 
 
-def check_items(items: list[Any]) -> None:
+def _check_items(items: list[Any]) -> None:
     """Refuse (400) an input item that is not served or that the ``openai`` types of its kind do
     not accept; the error names the item, its type and its field."""
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise GatewayError(400, f"input[{i}] must be an input item (an object), got {type(item).__name__}")
         kind = item.get("type", "message")
-        if kind not in SERVED_ITEMS:
+        if kind not in _SERVED_ITEMS:
             raise _unserved_item(f"input[{i}]", kind)
         check_typed(item, _item_params(kind), (f"input[{i}] ({kind} item)",))
 
@@ -333,17 +330,17 @@ class ResponsesWire(Wire):
     ) -> tuple[ChatRequest, list[dict[str, Any]]]:
         """The request, and its conversation without its instructions (what a later
         ``previous_response_id`` continues)."""
-        data = nulls_absent(data)
+        data = _nulls_absent(data)
         # The SDK's types make a function tool's "strict" required; OpenAI's server (and every
         # client that leaves it out) treats it as optional.
         tools = [{"strict": None, **t} if isinstance(t, dict) else t for t in data.get("tools") or ()]
-        # The input items are checked one by one (check_items): an error then names the item's
+        # The input items are checked one by one (_check_items): an error then names the item's
         # own type and field, not those of whichever union member got furthest.
         items = data.get("input")
         top = {**data, "input": []} if isinstance(items, list) else data
         check_params({**top, "tools": tools} if tools else top, ResponseCreateParamsBase)
         if isinstance(items, list):
-            check_items(items)
+            _check_items(items)
         for key, what in _UNSERVED.items():
             if data.get(key) is not None:
                 raise GatewayError(400, f"'{key}': {what} are not served by this gateway; leave it out")
