@@ -209,6 +209,20 @@ def test_no_field_a_null_is_dropped_from_is_required_and_nullable_in_the_sdks_ty
     assert nullable_required == []
 
 
+def test_output_items_in_every_dump_of_the_sdk_read_as_the_chat_answer():
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    text = ResponseOutputText(type="output_text", text="Let me add.", annotations=[])
+    message = ResponseOutputMessage(type="message", id="msg_1", role="assistant", status="completed", content=[text])
+    call = ResponseFunctionToolCall(type="function_call", id="fc_1", call_id="call_1", name="add", arguments='{"a":2}')
+    user = {"role": "user", "content": "q"}
+    for dump in ({}, {"by_alias": True}, {"mode": "json"}, {"exclude_none": True}):
+        request = ResponsesWire().parse(
+            {"input": [user, message.model_dump(**dump), call.model_dump(**dump)]}, Episode(task=None), ("text",)
+        )
+        assert request.messages == [user, assistant_message(CALL)], dump
+
+
 def _refusal(body):
     try:
         ResponsesWire().parse(body, Episode(task=None), ("text",))
