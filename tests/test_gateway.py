@@ -283,3 +283,30 @@ def test_a_connection_shared_across_episodes_stays_open():
         env.close()
         client.close()
         gw.close()
+
+
+def _own_client_agent(kept: list | None):
+    def agent(task, ctx):
+        client = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)  # never closed
+        if kept is not None:
+            kept.append(client)  # and held, as a framework's client cache holds it
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": task}]).choices[0].message.content
+
+    return agent
+
+
+def test_an_agent_that_drops_its_own_client_unclosed_passes_the_conformance_kit(agent_conformance):
+    pytest.importorskip("psutil", reason="the socket check needs psutil (the dev extra)")
+    report = agent_conformance(_own_client_agent(None), "hi", expect_tool_round_trip=False)
+    report.assert_ok()
+
+
+def test_the_conformance_kit_names_the_socket_an_agents_client_still_holds(agent_conformance):
+    pytest.importorskip("psutil", reason="the socket check needs psutil (the dev extra)")
+    kept: list = []
+    report = agent_conformance(_own_client_agent(kept), "hi", expect_tool_round_trip=False)
+    (problem,) = report.problems
+    assert problem.startswith("1 socket(s) left open after close")  # the client's: the gateway closed its own
+    assert "1 of them the agent's own HTTP client holds after the gateway closed its side" in problem
+    assert "ctx.openai_client()" in problem
+    kept[0].close()
