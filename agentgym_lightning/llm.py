@@ -197,6 +197,18 @@ class ChatRequest:
         """False when the agent marked this call ``metadata={"trainable": "false"}``."""
         return self.metadata.get("trainable", "true").lower() not in ("false", "0", "no")
 
+    @property
+    def repeated_user_turn(self) -> bool:
+        """True when the conversation's last user message comes twice in a row (the same message
+        right before it), as Semantic Kernel's ``OpenAIResponsesAgent`` sends every user turn: the
+        policy saw the turn twice, and a step trained on is trained with it twice. The gateway
+        warns once per process; the trainer counts these steps (``samples/calls/repeated_user_turn``);
+        ``docs/frameworks.md`` says what to do."""
+        for i in range(len(self.messages) - 1, 0, -1):
+            if self.messages[i].get("role") == "user":
+                return self.messages[i - 1] == self.messages[i]
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         data = {
             "messages": self.messages,

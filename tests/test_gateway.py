@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import httpx
 import openai
@@ -212,3 +213,100 @@ def test_usage_is_always_an_object_even_without_token_ids():
     env.step("no ids")
     *_, info = env.step(Completion(text="t", completion_token_ids=[4, 5]))
     assert info["trajectory"].result == (0, 0, 2)
+
+
+def _connections(port: int) -> list:
+    psutil = pytest.importorskip("psutil", reason="the socket check needs psutil (the dev extra)")
+    return [c for c in psutil.Process().net_connections(kind="inet") if c.raddr and port in (c.laddr.port, c.raddr.port)]
+
+
+def _wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_an_ended_episodes_connections_are_closed_by_the_gateway():
+    psutil = pytest.importorskip("psutil", reason="the socket check needs psutil (the dev extra)")
+    kept = []
+
+    def agent(task, ctx):
+        client = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+        kept.append(client)  # never closed, never collected: its keep-alive connection stays open
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": task}])
+        return r.choices[0].message.content
+
+    gw = Gateway()
+    env = AgentEnv(agent, ["hi"], lambda t, r: 0.0, gateway=gw, transport="http")
+    try:
+        for seed in range(3):
+            env.reset(seed=seed)
+            assert any(c.laddr.port == gw.port for c in _connections(gw.port))  # the call is open
+            *_, terminated, _, info = env.step("ok")
+            assert terminated and info["trajectory"].result == "ok"
+            # The gateway's side of the agent's connection is closed when the episode ends (not
+            # after the keep-alive timeout); the agent's side has seen it and waits for its client.
+            def closed_by_the_gateway():
+                sockets = _connections(gw.port)
+                return not any(c.laddr.port == gw.port for c in sockets) and {c.status for c in sockets} == {psutil.CONN_CLOSE_WAIT}
+
+            assert _wait_until(closed_by_the_gateway), _connections(gw.port)
+        assert len(_connections(gw.port)) == 3  # one per episode, each the client's own, closed
+    finally:
+        env.close()
+        gw.close()
+
+
+def test_a_connection_shared_across_episodes_stays_open():
+    gw = Gateway()
+    client = httpx.Client(base_url=gw.url, timeout=30)  # one pool, the header form: shared by every episode
+
+    def agent(task, ctx):
+        body = {"model": "m", "messages": [{"role": "user", "content": task}]}
+        r = client.post("/v1/chat/completions", json=body, headers={"X-Agentgym-Episode": ctx.episode_id})
+        return r.raise_for_status().json()["choices"][0]["message"]["content"]
+
+    env = AgentEnv(agent, ["hi"], lambda t, r: 0.0, gateway=gw, transport="http")
+    try:
+        ports = []
+        for seed in range(2):
+            env.reset(seed=seed)
+            *_, info = env.step("ok")
+            assert info["trajectory"].result == "ok"
+            time.sleep(0.2)  # time enough for a close to be seen
+            (mine,) = [c for c in _connections(gw.port) if c.raddr.port == gw.port]
+            assert mine.status == "ESTABLISHED"
+            ports.append(mine.laddr.port)
+        assert ports[0] == ports[1]  # the same connection served both episodes
+    finally:
+        env.close()
+        client.close()
+        gw.close()
+
+
+def _own_client_agent(kept: list | None):
+    def agent(task, ctx):
+        client = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)  # never closed
+        if kept is not None:
+            kept.append(client)  # and held, as a framework's client cache holds it
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": task}]).choices[0].message.content
+
+    return agent
+
+
+def test_an_agent_that_drops_its_own_client_unclosed_passes_the_conformance_kit(agent_conformance):
+    pytest.importorskip("psutil", reason="the socket check needs psutil (the dev extra)")
+    report = agent_conformance(_own_client_agent(None), "hi", expect_tool_round_trip=False)
+    report.assert_ok()
+
+
+def test_the_conformance_kit_names_the_socket_an_agents_client_still_holds(agent_conformance):
+    pytest.importorskip("psutil", reason="the socket check needs psutil (the dev extra)")
+    kept: list = []
+    report = agent_conformance(_own_client_agent(kept), "hi", expect_tool_round_trip=False)
+    (problem,) = report.problems
+    assert problem.startswith("1 socket(s) left open after close")  # the client's: the gateway closed its own
+    assert "1 of them the agent's own HTTP client holds after the gateway closed its side" in problem
+    assert "ctx.openai_client()" in problem
+    kept[0].close()

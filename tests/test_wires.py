@@ -12,11 +12,19 @@ import pytest
 
 from agentgym_lightning import Completion
 from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.episode import Episode
 from agentgym_lightning.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import assistant_message
+from agentgym_lightning.gateway.wires import base as wires_base
 from agentgym_lightning.gateway.wires.anthropic_messages import content_blocks, messages_to_chat
-from agentgym_lightning.gateway.wires.responses import input_to_messages, output_items, tools_from_chat, tools_to_chat
-from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.gateway.wires.responses import (
+    ResponsesWire,
+    input_to_messages,
+    output_items,
+    tools_from_chat,
+    tools_to_chat,
+)
+from agentgym_lightning.llm import ChatRequest, GatewayError
 from agentgym_lightning.trajectory import Step
 
 anthropic = pytest.importorskip("anthropic", reason="the [anthropic] extra is not installed")
@@ -131,6 +139,150 @@ def test_a_responses_api_agent_sees_what_its_chat_twin_sees(transport):
     assert wires == ["responses", "responses"]
     assert seen[1].stream and seen[0].sampling.logprobs
     assert text == "3" and first == ("Let me add.", 3, 2, [4, 5], -0.5)
+
+
+def resending_agent(task, ctx):
+    """A Responses agent that keeps its own history and re-sends its previous output items as
+    ``item.model_dump()`` gives them (mini-swe-agent's ``LitellmResponseModel``), with no
+    ``previous_response_id``; its first call passes ``None`` for the optional arguments it does not
+    use, as LlamaIndex's ``OpenAIResponses`` does."""
+    client = (
+        openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+        if ctx.task == "http"
+        else ctx.openai_client().with_options(max_retries=0)
+    )
+    tools = [{"type": "function", "name": "add", "description": "add one", "parameters": SCHEMA}]
+    history: list = [{"role": "user", "content": task}]
+    nulls = dict(user=None, include=None, max_output_tokens=None, metadata=None, previous_response_id=None, store=None,
+                 temperature=None, top_p=None, truncation=None, reasoning=None, parallel_tool_calls=None)
+    r = client.responses.create(model=ctx.model, instructions="be brief", input=history, tools=tools, **nulls)
+    dumped = [item.model_dump() for item in r.output]  # the SDK's own objects, every field of them
+    history += dumped + [{"type": "function_call_output", "call_id": r.output[1].call_id, "output": "3"}]
+    r = client.responses.create(model=ctx.model, instructions="be brief", input=history, tools=tools, stream=True)
+    return "".join(e.delta for e in r if e.type == "response.output_text.delta"), dumped
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_agent_that_resends_its_output_items_as_the_sdk_dumps_them_completes_its_episode(transport):
+    twin, _, _ = run(chat_twin, transport)
+    seen, wires, (text, dumped) = run(resending_agent, transport)
+    # What the SDK dumps carries the fields it has and we never set (openai 3.x: namespace,
+    # caller, async_ on a function call; phase on a message; logprobs on its text), all null.
+    assert [d["type"] for d in dumped] == ["message", "function_call"]
+    assert {"namespace", "caller", "async_"} <= {k for k, v in dumped[1].items() if v is None}
+    for ours, theirs in zip(seen, twin):
+        same_observation(ours, theirs)
+    assert wires == ["responses", "responses"] and text == "3"
+
+
+def test_no_field_a_null_is_dropped_from_is_required_and_nullable_in_the_sdks_types():
+    """The wire reads a null as "not given" at the body's top level, in input items and in their
+    parts; that loses nothing only while no field there is Required[Optional[...]] (as a function
+    tool's "parameters" is, which the wire leaves alone)."""
+    import typing
+
+    from openai.types.responses import ResponseInputItemParam
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+    from typing_extensions import Required, get_type_hints, is_typeddict
+
+    def typed_dicts(hint, depth):
+        if is_typeddict(hint):
+            yield hint
+            if depth:
+                for field in get_type_hints(hint).values():
+                    yield from typed_dicts(field, depth - 1)
+        else:
+            for arg in typing.get_args(hint):
+                yield from typed_dicts(arg, depth)
+
+    served = [
+        m for m in typing.get_args(ResponseInputItemParam)
+        if {"message", "function_call", "function_call_output"} & set(typing.get_args(get_type_hints(m)["type"]))
+    ]
+    assert len(served) == 5  # three message shapes, a function call, its output
+    nullable_required = [
+        f"{t.__name__}.{name}"
+        for t in {*typed_dicts(typing.Union[tuple(served)], 1), ResponseCreateParamsBase}  # items and their parts
+        for name, hint in get_type_hints(t, include_extras=True).items()
+        if typing.get_origin(hint) is Required and type(None) in typing.get_args(typing.get_args(hint)[0])
+    ]
+    assert nullable_required == []
+
+
+def test_output_items_in_every_dump_of_the_sdk_read_as_the_chat_answer():
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    text = ResponseOutputText(type="output_text", text="Let me add.", annotations=[])
+    message = ResponseOutputMessage(type="message", id="msg_1", role="assistant", status="completed", content=[text])
+    call = ResponseFunctionToolCall(type="function_call", id="fc_1", call_id="call_1", name="add", arguments='{"a":2}')
+    user = {"role": "user", "content": "q"}
+    for dump in ({}, {"by_alias": True}, {"mode": "json"}, {"exclude_none": True}):
+        request = ResponsesWire().parse(
+            {"input": [user, message.model_dump(**dump), call.model_dump(**dump)]}, Episode(task=None), ("text",)
+        )
+        assert request.messages == [user, assistant_message(CALL)], dump
+
+
+def _refusal(body):
+    try:
+        ResponsesWire().parse(body, Episode(task=None), ("text",))
+    except GatewayError as exc:
+        return exc.status, exc.message
+    raise AssertionError("accepted")
+
+
+def test_an_invalid_input_item_is_refused_naming_its_type_and_field():
+    from openai.types.responses import ResponseFunctionToolCall
+
+    call = ResponseFunctionToolCall(type="function_call", call_id="c1", name="add", arguments="{}", id="fc_1").model_dump()
+    user = {"role": "user", "content": "q"}
+    status, message = _refusal({"input": [user, {**call, "namespace": 5}]})
+    assert status == 400 and "input[1] (function_call item).namespace: Input should be a valid string (got 5)" in message
+    status, message = _refusal({"input": [user, {**call, "call_id": 1}]})
+    assert "input[1] (function_call item).call_id: Input should be a valid string (got 1)" in message
+    status, message = _refusal({"input": [{**user, "content": [{"type": "input_text"}]}]})
+    assert "input[0] (message item).content[0].text: Field required" in message
+    status, message = _refusal({"input": [user, {**call, "type": "reasoning"}]})
+    assert "input[1]: items of type 'reasoning' are not served" in message
+    # A null stays a refusal where a value is required (null means "not given").
+    status, message = _refusal({"input": [user, {**call, "call_id": None}]})
+    assert "input[1] (function_call item).call_id: Field required" in message
+
+
+def test_a_request_repeating_its_last_user_turn_is_flagged_and_warned_about_once(monkeypatch):
+    """Semantic Kernel's OpenAIResponsesAgent sends each user turn twice: such a step is recorded as
+    sent (the policy saw it so), flagged on its request, and the process warns once."""
+    monkeypatch.setattr(wires_base, "_repeat_warned", False)
+    tools = [{"type": "function", "name": "add", "description": "add one", "parameters": SCHEMA}]
+
+    def agent(task, ctx):
+        client = ctx.openai_client()
+        turn = {"role": "user", "content": task}
+        r = client.responses.create(model=ctx.model, instructions="be brief", input=[turn, turn], tools=tools)
+        call = r.output[1]
+        done = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+        r = client.responses.create(model=ctx.model, instructions="be brief", input=[turn, turn, *r.output, done], tools=tools)
+        return r.output_text
+
+    with pytest.warns(wires_base.RepeatedUserTurnWarning, match="Semantic Kernel's OpenAIResponsesAgent") as caught:
+        for _ in range(2):
+            seen, wires, text = run(agent, "inproc")
+    assert len(caught) == 1  # once per process, however many requests
+    assert text == "3" and wires == ["responses", "responses"]
+    assert all(request.repeated_user_turn for request in seen)
+    assert seen[0].messages[1:] == [{"role": "user", "content": "inproc"}] * 2  # as sent
+
+
+def test_only_a_last_user_turn_given_twice_in_a_row_is_a_repeated_turn():
+    def request(*messages):
+        return ChatRequest(messages=[{"role": role, "content": text} for role, text in messages])
+
+    assert request(("user", "q"), ("user", "q")).repeated_user_turn
+    assert request(("system", "s"), ("user", "q"), ("user", "q"), ("assistant", "a"), ("tool", "3")).repeated_user_turn
+    assert not request(("user", "q")).repeated_user_turn
+    assert not request(("user", "q"), ("assistant", "a"), ("user", "q")).repeated_user_turn  # not in a row
+    assert not request(("user", "q"), ("user", "q"), ("assistant", "a"), ("user", "r")).repeated_user_turn  # not the last
+    assert not request(("user", "q"), ("user", "q2")).repeated_user_turn
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

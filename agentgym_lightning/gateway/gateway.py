@@ -112,6 +112,17 @@ class Gateway(EpisodeRouter):
                 "(AGENTGYM_LIGHTNING_GATEWAY_MAX_LINGERING_AGENTS)"
             )
 
+    # ------------------------------------------------------------------ episodes
+
+    def unregister(self, episode_id: str) -> None:
+        """Forget the episode (its requests are answered 404 from now on) and close the HTTP
+        connections only its clients used: an agent's own client, never closed, must not keep
+        sockets open after its episode (see :mod:`.connections`)."""
+        super().unregister(episode_id)
+        server = self._server
+        if server is not None:
+            server.end_episode(episode_id)
+
     # ------------------------------------------------------------------ endpoints
 
     def start(self) -> None:

@@ -1,6 +1,6 @@
 """HTTP servers of this process (the gateway's, the policy server's, the mock OpenAI server's):
 uvicorn on a daemon thread, bound before it is announced, with the byte, time and connection
-limits of ``docs/limits.md``."""
+limits of ``docs/limits.md``; the gateway's also closes an ended episode's connections."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from agentgym_lightning.gateway.app import build_app
+from agentgym_lightning.gateway.connections import EpisodeConnections, EpisodeHttpProtocol
 from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
 from agentgym_lightning.gateway.limits import GatewayLimits
 
@@ -28,7 +29,13 @@ class ThreadedServer:
     accepts connections. ``limits`` bound request heads, bodies, idle time and connections."""
 
     def __init__(
-        self, app: Any, host: str, port: int, name: str = "agentgym-gateway", limits: GatewayLimits | None = None
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        name: str = "agentgym-gateway",
+        limits: GatewayLimits | None = None,
+        protocol: Callable[..., LimitedHttpToolsProtocol] = LimitedHttpToolsProtocol,
     ) -> None:
         limits = limits or GatewayLimits()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -49,7 +56,7 @@ class ThreadedServer:
             lifespan="off",
             ws="none",
             # uvicorn's httptools protocol plus head size/time limits and the connection cap.
-            http=functools.partial(LimitedHttpToolsProtocol, limits=limits),  # type: ignore[arg-type]
+            http=functools.partial(protocol, limits=limits),  # type: ignore[arg-type]
             # Idle time between a response and the next request. uvicorn arms it only once a
             # response is complete, so a call waiting minutes for its generation is never cut.
             timeout_keep_alive=limits.keep_alive_timeout,
@@ -83,7 +90,8 @@ class ThreadedServer:
 
 class GatewayServer(ThreadedServer):
     """Serves a gateway's app (:func:`build_app`: its router plus ``extra_routes``) under the
-    gateway's limits."""
+    gateway's limits; :meth:`end_episode` closes the connections an ended episode's clients
+    left open (:mod:`.connections`)."""
 
     def __init__(
         self,
@@ -93,4 +101,10 @@ class GatewayServer(ThreadedServer):
         limits: GatewayLimits | None = None,
         extra_routes: Sequence[BaseRoute] = (),
     ) -> None:
-        super().__init__(build_app(router, extra_routes), host, port, limits=limits or router.limits)
+        self.connections = EpisodeConnections()
+        protocol = functools.partial(EpisodeHttpProtocol, episodes=self.connections)
+        super().__init__(build_app(router, extra_routes), host, port, limits=limits or router.limits, protocol=protocol)
+
+    def end_episode(self, episode_id: str) -> None:
+        """Close the keep-alive connections only ``episode_id``'s clients used (thread-safe)."""
+        self.connections.end(episode_id)

@@ -13,7 +13,9 @@ would reject it for every episode of the round.
   (finite, in range, a seed torch and vLLM accept) are checked by
   :meth:`~agentgym_lightning.llm.ChatRequest.from_openai`.
 - :func:`check_params` — the same strict check against another of the ``openai`` package's
-  request types (the Responses API's, legacy Completions'), for the other wires.
+  request types (the Responses API's, legacy Completions'), for the other wires;
+  :func:`check_typed` — against any of its types (one Responses input item), the error's path
+  given by the caller.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pydantic_core import SchemaValidator
 
 from agentgym_lightning.gateway.openai_wire import GatewayError
 
-__all__ = ["MAX_JSON_DEPTH", "parse_json", "check_chat_request", "check_params", "body_too_large"]
+__all__ = ["MAX_JSON_DEPTH", "parse_json", "check_chat_request", "check_params", "check_typed", "body_too_large"]
 
 #: Deepest nesting of arrays and objects a body may have: pydantic-core's JSON parser refuses
 #: more (a fixed limit of that parser), which also keeps every later ``deepcopy`` and ``json.dumps``
@@ -158,6 +160,13 @@ def check_params(body: dict[str, Any], params: type) -> None:
     e.g. the Responses API's ``ResponseCreateParamsBase``) do not accept, strictly as
     :func:`check_chat_request` checks chat bodies; the validator is built once per type."""
     _validate(_params_validator(params), {**body, "model": str(body.get("model") or "")}, ())
+
+
+def check_typed(value: Any, params: Any, path: tuple[str | int, ...]) -> None:
+    """Refuse (400) a ``value`` that the ``openai`` package's type ``params`` (a TypedDict or a
+    union of them) does not accept, strictly as :func:`check_params`; the error names ``path``
+    first (``("input[1] (function_call item)",)`` reads ``input[1] (function_call item).call_id: ...``)."""
+    _validate(_params_validator(params), value, path)
 
 
 def _validate(validator: SchemaValidator, value: Any, path: tuple[str | int, ...], skip: int = 0) -> None:

@@ -13,7 +13,10 @@ against a scripted policy, no model, and checks:
    signal); ``env.step`` must return it on the step that answered call ``i``, the final reward on
    the last one, and the returns must add up to ``trajectory.total_reward``;
 4. **variables are seen**: every name in ``expect_variables`` was emitted;
-5. **nothing is left behind**: no agent thread alive and no new socket open after ``env.close()``;
+5. **nothing is left behind**: no agent thread alive and no new socket open after ``env.close()``
+   (once the garbage collector has run: a client the agent dropped without closing it is
+   released then; the gateway closes its side of an ended episode's connections itself, so a
+   socket still open is one the agent's client holds, e.g. a framework's cached client);
 6. **no network**: no connection and no name lookup left 127.0.0.1 / localhost while it ran
    (frameworks' telemetry and tracing exporters included);
 7. **the wire**: with ``expect_wire``, every call came on that API (``"chat"``, ``"responses"``,
@@ -33,6 +36,7 @@ In a test (the ``agent_conformance`` fixture comes from :mod:`agentgym_lightning
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import json
 import socket
@@ -188,6 +192,14 @@ def _open_sockets() -> set[tuple[Any, ...]]:
     }
 
 
+def _closed_by_peer(sockets: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+    """Those of ``sockets`` whose other end has closed (``CLOSE_WAIT``): a client's, held open by it."""
+    import psutil
+
+    waiting = {(c.fd, c.laddr, c.raddr) for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_CLOSE_WAIT}
+    return sockets & waiting
+
+
 def _agent_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("agent-") and t.is_alive()]
 
@@ -300,7 +312,12 @@ def check_agent(
         problems.append(f"agent threads still running after close: {[t.name for t in _agent_threads_left(threads_before)]}")
     leaked = _wait_for_sockets(sockets_before)
     if leaked:
-        problems.append(f"{len(leaked)} socket(s) left open after close: {sorted(str(s[2]) for s in leaked)}")
+        problems.append(
+            f"{len(leaked)} socket(s) left open after close: {sorted(str(s[2]) for s in leaked)}; "
+            f"{len(_closed_by_peer(leaked))} of them the agent's own HTTP client holds after the gateway closed its side "
+            "(close the client when the agent returns, or use ctx.openai_client() / the adapter's client: in-process, "
+            "no socket)"
+        )
 
     # 6. no network
     if outside:
@@ -319,8 +336,10 @@ def _agent_threads_left(before: set[threading.Thread]) -> list[threading.Thread]
 
 
 def _wait_for_sockets(before: set[tuple[Any, ...]], grace: float = 2.0) -> set[tuple[Any, ...]]:
-    """Client sockets opened during the run still open after ``grace`` seconds (the gateway
-    server's own side of a connection closes when the client's does)."""
+    """Sockets opened during the run still open after ``grace`` seconds and a garbage collection
+    (a client nobody refers to any more closes its sockets when it is collected; the gateway
+    closes its own side of an ended episode's connections)."""
+    gc.collect()
     deadline = time.monotonic() + grace
     while True:
         leaked = _open_sockets() - before

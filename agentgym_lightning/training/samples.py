@@ -366,6 +366,8 @@ def _trainable_tokens(step: Step, mask_truncated: bool, match: Callable[[Step], 
     """1 if this call's completion tokens go into the loss, else 0 (and count why)."""
     reason = untrained_reason(step, mask_truncated, match)
     stats[f"calls/{reason or 'trained'}"] += 1
+    if reason is None and step.request.repeated_user_turn:
+        stats["calls/repeated_user_turn"] += 1  # trained on a prompt with the user's turn twice (a framework's doing)
     return 0 if reason else 1
 
 

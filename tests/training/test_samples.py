@@ -284,3 +284,15 @@ def test_advantages_never_blow_up_when_a_groups_returns_tie(rewards, final, gamm
     adv, flat, _ = advantages_of(members, credit="discounted", credit_kwargs={"gamma": gamma})
     assert flat == {"g": True}
     assert all(x == 0.0 for v in adv.values() for x in v)
+
+
+def test_calls_trained_on_a_repeated_user_turn_are_counted_and_trained_as_sent():
+    twice = ChatRequest(messages=[{"role": "user", "content": "q"}, {"role": "user", "content": "q"}])
+    a, b = two_call_group()[:2]
+    a.steps[0].request = twice
+    b.steps[0].request = twice
+    b.steps[0].trainable = False  # not trained: not counted
+    batch = build_samples([a, b], aggregation="transition")
+    assert batch.stats["calls/repeated_user_turn"] == 1 and batch.stats["calls/trained"] == 2
+    row = next(r for r in batch.samples if r.episode_id == "A" and r.steps == [0])
+    assert sum(row.loss_mask) == 2  # kept in the loss, as the policy saw it

@@ -11,6 +11,8 @@ each path to its wire and do the rest the same way for all of them.
 from __future__ import annotations
 
 import json
+import threading
+import warnings
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -20,7 +22,32 @@ from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
 if TYPE_CHECKING:
     from agentgym_lightning.episode import Episode, PendingCall
 
-__all__ = ["Wire", "sse", "usage_counts"]
+__all__ = ["Wire", "RepeatedUserTurnWarning", "sse", "usage_counts"]
+
+
+class RepeatedUserTurnWarning(UserWarning):
+    """A request repeats its last user turn (:attr:`ChatRequest.repeated_user_turn`): warned once
+    per process."""
+
+
+_repeat_warned = False
+_repeat_lock = threading.Lock()
+
+
+def _warn_repeated_user_turn(wire: str) -> None:
+    global _repeat_warned
+    with _repeat_lock:
+        first, _repeat_warned = not _repeat_warned, True
+    if first:
+        warnings.warn(
+            f"a request on the {wire!r} wire repeats its last user turn (the same user message twice in a row), as "
+            "Semantic Kernel's OpenAIResponsesAgent sends every user turn: the policy sees, and is trained on, the "
+            "turn twice. Such steps are kept and flagged (step.request.repeated_user_turn, counted as "
+            "samples/calls/repeated_user_turn); send the turn once in the agent, or leave them out of training with "
+            "agent_match=lambda step: not step.request.repeated_user_turn (said once per process)",
+            RepeatedUserTurnWarning,
+            stacklevel=2,
+        )
 
 
 class Wire:
@@ -47,7 +74,15 @@ class Wire:
         state of its own per call (the Responses API's stored responses) records it here.
         ``parent_span_id``: the agent's span the call was made inside, if known (see
         :func:`agentgym_lightning.tracing.processor.call_parent`)."""
-        return episode.submit(self.parse(data, episode, content_part_types), parent_span_id)
+        return self.hand_over(episode, self.parse(data, episode, content_part_types), parent_span_id)
+
+    def hand_over(self, episode: Episode, request: ChatRequest, parent_span_id: str | None) -> PendingCall:
+        """Hand the checked ``request`` to ``episode`` (every wire's last step), warning once per
+        process when it repeats its last user turn (:class:`RepeatedUserTurnWarning`); the
+        request itself is recorded and answered as any other."""
+        if request.repeated_user_turn:
+            _warn_repeated_user_turn(self.name)
+        return episode.submit(request, parent_span_id)
 
     def body(self, call: PendingCall, completion: Completion) -> dict[str, Any]:
         """The non-streamed response body answering ``call``."""

@@ -16,6 +16,13 @@ A request is read into the chat conversation the same agent would have sent to C
   ``text.format`` → ``response_format``; ``include: ["message.output_text.logprobs"]`` →
   ``logprobs``.
 
+What OpenAI's own API accepts is accepted: ``null`` for an optional field (the SDK sends an
+argument given as ``None``, e.g. LlamaIndex's ``user=None``), and output items sent back as input
+as ``item.model_dump()`` makes them (a null for every field the SDK did not set, ``namespace``,
+``caller``...; fields we do not read are ignored). Each input item is checked against the
+``openai`` package's types of its own kind, so an error names the item's type and its field
+(``input[1] (function_call item).call_id: ...``).
+
 The answer is a ``response`` object (a ``message`` item with ``output_text``, one
 ``function_call`` item per tool call, ``usage``) or, streamed, Responses events from
 ``response.created`` to ``response.completed``. Token ids ride along as in chat:
@@ -25,14 +32,17 @@ The answer is a ``response`` object (a ``message`` item with ``output_text``, on
 from __future__ import annotations
 
 import time
+import typing
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Union
 
+from openai.types.responses import ResponseInputItemParam
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 from agentgym_lightning.gateway.openai_wire import assistant_message
-from agentgym_lightning.gateway.validation import check_params
+from agentgym_lightning.gateway.validation import check_params, check_typed
 from agentgym_lightning.gateway.wires.base import Wire, sse, usage_counts
 from agentgym_lightning.gateway.wires.chat import ChatWire
 from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
@@ -40,7 +50,14 @@ from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
 if TYPE_CHECKING:
     from agentgym_lightning.episode import Episode, PendingCall
 
-__all__ = ["ResponsesWire", "input_to_messages", "tools_to_chat", "tools_from_chat", "tool_choice_to_chat", "output_items"]
+__all__ = [
+    "ResponsesWire",
+    "input_to_messages",
+    "tools_to_chat",
+    "tools_from_chat",
+    "tool_choice_to_chat",
+    "output_items",
+]
 
 #: Request fields that ask for what only OpenAI's servers do: refused with a 400 naming them.
 _UNSERVED = {
@@ -50,6 +67,8 @@ _UNSERVED = {
     "context_management": "context management",
 }
 _LOGPROBS = "message.output_text.logprobs"
+#: The input items this wire reads (:func:`input_to_messages`).
+_SERVED_ITEMS = ("message", "function_call", "function_call_output")
 
 
 @dataclass
@@ -91,6 +110,60 @@ def _text(content: Any, where: str, assistant: bool) -> Any:
     return [{"type": "text", "text": t} for t in texts]
 
 
+def _nulls_absent(data: dict[str, Any]) -> dict[str, Any]:
+    """The body with a ``null`` read as a field not given, as OpenAI's server reads it, at the
+    body's top level, in each input item and in each item's content (or output) parts. No field
+    there is both required and nullable in the ``openai`` types, so nothing that means ``null``
+    is lost; tools are left as they are (a function tool's ``parameters`` and ``strict`` may be
+    ``null``), and so is all free-form JSON (a schema's ``"default": null``)."""
+    body = _without_nulls(data)
+    if isinstance(body.get("input"), list):
+        body["input"] = [_item_without_nulls(item) for item in body["input"]]
+    return body
+
+
+def _without_nulls(obj: Any) -> Any:
+    return {k: v for k, v in obj.items() if v is not None} if isinstance(obj, dict) else obj
+
+
+def _item_without_nulls(item: Any) -> Any:
+    item = _without_nulls(item)
+    if isinstance(item, dict):
+        for key in ("content", "output"):
+            if isinstance(item.get(key), list):
+                item[key] = [_without_nulls(part) for part in item[key]]
+    return item
+
+
+@lru_cache(maxsize=None)
+def _item_params(kind: str) -> Any:
+    """The ``openai`` package's input-item types of ``kind`` (a union for ``message``, which comes
+    in three shapes: an easy message, an input message, an output message sent back)."""
+    members = tuple(
+        m for m in typing.get_args(ResponseInputItemParam) if kind in typing.get_args(typing.get_type_hints(m).get("type"))
+    )
+    return Union[members]  # noqa: UP007 - a runtime union
+
+
+def _unserved_item(where: str, kind: Any) -> GatewayError:
+    return GatewayError(
+        400,
+        f"{where}: items of type {kind!r:.40} are not served; this gateway reads {', '.join(_SERVED_ITEMS)} items",
+    )
+
+
+def _check_items(items: list[Any]) -> None:
+    """Refuse (400) an input item that is not served or that the ``openai`` types of its kind do
+    not accept; the error names the item, its type and its field."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise GatewayError(400, f"input[{i}] must be an input item (an object), got {type(item).__name__}")
+        kind = item.get("type", "message")
+        if kind not in _SERVED_ITEMS:
+            raise _unserved_item(f"input[{i}]", kind)
+        check_typed(item, _item_params(kind), (f"input[{i}] ({kind} item)",))
+
+
 def input_to_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses ``input`` as chat messages (see the module docstring)."""
     if isinstance(items, str):
@@ -120,11 +193,7 @@ def input_to_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]
             content = output if isinstance(output, str) else _text(output, where, True)
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
         else:
-            raise GatewayError(
-                400,
-                f"{where}: items of type {kind!r:.40} are not served; this gateway reads message, function_call and "
-                "function_call_output items",
-            )
+            raise _unserved_item(where, kind)
     return messages
 
 
@@ -252,7 +321,7 @@ class ResponsesWire(Wire):
         self, episode: Episode, data: Any, content_part_types: Collection[str], parent_span_id: str | None = None
     ) -> PendingCall:
         request, conversation = self._read(data, episode, content_part_types)
-        call = episode.submit(request, parent_span_id)
+        call = self.hand_over(episode, request, parent_span_id)
         _stored(episode)[response_id(call)] = _Stored(conversation)
         return call
 
@@ -261,10 +330,17 @@ class ResponsesWire(Wire):
     ) -> tuple[ChatRequest, list[dict[str, Any]]]:
         """The request, and its conversation without its instructions (what a later
         ``previous_response_id`` continues)."""
+        data = _nulls_absent(data)
         # The SDK's types make a function tool's "strict" required; OpenAI's server (and every
         # client that leaves it out) treats it as optional.
         tools = [{"strict": None, **t} if isinstance(t, dict) else t for t in data.get("tools") or ()]
-        check_params({**data, "tools": tools} if tools else data, ResponseCreateParamsBase)
+        # The input items are checked one by one (_check_items): an error then names the item's
+        # own type and field, not those of whichever union member got furthest.
+        items = data.get("input")
+        top = {**data, "input": []} if isinstance(items, list) else data
+        check_params({**top, "tools": tools} if tools else top, ResponseCreateParamsBase)
+        if isinstance(items, list):
+            _check_items(items)
         for key, what in _UNSERVED.items():
             if data.get(key) is not None:
                 raise GatewayError(400, f"'{key}': {what} are not served by this gateway; leave it out")
