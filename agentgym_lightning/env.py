@@ -29,6 +29,8 @@ For drivers of many envs (:func:`~agentgym_lightning.rollout.rollout`): ``step_w
 for, and :attr:`AgentEnv.deadline` says when the episode's time limit falls.
 
 Every step costs the same however long the episode already is: nothing here scans earlier steps.
+The env writes no step itself: it asks its :class:`~agentgym_lightning.episode.Episode` to (to
+judge a call trainable, close a step, add its AIR from :mod:`agentgym_lightning.air`).
 """
 
 from __future__ import annotations
@@ -130,9 +132,10 @@ class AgentEnv(gym.Env[Observation, Any]):
         stop_grace: Seconds to wait for an agent to unwind when its episode is cut short.
         seed_calls: Give every call the agent did not seed a ``seed`` derived from the episode's
             seed and the call's index, in the observation's request (the recorded request stays
-            as the agent sent it; :func:`~agentgym_lightning.policy_request.seeded`). With a backend that samples seeded requests independently of
-            their batch (``hf``, ``vllm``), a rollout is then reproducible however its calls
-            were batched; the trainer turns this on.
+            as the agent sent it; :func:`~agentgym_lightning.policy_request.seeded`). With a
+            backend that samples seeded requests independently of their batch (``hf``,
+            ``vllm``), a rollout is then reproducible however its calls were batched; the
+            trainer turns this on.
         agent_match: Which calls are trainable (selective / multi-agent training; see
             :mod:`agentgym_lightning.agent_match`): a regular expression matched in full against
             each call's agent name or role (``"writer|rewriter"``), a mapping of
@@ -487,7 +490,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
             status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
-        episode.end(status, error, final)  # judges every call again, now that every span is in
+        episode.end(status, error, final)  # with an agent_match, every call is judged again there
         self._call = None
         assert self._worker is not None
         self._worker.stop(self.stop_grace)
