@@ -10,7 +10,7 @@ from agentgym_lightning.air import AirRewards, air_rewards, weigh_signals
 from agentgym_lightning.episode import Episode
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.reward_bounds import RewardRefusedWarning
-from agentgym_lightning.trajectory import Reward, Step
+from agentgym_lightning.trajectory import Reward
 
 
 def test_signals_are_weighed_by_source_and_unweighted_ones_dropped():
@@ -45,4 +45,3 @@ def test_air_rewards_asks_the_hook_and_the_episode_adds_them():
     episode.add_air(step, air)
     assert [(r.source, r.value) for r in step.rewards] == [("tool_error", -0.5)]
     assert episode.refused_reward is not None and "AIR source 'bad'" in episode.refused_reward
-    assert isinstance(step, Step)
