@@ -29,13 +29,13 @@ For drivers of many envs (:func:`~agentgym_lightning.rollouts.in_process.rollout
 for, and :attr:`AgentEnv.deadline` says when the episode's time limit falls.
 
 Every step costs the same however long the episode already is: nothing here scans earlier steps.
+The env writes no step itself: it asks its :class:`~agentgym_lightning.episode.Episode` to (to
+judge a call trainable, close a step, add its AIR from :mod:`agentgym_lightning.air`).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import hashlib
 import queue
 import time
 import traceback
@@ -47,18 +47,20 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym_lightning.agent_match import AgentMatch, AgentMatchSpec, as_agent_match
+from agentgym_lightning.air import air_rewards
 from agentgym_lightning.episode import CallEvent, DoneEvent, Episode, EpisodeEvent
 from agentgym_lightning.gateway.endpoint import EpisodeEndpoint
 from agentgym_lightning.gateway.gateway import Gateway, get_gateway
 from agentgym_lightning.gateway.openai_wire import GatewayError
-from agentgym_lightning.llm import ChatRequest, as_completion, ids_extend
+from agentgym_lightning.llm import ChatRequest, as_completion
 from agentgym_lightning.plugin_manager import get_plugin_manager
+from agentgym_lightning.policy_request import seeded
 from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
-from agentgym_lightning.trajectory import Reward, Status, Step, Trajectory
+from agentgym_lightning.trajectory import Status, Step, Trajectory
 from agentgym_lightning.worker import AgentWorker
 
-__all__ = ["AgentEnv", "adapt_agent", "call_seed", "TaskSource", "RewardFn", "TimeLimitAsMaxTurns", "NoRewardWarning"]
+__all__ = ["AgentEnv", "adapt_agent", "TaskSource", "RewardFn", "TimeLimitAsMaxTurns", "NoRewardWarning"]
 
 #: Tasks: a sequence to pick from, or a function of the env's RNG.
 TaskSource = Sequence[Any] | Callable[[np.random.Generator], Any]
@@ -130,9 +132,10 @@ class AgentEnv(gym.Env[Observation, Any]):
         stop_grace: Seconds to wait for an agent to unwind when its episode is cut short.
         seed_calls: Give every call the agent did not seed a ``seed`` derived from the episode's
             seed and the call's index, in the observation's request (the recorded request stays
-            as the agent sent it). With a backend that samples seeded requests independently of
-            their batch (``hf``, ``vllm``), a rollout is then reproducible however its calls
-            were batched; the trainer turns this on.
+            as the agent sent it; :func:`~agentgym_lightning.policy_request.seeded`). With a
+            backend that samples seeded requests independently of their batch (``hf``,
+            ``vllm``), a rollout is then reproducible however its calls were batched; the
+            trainer turns this on.
         agent_match: Which calls are trainable (selective / multi-agent training; see
             :mod:`agentgym_lightning.agent_match`): a regular expression matched in full against
             each call's agent name or role (``"writer|rewriter"``), a mapping of
@@ -294,6 +297,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             max_variables=self.gateway.limits.max_variables,
             max_variable_bytes=self.gateway.limits.max_variable_bytes,
             max_spans=self.gateway.limits.max_episode_spans,
+            agent_match=self.agent_match,
         )
         self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
         self._episode = episode
@@ -339,7 +343,6 @@ class AgentEnv(gym.Env[Observation, Any]):
         completion = as_completion(action)
         self._resume_clock()
         call, self._call = self._call, None
-        self._mark_template_continuity(call.step, completion)
         assert self._episode is not None
         self._episode.answer(call, completion)
         self._unfinalized.append(call.step)
@@ -432,12 +435,8 @@ class AgentEnv(gym.Env[Observation, Any]):
                 return self._end(Status.TRUNCATED, reason, reward)
             self._call = event.pending
             step = event.pending.step
-            if self.agent_match is not None and step.trainable and not self.agent_match(step):
-                step.trainable = False  # answered and recorded as always; the trainer skips it
-            request = step.request
-            if self.seed_calls and request.sampling.seed is None:
-                seed = call_seed(episode.trajectory.seed, step.index)
-                request = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
+            episode.judge(step)  # with the agent_match, now that the driver takes the call
+            request = seeded(step.request, episode.trajectory.seed, step.index) if self.seed_calls else step.request
             obs = Observation(request=request, variables=dict(step.variables))
             self._last_obs = obs
             self._waiting_since = time.monotonic()  # the agent's clock stops until the answer
@@ -482,33 +481,22 @@ class AgentEnv(gym.Env[Observation, Any]):
         return self.env_id or type(self).__name__
 
     def _finalize(self, now: float) -> float:
-        """Close the answered steps: timings, AIR rewards, the step hook. Returns their reward."""
+        """Close the answered steps: timings, AIR rewards (:mod:`agentgym_lightning.air`), the
+        step hook. Returns their reward."""
         total = 0.0
         if not self._unfinalized:
             return total
         episode = self._episode
         assert episode is not None
+        trajectory = episode.trajectory
         for step in self._unfinalized:
-            step.timings.ended_at = now
+            episode.close_step(step, now)
             if self.air_weights:
-                self._apply_air(step, episode.trajectory)
-            self._hook.agentgym_step_end(step=step, trajectory=episode.trajectory)
+                episode.add_air(step, air_rewards(self._hook, step, trajectory, self.air_weights, self._name))
+            self._hook.agentgym_step_end(step=step, trajectory=trajectory)
             total += step.reward
         self._unfinalized = []
         return total
-
-    def _apply_air(self, step: Step, trajectory: Trajectory) -> None:
-        for result in self._hook.agentgym_intermediate_rewards(step=step, trajectory=trajectory, weights=self.air_weights):
-            for raw in [result] if isinstance(result, Reward) else list(result or []):
-                weight = self.air_weights.get(raw.source)
-                if weight is not None:
-                    try:
-                        value = checked_reward(raw.value * weight, f"AIR source {raw.source!r} of {self._name}")
-                    except RewardRefused as exc:
-                        assert self._episode is not None
-                        self._episode.refuse_reward(str(exc))
-                        continue
-                    step.rewards.append(Reward(value=value, source=raw.source, raw=raw.value))
 
     def _end(self, status: Status, error: str | None, reward: float, final: float | None = None) -> StepResult:
         episode = self._episode
@@ -519,13 +507,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         if episode.refused_reward is not None and status is not Status.INFRA_FAILED:
             # A refused reward (see reward_bounds): the episode's return is unknown, never train on it.
             status, error, final = Status.INFRA_FAILED, episode.refused_reward, None
-        if self.agent_match is not None:
-            # Again, now that every span is in: the agent's traces may have named a call after it
-            # arrived (an exporter in another process sends an agent's span when it ends).
-            for step in trajectory.steps:
-                if step.error is None and step.request.trainable:
-                    step.trainable = bool(self.agent_match(step))
-        episode.end(status, error, final)
+        episode.end(status, error, final)  # with an agent_match, every call is judged again there
         self._call = None
         assert self._worker is not None
         self._worker.stop(self.stop_grace)
@@ -541,71 +523,6 @@ class AgentEnv(gym.Env[Observation, Any]):
         }
         obs = self._last_obs or Observation(request=ChatRequest(messages=[]))
         return Observation(request=obs.request, variables=dict(obs.variables)), float(reward), terminated, not terminated, info
-
-    def _mark_template_continuity(self, step: Step, completion: Any) -> None:
-        """Record whether this call's prompt ids extend the previous call's prompt+completion ids
-        (merged-trajectory training needs it); mismatches are counted, never dropped. When they
-        do not, also whether the agent rebuilt its prompt (its messages do not continue the
-        previous call's), which is expected, unlike template drift.
-
-        Constant cost in the episode's length: the previous answered step is found from this
-        step's index (normally the one just before), never by scanning the episode.
-        """
-        if completion.prompt_token_ids is None or self._episode is None:
-            return
-        previous = _previous_answered(self._episode.trajectory.steps, step)
-        if previous is None:
-            return
-        prev = previous.completion
-        assert prev is not None
-        if prev.prompt_token_ids is None or prev.completion_token_ids is None:
-            return
-        step.prompt_extends_previous = ids_extend(completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids)
-        if not step.prompt_extends_previous:
-            step.prompt_rebuilt = not _messages_continue(previous, step)
-
-
-def _previous_answered(steps: Sequence[Step], step: Step) -> Step | None:
-    """The last step before ``step`` that has a completion (normally ``steps[step.index - 1]``)."""
-    i = step.index
-    if not (0 <= i < len(steps) and steps[i] is step):  # indices shifted (a dropped step)
-        i = next((k for k in range(len(steps) - 1, -1, -1) if steps[k] is step), -1)
-        if i < 0:
-            return None
-    for k in range(i - 1, -1, -1):
-        if steps[k].completion is not None:
-            return steps[k]
-    return None
-
-
-def _message_key(message: Any) -> tuple[Any, Any]:
-    if not isinstance(message, Mapping):
-        return (None, repr(message))
-    return (message.get("role"), message.get("content") or None)
-
-
-def _messages_continue(previous: Step, step: Step) -> bool:
-    """Whether ``step``'s messages are ``previous``'s messages, then its answer, then more:
-    the agent extended its conversation rather than starting a new one."""
-    before, now = previous.request.messages, step.request.messages
-    if len(now) <= len(before):
-        return False
-    if any(_message_key(a) != _message_key(b) for a, b in zip(before, now)):
-        return False
-    reply = now[len(before)]
-    if not isinstance(reply, Mapping) or reply.get("role") != "assistant":
-        return False
-    completion = previous.completion
-    assert completion is not None
-    # Text answers must come back as given; a tool-call answer may carry empty content.
-    return (reply.get("content") or "") == completion.text or bool(completion.tool_calls and reply.get("tool_calls"))
-
-
-def call_seed(episode_seed: int | None, call_index: int) -> int:
-    """The sampling seed of call ``call_index`` of an episode seeded ``episode_seed`` (a stable
-    hash, so the same episode always samples the same way)."""
-    digest = hashlib.blake2b(f"{episode_seed}:{call_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def _format_error(exc: BaseException) -> str:

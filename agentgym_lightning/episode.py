@@ -7,6 +7,15 @@ refuses it here. The agent runs in its worker (:mod:`agentgym_lightning.worker`)
 gateway through its endpoint (:mod:`agentgym_lightning.gateway.endpoint`); this module only
 records and hands over. The Gymnasium semantics (rewards, truncation, statuses) live in
 :mod:`agentgym_lightning.env`.
+
+Every write to a step is made here, by the episode's methods: the call (:meth:`Episode.submit`),
+its answer or error and whether its prompt extends the previous call's (:meth:`~Episode.answer`,
+:meth:`~Episode.refuse`), what the agent emits after it (:meth:`~Episode.emit_variable`,
+:meth:`~Episode.emit_reward`), what the agent's traces say about it (:meth:`~Episode.record_spans`:
+the join in :mod:`agentgym_lightning.tracing.join` finds, the episode writes), its AIR
+(:meth:`~Episode.add_air`, weighed by :mod:`agentgym_lightning.air`), when it was closed
+(:meth:`~Episode.close_step`), and whether it trains (:meth:`~Episode.judge`, with the one rule
+:func:`untrainable_reason` that the trainer's samples and the viewer read it by).
 """
 
 from __future__ import annotations
@@ -17,19 +26,45 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion, GatewayError, new_call_id
+from agentgym_lightning.air import AirRewards
+from agentgym_lightning.llm import ChatRequest, Completion, GatewayError, ids_extend, new_call_id
 from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
-from agentgym_lightning.tracing.join import SpanJoin
+from agentgym_lightning.tracing.join import SpanFindings, SpanJoin
 from agentgym_lightning.tracing.spans import SpanRecord
 from agentgym_lightning.trajectory import Reward, Status, Step, StepTimings, Trajectory
 
-__all__ = ["Episode", "PendingCall", "CallEvent", "DoneEvent", "EpisodeEvent"]
+__all__ = [
+    "Episode", "PendingCall", "CallEvent", "DoneEvent", "EpisodeEvent",
+    "untrainable_reason", "NOT_TRAINABLE", "AGENT_MATCH_EXCLUDED",
+]  # fmt: skip
 
 _WAIT_SLICE = 0.1
+
+#: Why a call is not trained on, as far as the record says (the ``samples/calls/<reason>``
+#: counts and the viewer's badges): its episode judged it not trainable...
+NOT_TRAINABLE = "not_trainable"
+#: ...or an ``agent_match`` applied to the recorded episode (the trainer's) leaves it out.
+AGENT_MATCH_EXCLUDED = "agent_match_excluded"
+
+
+def untrainable_reason(step: Step, agent_match: Callable[[Step], bool] | None = None) -> str | None:
+    """Why the call ``step`` records is not trained on, or ``None`` when it may be.
+
+    :data:`NOT_TRAINABLE` when its episode judged it so (``step.trainable``: the agent marked it
+    ``metadata={"trainable": "false"}``, it was answered with an error, or the env's
+    ``agent_match`` rejected it; see :meth:`Episode.judge`); :data:`AGENT_MATCH_EXCLUDED` when
+    ``agent_match`` rejects it. The episode judges its calls by this rule (with the env's
+    ``agent_match``), the trainer's samples and the viewer read recorded ones by it (with the
+    trainer's)."""
+    if not step.trainable:
+        return NOT_TRAINABLE
+    if agent_match is not None and not agent_match(step):
+        return AGENT_MATCH_EXCLUDED
+    return None
 
 
 
@@ -142,7 +177,11 @@ class Episode:
 
     Thread-safe: the gateway calls :meth:`submit`, the agent :meth:`emit_variable` /
     :meth:`emit_reward`, its worker :meth:`finish`, and the driver :meth:`answer` /
-    :meth:`refuse` / :meth:`drop_step` / :meth:`end`, each from its own thread.
+    :meth:`refuse` / :meth:`drop_step` / :meth:`judge` / :meth:`close_step` / :meth:`add_air` /
+    :meth:`end`, each from its own thread.
+
+    ``agent_match`` (the env's, see :mod:`agentgym_lightning.agent_match`): which calls are
+    trainable besides those the agent marked untrainable (``None``: all of them).
     """
 
     def __init__(
@@ -157,8 +196,10 @@ class Episode:
         max_variables: int | None = None,
         max_variable_bytes: int | None = None,
         max_spans: int = 1000,
+        agent_match: Callable[[Step], bool] | None = None,
     ) -> None:
         self.model_name = model_name
+        self.agent_match = agent_match
         #: Bounds on :meth:`emit_variable` (the gateway's ``GatewayLimits``; ``None``: none).
         self.max_variables = max_variables
         self.max_variable_bytes = max_variable_bytes
@@ -235,8 +276,13 @@ class Episode:
         self.cancel(self._reason or "stopped")
 
     def end(self, status: Status, error: str | None, final_reward: float | None) -> None:
-        """Record how the episode ended (the driver's verdict)."""
+        """Record how the episode ended (the driver's verdict). With an ``agent_match``, every
+        call is judged again first (:meth:`judge`): the agent's traces may have named a call
+        after it arrived (an exporter in another process sends an agent's span when it ends)."""
         trajectory = self.trajectory
+        if self.agent_match is not None:
+            for step in trajectory.steps:
+                self.judge(step)
         trajectory.status, trajectory.error, trajectory.final_reward = status, error, final_reward
         trajectory.ended_at = time.time()
 
@@ -262,17 +308,20 @@ class Episode:
                 raise GatewayError(409, f"episode {self.episode_id} is over: {self._reason}", code="episode_closed")
             if request.sampling.n not in (None, 1):
                 raise GatewayError(400, "n > 1 is not supported: make n separate calls (each is one step)")
+            index = len(self.trajectory.steps)
+            agent = request.metadata.get("agent")
+            traced = self.spans.on_call(index, parent_span_id)  # the agent span it was made in
             step = Step(
-                index=len(self.trajectory.steps),
+                index=index,
                 request=request,
                 variables=dict(self._variables),
-                trainable=request.trainable,
                 role=request.metadata.get("role"),
-                agent=request.metadata.get("agent"),
+                agent=traced if agent is None else agent,
                 timings=StepTimings(requested_at=time.time()),
             )
+            # As the agent marked it; the env's agent_match is applied when the driver takes it.
+            self.judge(step, match=False)
             self.trajectory.steps.append(step)
-            self.spans.on_call(step, parent_span_id)
             call = PendingCall(self, step)
             self._pending[call.call_id] = call
         self.events.put(CallEvent(self, call))
@@ -281,13 +330,16 @@ class Episode:
     # ------------------------------------------------------------------ from the driver
 
     def answer(self, call: PendingCall, completion: Completion) -> None:
-        """Record ``completion`` on the call's step and wake the agent."""
+        """Record ``completion`` on the call's step (and whether its prompt extends the previous
+        call's: :func:`_mark_continuity`) and wake the agent."""
         with self._lock:
             if self._pending.pop(call.call_id, None) is None:
                 raise RuntimeError(f"call {call.call_id} of episode {self.episode_id} is not pending")
-            call.step.completion = completion
-            call.step.timings.answered_at = time.time()
-            self._last_answered = call.step
+            step = call.step
+            _mark_continuity(self.trajectory.steps, step, completion)
+            step.completion = completion
+            step.timings.answered_at = time.time()
+            self._last_answered = step
         call.resolve(completion)
 
     def refuse(self, call: PendingCall, error: GatewayError) -> None:
@@ -297,9 +349,34 @@ class Episode:
             self._pending.pop(call.call_id, None)
             step = call.step
             step.error = f"{error.status} {error.code}: {error.message}"
-            step.trainable = False
+            self.judge(step, match=False)
             step.timings.answered_at = time.time()
         call.resolve(error=error)
+
+    def judge(self, step: Step, *, match: bool = True) -> None:
+        """Decide whether ``step`` trains, the one place that does: not when the agent marked the
+        call ``metadata={"trainable": "false"}`` or it was answered with an error; otherwise as
+        the env's ``agent_match`` says (:func:`untrainable_reason`; ``match=False``: not asked).
+
+        The episode judges a call as it records it and as it refuses it; the driver has it
+        judged with the ``agent_match`` when it takes the call (the observation), and
+        :meth:`end` judges every call again once all the agent's spans are in. Calls it rejects
+        are answered and recorded as always; the trainer leaves them out."""
+        step.trainable = step.error is None and step.request.trainable
+        if match and step.trainable:
+            step.trainable = untrainable_reason(step, self.agent_match) is None
+
+    def close_step(self, step: Step, ended_at: float) -> None:
+        """The step is complete (the agent called again, or ended) at ``ended_at``."""
+        step.timings.ended_at = ended_at
+
+    def add_air(self, step: Step, air: AirRewards) -> None:
+        """Add ``step``'s AIR rewards (:mod:`agentgym_lightning.air`); a refused one excludes
+        the episode (:meth:`refuse_reward`)."""
+        for message in air.refused:
+            self.refuse_reward(message)
+        with self._lock:
+            step.rewards.extend(air.rewards)
 
     def drop_step(self, call: PendingCall, reason: str) -> None:
         """Refuse a call that will never be answered (the episode was truncated on it) and
@@ -334,9 +411,22 @@ class Episode:
                 self._last_answered.outcome[name] = value
 
     def record_spans(self, records: list[SpanRecord]) -> None:
-        """Join the agent's spans (started or finished) to its calls (:mod:`agentgym_lightning.tracing.join`)."""
+        """Join the agent's spans (started or finished) to its calls
+        (:mod:`agentgym_lightning.tracing.join`) and write what they say about them."""
         with self._lock:
-            self.spans.add(records)
+            self._write_findings(self.spans.add(records))
+
+    def _write_findings(self, found: SpanFindings) -> None:
+        steps, trajectory = self.trajectory.steps, self.trajectory
+        for index, changes in found.outcomes.items():
+            step = steps[index]
+            # A new dict, swapped in whole: the driver may be reading the old one (AIR) right
+            # now, from its own thread, when a span arrives late.
+            step.outcome = {**step.outcome, **changes}
+        for index, name in found.agents.items():
+            steps[index].agent = name
+        trajectory.spans.extend(found.summaries)
+        trajectory.spans_dropped += found.dropped
 
     def emit_reward(self, value: float, source: str = "agent") -> None:
         """Add a reward to the call most recently answered. A reward that is not a finite number
@@ -376,3 +466,62 @@ def _json_size(value: Any) -> int:
         return len(json.dumps(value, default=repr, ensure_ascii=False))
     except (TypeError, ValueError, RecursionError):  # a cycle, a non-string key...
         return len(repr(value))
+
+
+def _mark_continuity(steps: Sequence[Step], step: Step, completion: Completion) -> None:
+    """Record whether this call's prompt ids extend the previous call's prompt+completion ids
+    (merged-trajectory training needs it); mismatches are counted, never dropped. When they
+    do not, also whether the agent rebuilt its prompt (its messages do not continue the
+    previous call's), which is expected, unlike template drift.
+
+    Constant cost in the episode's length: the previous answered step is found from this
+    step's index (normally the one just before), never by scanning the episode.
+    """
+    if completion.prompt_token_ids is None:
+        return
+    previous = _previous_answered(steps, step)
+    if previous is None:
+        return
+    prev = previous.completion
+    assert prev is not None
+    if prev.prompt_token_ids is None or prev.completion_token_ids is None:
+        return
+    step.prompt_extends_previous = ids_extend(completion.prompt_token_ids, prev.prompt_token_ids, prev.completion_token_ids)
+    if not step.prompt_extends_previous:
+        step.prompt_rebuilt = not _messages_continue(previous, step)
+
+
+def _previous_answered(steps: Sequence[Step], step: Step) -> Step | None:
+    """The last step before ``step`` that has a completion (normally ``steps[step.index - 1]``)."""
+    i = step.index
+    if not (0 <= i < len(steps) and steps[i] is step):  # indices shifted (a dropped step)
+        i = next((k for k in range(len(steps) - 1, -1, -1) if steps[k] is step), -1)
+        if i < 0:
+            return None
+    for k in range(i - 1, -1, -1):
+        if steps[k].completion is not None:
+            return steps[k]
+    return None
+
+
+def _message_key(message: Any) -> tuple[Any, Any]:
+    if not isinstance(message, Mapping):
+        return (None, repr(message))
+    return (message.get("role"), message.get("content") or None)
+
+
+def _messages_continue(previous: Step, step: Step) -> bool:
+    """Whether ``step``'s messages are ``previous``'s messages, then its answer, then more:
+    the agent extended its conversation rather than starting a new one."""
+    before, now = previous.request.messages, step.request.messages
+    if len(now) <= len(before):
+        return False
+    if any(_message_key(a) != _message_key(b) for a, b in zip(before, now)):
+        return False
+    reply = now[len(before)]
+    if not isinstance(reply, Mapping) or reply.get("role") != "assistant":
+        return False
+    completion = previous.completion
+    assert completion is not None
+    # Text answers must come back as given; a tool-call answer may carry empty content.
+    return (reply.get("content") or "") == completion.text or bool(completion.tool_calls and reply.get("tool_calls"))

@@ -68,7 +68,7 @@ def agentgym_intermediate_rewards(
     Called once per step, when it is complete (the agent's next call arrived, or the episode
     ended), with ``step.completion`` and ``step.outcome`` (the variables the agent emitted after
     the call: tool errors, SQL results...). Return raw rewards whose ``source`` names the signal;
-    the env multiplies each by ``weights[source]`` and logs it as its own component. Signals with
+    each is multiplied by ``weights[source]`` (:mod:`agentgym_lightning.air`) and logged as its own component. Signals with
     no weight are dropped, so AIR is off unless a weight is given: skip the work when your
     sources are not in ``weights``.
     """

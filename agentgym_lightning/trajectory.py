@@ -110,7 +110,9 @@ class Step:
     #: SQL results...). AIR plugins read this.
     outcome: dict[str, Any] = field(default_factory=dict)
     rewards: list[Reward] = field(default_factory=list)
-    #: False when the agent marked the call ``metadata={"trainable": "false"}``.
+    #: Whether the call trains, as its episode judged it (:meth:`~agentgym_lightning.episode.Episode.judge`):
+    #: False when the agent marked it ``metadata={"trainable": "false"}``, it was answered with an
+    #: error, or the env's ``agent_match`` rejected it.
     trainable: bool = True
     #: Which part of the agent made the call (``metadata={"role": ...}``), if it said.
     role: str | None = None
@@ -118,7 +120,7 @@ class Step:
     #: or AutoGen agent's ``name``; ``metadata={"agent": ...}``), if it said.
     agent: str | None = None
     #: Whether ``request``'s prompt token ids extend the previous step's prompt+completion ids
-    #: (``None`` when unknown). Filled in by policies that tokenize.
+    #: (``None`` when unknown: no token ids). The episode records it as the call is answered.
     prompt_extends_previous: bool | None = None
     #: True when the ids do not extend because the agent rebuilt its prompt (its messages do not
     #: continue the previous call's messages and answer): expected, not chat-template drift.

@@ -50,9 +50,9 @@ KINDS = ("module", "function", "typing")
 #: under it (``gateway``: ``gateway.router``, ...). An import may go to an earlier layer or
 #: within one, never to a later one. Every module must be in one (a new one is placed here).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("data model", ("llm", "trajectory", "spaces", "metrics", "agent_match", "paths", "background_loop")),
+    ("data model", ("llm", "trajectory", "spaces", "metrics", "agent_match", "paths", "background_loop", "policy_request")),
     ("plugin hooks", ("hookspecs", "plugin_manager", "credit")),
-    ("reward bounds, tracing", ("reward_bounds", "tracing")),
+    ("reward bounds, AIR, tracing", ("reward_bounds", "air", "tracing")),
     ("episode", ("episode",)),
     ("gateway", ("gateway",)),
     ("agent, worker", ("agent", "worker", "framework_agent")),

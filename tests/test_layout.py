@@ -167,6 +167,49 @@ def test_episode_is_a_record_without_a_gateway_or_worker():
     assert trajectory.ended_at is not None and len(trajectory.steps) == 2
 
 
+# What a Step records; a write to one of these through a name that says "step" is a step write.
+_STEP_FIELDS = {
+    "completion", "variables", "outcome", "rewards", "trainable", "role", "agent", "prompt_extends_previous",
+    "prompt_rebuilt", "error", "timings", "index", "request",
+}  # fmt: skip
+_MUTATORS = {"append", "extend", "insert", "remove", "pop", "update", "clear"}
+
+
+def _step_writes(path: Path) -> list[str]:
+    """Assignments to (and mutating calls on) a step's fields in ``path``, found by their names
+    (``step.agent = ...``, ``steps[i].outcome[k] = ...``, ``call.step.rewards.append(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            targets = [node.func.value]
+        else:
+            continue
+        for target in targets:
+            chain, base = [], target
+            while isinstance(base, (ast.Attribute, ast.Subscript)):
+                if isinstance(base, ast.Attribute):
+                    chain.append(base.attr)
+                base = base.value
+            name = base.id if isinstance(base, ast.Name) else ""
+            if name in ("self", "cls") or not _STEP_FIELDS.intersection(chain):
+                continue
+            if "step" in name or any("step" in part for part in chain):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_only_the_episode_writes_its_steps():
+    """One module owns a step's record: the env, the tracing join, the drivers ask the episode."""
+    writes = {str(p.relative_to(REPO)): _step_writes(p) for p in sorted((REPO / "agentgym_lightning").rglob("*.py"))}
+    assert len(writes["agentgym_lightning/episode.py"]) >= 10  # the scan sees the episode's own writes
+    elsewhere = [w for path, found in writes.items() if path != "agentgym_lightning/episode.py" for w in found]
+    assert elsewhere == []
+
+
 def test_a_closed_episode_refuses_calls_and_no_longer_announces_its_end():
     events: queue.SimpleQueue = queue.SimpleQueue()
     episode = Episode(task=None, events=events)

@@ -438,3 +438,45 @@ print(sum(p is processor.PROCESSOR for p in provider._active_span_processor._spa
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
         assert done.stdout.strip() == "1" and "Overriding" not in done.stderr, done.stderr
+
+
+def test_the_join_reads_the_record_and_the_episode_writes_what_it_finds():
+    """SpanJoin only finds (agent names, outcome entries, span summaries); the episode writes."""
+    import copy
+
+    from agentgym_lightning.episode import Episode
+    from agentgym_lightning.llm import ChatRequest
+    from agentgym_lightning.tracing.join import SpanJoin
+    from agentgym_lightning.tracing.spans import SpanRecord
+
+    episode = Episode(task=None, max_spans=3)
+    episode.answer(episode.submit(ChatRequest(messages=[{"role": "user", "content": "hi"}])), CALL)
+    episode.emit_variable("otel.tool_ok", 2)  # the agent's own value: the join counts on from it
+    at = episode.trajectory.steps[0].timings.answered_at
+
+    def span(span_id, start=at, **attrs):
+        status = attrs.pop("status", "unset")
+        return SpanRecord.build(trace_id="ab" * 16, span_id=span_id, parent_id=None, name=span_id, start=start, end=at + 1,
+                                attributes=attrs.items(), status=status)
+
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "calculator", "gen_ai.tool.call.id": "call_1"}
+    records = [
+        span("00000000000000a1", at - 10, **{"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "solver"}),
+        span("00000000000000b1", **tool),
+        span("00000000000000b2", **tool),
+        span("00000000000000b3", status="error", **tool),
+        span("00000000000000c1", status="error"),
+    ]
+    join = SpanJoin(episode.trajectory, max_spans=3)
+    before = copy.deepcopy(episode.trajectory)
+    found = join.add(records)
+    assert episode.trajectory == before and episode.trajectory.spans == [] and episode.trajectory.steps[0].agent is None
+    assert found.agents == {0: "solver"} and found.dropped == 2 and len(found.summaries) == 3
+    assert found.outcomes[0]["otel.tool_ok"] == 4 and found.outcomes[0]["otel.tool_error"] == 1
+    assert found.outcomes[0]["otel.error"] == 1 and len(found.outcomes[0]["otel.tools"]) == 3
+
+    episode.record_spans(records)  # the episode's own join, and its writes
+    (step,) = episode.trajectory.steps
+    assert step.agent == "solver" and list(step.outcome) == ["otel.tool_ok", "otel.tools", "otel.tool_error", "otel.error"]
+    assert {k: v for k, v in step.outcome.items() if k != "otel.tools"} == {"otel.tool_ok": 4, "otel.tool_error": 1, "otel.error": 1}
+    assert len(episode.trajectory.spans) == 3 and episode.trajectory.spans_dropped == 2

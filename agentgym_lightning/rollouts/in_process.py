@@ -32,7 +32,6 @@ a row the error is raised.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import logging
 import queue
@@ -48,8 +47,9 @@ from typing import Any
 import numpy as np
 
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.llm import EPISODE_KEY, ChatRequest
+from agentgym_lightning.llm import ChatRequest
 from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
+from agentgym_lightning.policy_request import tagged
 from agentgym_lightning.registration import make_env_factory
 from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.spaces import Observation
@@ -320,11 +320,7 @@ class _Driver:
 
     def _tagged(self, slot: int) -> ChatRequest:
         """The slot's pending request, its episode named in ``metadata`` (replica stickiness)."""
-        request = self.pending[slot][0].request
-        episode_id = self.envs[slot].episode_id
-        if episode_id is None or request.metadata.get(EPISODE_KEY) == episode_id:
-            return request
-        return dataclasses.replace(request, metadata={**request.metadata, EPISODE_KEY: episode_id})
+        return tagged(self.pending[slot][0].request, self.envs[slot].episode_id)
 
     def _generate(self) -> None:
         slots = list(self.pending)[: self.max_batch_size or None]

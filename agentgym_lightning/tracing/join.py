@@ -30,16 +30,24 @@ Every finished span is also kept, summarized, on ``trajectory.spans`` (at most `
 the rest counted in ``trajectory.spans_dropped``). What lands after a step was closed (its AIR
 computed) stays recorded but gives that step no reward: an exporter that batches must flush
 before the agent's next call (``SimpleSpanProcessor``, or in-process tracing, which is immediate).
+
+The join only reads the record: what it finds (:class:`SpanFindings`: the agent that made a call,
+a step's new outcome entries, the span summaries to keep) it hands to the episode, which writes
+them (:meth:`~agentgym_lightning.episode.Episode.record_spans`), as it writes every other part of
+its steps.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
 from agentgym_lightning.tracing.spans import AGENT, LLM, TOOL, SpanRecord
 from agentgym_lightning.trajectory import Step, Trajectory
 
-__all__ = ["SpanJoin", "TOOLS", "TOOL_OK", "TOOL_ERROR", "EXCEPTION", "ERROR", "MAX_TOOLS_PER_STEP"]
+__all__ = ["SpanJoin", "SpanFindings", "TOOLS", "TOOL_OK", "TOOL_ERROR", "EXCEPTION", "ERROR", "MAX_TOOLS_PER_STEP"]
 
 #: Outcome names the join writes.
 TOOLS, TOOL_OK, TOOL_ERROR = "otel.tools", "otel.tool_ok", "otel.tool_error"
@@ -50,12 +58,26 @@ MAX_TOOLS_PER_STEP = 32
 _MAX_DEPTH = 64
 
 
+@dataclass
+class SpanFindings:
+    """What one batch of spans says about an episode's record, for the episode to write."""
+
+    #: Calls the agent spans known by now name: step index -> agent name (calls without one).
+    agents: dict[int, str] = field(default_factory=dict)
+    #: Outcome entries the spans change: step index -> {name: new value} (tool records, counts).
+    outcomes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Summaries of finished spans to keep on ``trajectory.spans``, in order.
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    #: Finished spans past ``max_spans``: counted in ``trajectory.spans_dropped``, not kept.
+    dropped: int = 0
+
+
 class SpanJoin:
     """The spans of one episode, joined to its steps. Not thread-safe: the episode calls it
-    under its own lock.
+    under its own lock, and writes what it finds (it reads the record, never writes it).
 
     Args:
-        trajectory: The episode's record; steps and ``spans`` are written in place.
+        trajectory: The episode's record, read to place spans among its steps.
         max_spans: Most span summaries kept on the trajectory; also bounds what is remembered to
             join later spans (four times as many span ids).
     """
@@ -74,17 +96,21 @@ class SpanJoin:
 
     # ------------------------------------------------------------------ from the episode
 
-    def on_call(self, step: Step, parent_span_id: str | None) -> None:
-        """A call was recorded; ``parent_span_id`` is the span that was current when the agent
-        made it (the trace context it carried), if any."""
+    def on_call(self, index: int, parent_span_id: str | None) -> str | None:
+        """Call ``index`` is being recorded; ``parent_span_id`` is the span that was current when
+        the agent made it (the trace context it carried), if any. Returns the agent span's name
+        the call was made inside, if one is known (the episode names the call with it when the
+        framework did not)."""
         if parent_span_id:
-            self._call_parent[step.index] = parent_span_id
-        if step.agent is None:
-            step.agent = self._agent_above(parent_span_id)
+            self._call_parent[index] = parent_span_id
+        return self._agent_above(parent_span_id)
 
-    def add(self, records: Iterable[SpanRecord]) -> None:
-        """Take spans (started or finished) and join the finished ones to their steps."""
+    def add(self, records: Iterable[SpanRecord]) -> SpanFindings:
+        """Take spans (started or finished), join the finished ones to their steps, and return
+        what they say about the record (the episode writes it)."""
         records = list(records)
+        findings = SpanFindings()
+        kept = len(self.trajectory.spans)
         names_changed = False
         for record in records:  # the whole batch's places first: it may come in any order
             names_changed |= self._remember(record)
@@ -100,10 +126,15 @@ class SpanJoin:
                     self._llm_times[record.span_id] = (record.start, record.end)
             index = self._step_of(record)
             if index is not None:
-                self._count(self.trajectory.steps[index], record)
-            self._keep(record, index)
+                self._count(findings.outcomes.setdefault(index, {}), self.trajectory.steps[index], record)
+            if kept < self.max_spans:
+                findings.summaries.append(record.summary(index))
+                kept += 1
+            else:
+                findings.dropped += 1
         if names_changed:
-            self._name_calls()
+            findings.agents = self._name_calls()
+        return findings
 
     # ------------------------------------------------------------------ joining
 
@@ -154,16 +185,20 @@ class SpanJoin:
                 return span
         return None
 
-    def _name_calls(self) -> None:
-        """Name the calls the framework did not, from the agent spans known by now."""
+    def _name_calls(self) -> dict[int, str]:
+        """The names of the calls the framework did not name, from the agent spans known by now."""
+        names: dict[int, str] = {}
         if not self._agents:
-            return  # no agent span yet: nothing can name a call
+            return names  # no agent span yet: nothing can name a call
         for step in self.trajectory.steps:
             if step.agent is None:
                 anchor = self._call_parent.get(step.index) or self._llm_span_of(step.index)
                 # An instrumentor may not make its spans current: then the call's context has no
                 # agent above it, and the agent span running at the time names it.
-                step.agent = self._agent_above(anchor) or self._agent_during(step.timings.requested_at)
+                name = self._agent_above(anchor) or self._agent_during(step.timings.requested_at)
+                if name is not None:
+                    names[step.index] = name
+        return names
 
     def _agent_during(self, at: float) -> str | None:
         """A call that carried no trace context and has no LLM span: the innermost agent span
@@ -202,26 +237,22 @@ class SpanJoin:
             return n
         return None
 
-    def _count(self, step: Step, record: SpanRecord) -> None:
-        # A new dict, swapped in whole: the driver may be reading the old one (AIR) right now,
-        # from its own thread, when a span arrives late.
-        outcome = dict(step.outcome)
-        if record.kind == TOOL:
-            tools = list(outcome.get(TOOLS, ()))
-            if len(tools) < MAX_TOOLS_PER_STEP:
-                outcome[TOOLS] = [*tools, record.tool()]
-            counter = TOOL_ERROR if record.failed else TOOL_OK
-            outcome[counter] = outcome.get(counter, 0) + 1
-        elif record.exceptions:
-            outcome[EXCEPTION] = outcome.get(EXCEPTION, 0) + len(record.exceptions)
-        elif record.status == "error":
-            outcome[ERROR] = outcome.get(ERROR, 0) + 1
-        step.outcome = outcome
+    @staticmethod
+    def _count(changes: dict[str, Any], step: Step, record: SpanRecord) -> None:
+        """Add ``record`` to ``changes``, the step's outcome entries this batch changes (each
+        starting from the step's own value)."""
 
-    def _keep(self, record: SpanRecord, index: int | None) -> None:
-        trajectory = self.trajectory
-        if len(trajectory.spans) < self.max_spans:
-            trajectory.spans.append(record.summary(index))
-        else:
-            trajectory.spans_dropped += 1
+        def current(name: str, empty: Any) -> Any:
+            return changes[name] if name in changes else step.outcome.get(name, empty)
+
+        if record.kind == TOOL:
+            tools = list(current(TOOLS, ()))
+            if len(tools) < MAX_TOOLS_PER_STEP:
+                changes[TOOLS] = [*tools, record.tool()]
+            counter = TOOL_ERROR if record.failed else TOOL_OK
+            changes[counter] = current(counter, 0) + 1
+        elif record.exceptions:
+            changes[EXCEPTION] = current(EXCEPTION, 0) + len(record.exceptions)
+        elif record.status == "error":
+            changes[ERROR] = current(ERROR, 0) + 1
 

@@ -24,7 +24,6 @@ The agents to give adapters are named, not matched: ``lora_per_agent=True`` take
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policy_request import routed
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = [
@@ -127,8 +127,8 @@ class AgentAdapters:
         agent = self._agent(request.metadata.get("agent"), request.metadata.get("role"))
         if agent is not None:
             return self.routes[agent]
-        routed = request.metadata.get(ADAPTER_KEY) or request.model
-        return routed if routed in self.names else BASE_ADAPTER
+        named = request.metadata.get(ADAPTER_KEY) or request.model
+        return named if named in self.names else BASE_ADAPTER
 
 
 class AdapterRouting(Policy):
@@ -144,7 +144,7 @@ class AdapterRouting(Policy):
 
     def route(self, request: ChatRequest) -> ChatRequest:
         """``request`` naming the adapter it is generated with."""
-        return dataclasses.replace(request, metadata={**request.metadata, ADAPTER_KEY: self.adapters.adapter_of_request(request)})
+        return routed(request, self.adapters.adapter_of_request(request))
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy

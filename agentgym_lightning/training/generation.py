@@ -3,7 +3,8 @@
 * :class:`SamplingOverride` wraps a policy so every call of a rollout is sampled the way training
   needs (the run's temperature and top-p, ``max_tokens`` capped), whatever the agent asked for —
   an agent written for deployment often asks for ``temperature=0``, which would make every episode
-  of a group identical and teach nothing. The agent's own request stays in the trajectory as sent.
+  of a group identical and teach nothing. The agent's own request stays in the trajectory as sent
+  (the rewrite is :func:`~agentgym_lightning.policy_request.resampled`).
 * :func:`sync_weights` pushes the trained weights to the generator after an update: nothing to
   do when the ``hf`` backend shares the trained model; a full push (LoRA merged in) for a backend
   with ``load_weights`` (``vllm``); with an adapter per agent (``lora_per_agent``), each adapter
@@ -13,7 +14,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +21,7 @@ from typing import Any
 
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, Policy, WeightLoadingPolicy
+from agentgym_lightning.policy_request import resampled
 
 __all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights"]
 
@@ -37,19 +38,9 @@ class SamplingOverride(Policy):
         self.backend = getattr(policy, "backend", "")
         self.model = getattr(policy, "model", "")
 
-    def _override(self, request: ChatRequest) -> ChatRequest:
-        s = request.sampling
-        max_tokens = s.max_tokens
-        if self.max_tokens is not None:
-            max_tokens = self.max_tokens if max_tokens is None else min(max_tokens, self.max_tokens)
-        sampling = dataclasses.replace(
-            s, temperature=self.temperature, top_p=None if self.top_p == 1.0 else self.top_p, max_tokens=max_tokens
-        )
-        return dataclasses.replace(request, sampling=sampling)
-
     def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy
-        return list(generate([self._override(r) for r in requests]))
+        return list(generate([resampled(r, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens) for r in requests]))
 
 
 def shares_model(policy: Any, model: Any) -> bool:

@@ -65,6 +65,7 @@ from typing import Any
 
 from agentgym_lightning.agent_match import AgentMatchSpec, as_agent_match
 from agentgym_lightning.credit import assign_credit
+from agentgym_lightning.episode import untrainable_reason
 from agentgym_lightning.llm import ids_extend
 from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.training.agent_adapters import AgentAdapters
@@ -346,13 +347,14 @@ def _both(first: Callable[[Step], bool] | None, second: Callable[[Step], bool] |
 
 
 def untrained_reason(step: Step, mask_truncated: bool = False, match: Callable[[Step], bool] | None = None) -> str | None:
-    """Why a call's completion tokens stay out of the loss — ``"not_trainable"`` (the agent or env
-    marked it), ``"agent_match_excluded"``, ``"without_token_ids"``, ``"empty"``,
-    ``"truncated_masked"`` (the ``samples/calls/<reason>`` counts) — or ``None`` when they train."""
-    if not step.trainable:
-        return "not_trainable"
-    if match is not None and not match(step):
-        return "agent_match_excluded"
+    """Why a call's completion tokens stay out of the loss — ``"not_trainable"`` (its episode
+    judged it so: the agent or the env's ``agent_match``), ``"agent_match_excluded"`` (``match``:
+    both as :func:`~agentgym_lightning.episode.untrainable_reason` says), ``"without_token_ids"``,
+    ``"empty"``, ``"truncated_masked"`` (the ``samples/calls/<reason>`` counts) — or ``None`` when
+    they train."""
+    reason = untrainable_reason(step, match)
+    if reason is not None:
+        return reason
     if step.completion is None or not _usable(step):
         return "without_token_ids"
     if not step.completion.completion_token_ids:
