@@ -54,14 +54,25 @@ _DIRECT = {
 }
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "train"
+HELP = "train the policy of an environment's agent with RL (LightningRL); prints reward before and after"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``train`` subcommand."""
     from agentgym_lightning.training.config import AGGREGATIONS, LOSS_TYPES, LightningRLConfig
 
-    h = LightningRLConfig.help_of
+    defaults = LightningRLConfig().to_dict()
+
+    def h(name: str) -> str:
+        """The field's help and its default (argparse's own %(default)s is None here: an unset
+        flag must not override ``--config`` or the resumed run's value)."""
+        text = LightningRLConfig.help_of(name).rstrip()
+        return f"{text} (default: {defaults[name]})".replace("%", "%%")
     p = subparsers.add_parser(
         "train",
-        help="train the policy of an environment's agent with RL (LightningRL); prints reward before and after",
+        help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every option of the config: python -c 'from agentgym_lightning.training import LightningRLConfig; help(LightningRLConfig)'",
