@@ -331,18 +331,18 @@ def _logged_eval(output_dir: Path) -> dict[str, float] | None:
 #: Why a step left the model as it was, and what to try (the summary's ``updates`` line).
 _NO_UPDATE = {
     "nonfinite": ("the update was not finite and was skipped", "a lower --learning-rate, or --set max_grad_norm=0.5"),
-    "infra": ("every episode failed in the infrastructure (infra_failed)", "the episodes' errors in trajectories/"),
+    "infra": ("every episode ended infra_failed", "the episodes' errors in trajectories/"),
     "all_failed": (
-        "every episode of each group got the same reward, none solved (zero variance: nothing to learn from)",
+        "every episode of each group got the same reward, none solved: zero variance, nothing to learn from",
         "easier tasks or a larger model, a higher temperature (--set temperature=1.0), a larger --group-size, "
         "or AIR (--air SOURCE=WEIGHT) to reward the steps towards a solution",
     ),
-    "all_solved": ("every episode of each group got the same reward, all solved (zero variance)", "harder tasks"),
+    "all_solved": ("every episode of each group got the same reward, all solved: zero variance", "harder tasks"),
     "zero_variance": (
-        "every episode of each group got the same reward (zero variance: nothing to learn from)",
+        "every episode of each group got the same reward: zero variance, nothing to learn from",
         "a higher temperature (--set temperature=1.0), a larger --group-size, or AIR (--air SOURCE=WEIGHT) to tell episodes apart",
     ),
-    "no_token_ids": ("no call came with token ids (the backend returns none)", "the hf or vllm backend"),
+    "no_token_ids": ("no call came with token ids: the backend returns none", "the hf or vllm backend"),
     "no_rows": ("no call was trainable", "the samples/calls/* counts in metrics.jsonl, which say why each call was left out"),
 }
 
