@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from agentgym_lightning.viewer.pages import Links, _credit, episode_detail, episode_list, overview, page
+from agentgym_lightning.viewer.pages import Links, episode_detail, episode_list, overview, page
 from agentgym_lightning.viewer.run import EpisodeFile, RunFolder
 
 __all__ = ["make_app", "RENDERED_BYTES"]
@@ -103,13 +103,9 @@ def make_app(runs: Sequence[RunFolder], refresh_ms: int = 3000) -> Starlette:
             return not_found(exc)
         back = f"<p><a href='{links.episodes(index, f)}'>← all episodes of this step</a></p>"
 
-        def body() -> str:
-            config = run.config()
-            # Its group is all an episode's advantage depends on (a "batch" scale needs the whole step).
-            members = run.episodes(f) if config.get("scale_rewards") == "batch" else group
-            return back + episode_detail(index, run, f, found, config=config, credit=_credit(f, members, config))
-
-        return await render(request, f"{run.name} · episode {found.episode_id}", body, (index, f))
+        return await render(
+            request, f"{run.name} · episode {found.episode_id}", lambda: back + episode_detail(index, run, f, found, among=group), (index, f)
+        )
 
     async def version_route(request: Request) -> JSONResponse:
         if not request.query_params:

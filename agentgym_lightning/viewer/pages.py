@@ -364,11 +364,16 @@ def episode_detail(
     credit: _Credit | None = None,
     decode: Callable[[list[int]], list[str]] | None = None,
     limit: int = 20_000,
+    among: Sequence[Trajectory] | None = None,
 ) -> str:
-    """One episode call by call (see the module docstring); ``limit`` cuts long messages."""
+    """One episode call by call (see the module docstring); ``limit`` cuts long messages.
+    ``among``: the episodes its credit and advantage are computed with (default: the file's;
+    its GRPO group is enough unless rewards are scaled by the batch)."""
     config = run.config() if config is None else config
     if credit is None:
-        credit = _credit(file, run.episodes(file), config)
+        if among is None or config.get("scale_rewards") == "batch":
+            among = run.episodes(file)
+        credit = _credit(file, among, config)
     if decode is None:
         decode = run.token_decoder()
     match = as_agent_match(config.get("agent_match")) if config.get("agent_match") else None
