@@ -1,7 +1,10 @@
 """The ``agentgym-lightning`` command (also ``python -m agentgym_lightning``).
 
 Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its
-parser and sets ``func`` to a callable ``func(args) -> int``.
+parser and sets ``func`` to a callable ``func(args) -> int``, and ``COMMAND`` / ``HELP``, its
+name and its line in the help screen. A command line registers only the command it runs (its
+options import what the command needs: the trainer's config, the data sets' modules); the others
+are listed by ``HELP`` alone, so ``agentgym-lightning --help`` imports none of them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser. ``command``: register only that subcommand in full and list the
+    others by their ``HELP`` (``""``: list them all); ``None``: register every one."""
     from agentgym_lightning import __version__
 
     parser = argparse.ArgumentParser(
@@ -35,8 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        module = importlib.import_module(name)
+        listed = getattr(module, "COMMAND", None)
+        if command is None or listed is None or listed == command:
+            module.register(sub)
+        else:
+            sub.add_parser(listed, help=module.HELP, add_help=False)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str:
+    """The subcommand named in ``argv`` (the top level takes no option with a value), or ``""``."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def sleeping_cpu_threads() -> bool:
@@ -57,7 +72,8 @@ def sleeping_cpu_threads() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     sleeping_cpu_threads()
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

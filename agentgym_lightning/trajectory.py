@@ -28,7 +28,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -82,7 +82,9 @@ class Reward:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Reward:
-        return cls(**data)
+        reward = cls(**data)
+        _check_number("a reward's value", reward.value)
+        return reward
 
 
 @dataclass
@@ -282,6 +284,8 @@ class Trajectory:
         data["steps"] = steps
         data["status"] = Status(data.get("status", Status.RUNNING.value))
         data["rewards"] = [Reward.from_dict(r) for r in data.get("rewards") or []]
+        if data.get("final_reward") is not None:
+            _check_number("final_reward", data["final_reward"])
         return cls(**data)
 
     def to_json(self, compact: bool = False) -> str:
@@ -495,6 +499,12 @@ def save_trajectories(path: str | os.PathLike[str], trajectories: Iterable[Traje
         return writer.count
 
 
+def _check_number(what: str, value: Any) -> None:
+    """A reward read from a file is a number (a string there would break every sum of returns)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, got {type(value).__name__} {str(value)[:40]!r}")
+
+
 class TruncatedLineWarning(UserWarning):
     """The last line of a trajectory file was cut off mid-write (an interrupted run)."""
 
@@ -503,7 +513,9 @@ class SkippedLineWarning(UserWarning):
     """A bad line of a trajectory file was skipped (``load_trajectories(..., on_error="skip")``)."""
 
 
-def load_trajectories(path: str | os.PathLike[str], on_error: str = "raise") -> Iterator[Trajectory]:
+def load_trajectories(
+    path: str | os.PathLike[str], on_error: str = "raise", wanted: Callable[[bytes], bool] | None = None
+) -> Iterator[Trajectory]:
     """Read trajectories back from a JSONL file written by :func:`save_trajectories`, one line at a
     time (a file of any size streams; ``list(...)`` for all of them).
 
@@ -511,16 +523,17 @@ def load_trajectories(path: str | os.PathLike[str], on_error: str = "raise") -> 
     :class:`TruncatedLineWarning` naming the file and line. Any other bad line (not UTF-8, not
     JSON, not a trajectory) raises :class:`ValueError` naming the file and line, or with
     ``on_error="skip"`` is skipped with a :class:`SkippedLineWarning` saying the same.
+    ``wanted``: parse only the lines (raw bytes) it accepts, e.g. those holding an episode's id.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    return _iter_lines(path, on_error)
+    return _iter_lines(path, on_error, wanted)
 
 
-def _iter_lines(path: str | os.PathLike[str], on_error: str) -> Iterator[Trajectory]:
+def _iter_lines(path: str | os.PathLike[str], on_error: str, wanted: Callable[[bytes], bool] | None = None) -> Iterator[Trajectory]:
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
-            if not raw.strip():
+            if not raw.strip() or (wanted is not None and not wanted(raw)):
                 continue
             try:
                 yield _parse_line(path, lineno, raw)
@@ -549,6 +562,8 @@ def _parse_line(path: str | os.PathLike[str], lineno: int, raw: bytes) -> Trajec
         raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from exc
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}:{lineno}: not a JSON trajectory (nested too deeply to read)") from None
     except json.JSONDecodeError as exc:
         if not raw.endswith(b"\n"):
             # Half-written final line of an interrupted run: the lines before it are whole.
@@ -556,5 +571,5 @@ def _parse_line(path: str | os.PathLike[str], lineno: int, raw: bytes) -> Trajec
         raise ValueError(f"{path}:{lineno}: not a JSON trajectory ({exc})") from exc
     try:
         return Trajectory.from_dict(data)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise ValueError(f"{path}:{lineno}: not a trajectory ({type(exc).__name__}: {exc})") from exc
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+        raise ValueError(f"{path}:{lineno}: not a trajectory ({type(exc).__name__}: {str(exc)[:300]})") from exc

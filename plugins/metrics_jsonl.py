@@ -2,12 +2,16 @@
 log call, so nothing depends on W&B being installed or reachable.
 
 Each line is ``{"step": N, "time": unix_seconds, "<metric>": value, ...}``; undefined values
-(NaN, infinities) are written as ``null``. A resumed run appends to the same file.
+(NaN, infinities) are written as ``null``. A resumed run appends to the same file, after cutting
+it back to the step it resumes from: what the run logged after its checkpoint (a step it then
+takes again, a line half-written when it was killed) goes, so every step has one record per
+log call, as the viewer, the report and W&B (which keeps the first value it got for a step) see.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,9 +37,29 @@ def agentgym_train_start(config: Mapping[str, Any], output_dir: str, step: int) 
     path.parent.mkdir(parents=True, exist_ok=True)
     if _log.fh is not None:
         _log.fh.close()
+    if step > 0:
+        _cut_to_step(path, step)
     _log.fh = open(path, "a" if step > 0 else "w", encoding="utf-8")
     _log.path = path
     return None
+
+
+def _cut_to_step(path: Path, step: int) -> None:
+    """Keep the records of ``path`` up to ``step`` (and nothing unreadable), replacing it atomically."""
+    if not path.is_file():
+        return
+    kept = []
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                record = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(b"".join(kept))
+    os.replace(tmp, path)
 
 
 @hookimpl

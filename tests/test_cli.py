@@ -19,3 +19,82 @@ def test_the_command_makes_idle_openmp_threads_sleep_unless_told_otherwise():
     assert _probe(probe) == ["True", "PASSIVE"]
     assert _probe(probe, OMP_WAIT_POLICY="ACTIVE") == ["False", "ACTIVE"]
     assert _probe("import torch; " + probe) == ["False", "None"]
+
+
+def test_the_help_screen_imports_no_command():
+    """``agentgym-lightning --help`` lists every command without importing what they run (it
+    took 2.7 CPU-s importing openai, the gateway and the Agents SDK)."""
+    code = (
+        "import sys\nfrom agentgym_lightning.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('openai', 'agents', 'torch', 'agentgym_lightning.gateway', 'agentgym_lightning.training.config', "
+        "'agentgym_lightning.envs.rag.cli')\n"
+        "print('loaded:', *[m for m in heavy if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "train" in out and "view" in out and "data" in out  # every command is listed
+    assert out.strip().splitlines()[-1] == "loaded:"
+
+
+def test_train_help_shows_each_options_default(capsys):
+    import pytest
+
+    from agentgym_lightning.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Training steps (each: rollouts, one update, a weight sync). (default: 20)" in out
+    assert "(default: lightning/Arithmetic-v0)" in out and "--overwrite" in out
+
+
+def test_a_misspelt_env_kwarg_is_one_line_before_the_model_loads(tmp_path, capsys):
+    from agentgym_lightning.cli import main
+
+    # Before: a 38-line traceback from the trainer's probe env.
+    assert main(["train", "--env", "lightning/GuessNumber-v0", "--env-kwarg", "dificulty=3", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--env-kwarg: lightning/GuessNumber-v0 does not accept {'dificulty': 3}" in err
+    assert main(["train", "--env", "lightning/GuessNumber-v0", "--eval-env-kwarg", "splt=3", "--output-dir", str(tmp_path)]) == 2
+    assert "--eval-env-kwarg: lightning/GuessNumber-v0 does not accept" in capsys.readouterr().err
+
+
+def _a_run(folder):
+    (folder / "checkpoints" / "checkpoint-000001").mkdir(parents=True)
+    (folder / "checkpoints" / "checkpoint-000001" / "trainer_state.json").write_text('{"step": 1, "config": {}}')
+    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    (folder / "trajectories").mkdir()
+    (folder / "notes.txt").write_text("mine")
+    return folder
+
+
+def test_an_output_dir_holding_a_run_is_refused_without_resume_or_overwrite(tmp_path, capsys):
+    from agentgym_lightning.cli import main
+
+    run = _a_run(tmp_path / "run")
+    # Before: the new run overwrote metrics.jsonl and left the old trajectories and checkpoint beside its own.
+    assert main(["train", "--env", "lightning/GuessNumber-v0", "--output-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"--output-dir {run} already holds a run (metrics.jsonl, checkpoints, trajectories)" in err
+    assert f"--resume {run}" in err and "--overwrite" in err
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert main(["train", "--resume", str(run), "--overwrite"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    other = _a_run(tmp_path / "other")  # resuming one run into another run's folder
+    assert main(["train", "--resume", str(run), "--output-dir", str(other), "--env", "lightning/GuessNumber-v0"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_overwrite_deletes_the_run_files_and_nothing_else(tmp_path):
+    from agentgym_lightning.commands.train import _check_output_dir
+
+    run = _a_run(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("x")
+    (run / "final").symlink_to(elsewhere)  # a link is removed, never followed
+    _check_output_dir(run, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    assert (elsewhere / "keep.txt").read_text() == "x"
+    _check_output_dir(_a_run(tmp_path / "again"), resume=tmp_path / "again" / "checkpoints" / "checkpoint-000001")  # its own run: fine

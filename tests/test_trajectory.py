@@ -243,3 +243,23 @@ def test_files_whose_steps_hold_whole_variables_still_load(tmp_path):
     path.write_text(json.dumps(old) + "\n")
     (t,) = load_trajectories(path)
     assert [s.variables for s in t.steps] == [{"a": 1, "turn": 0}, {"a": 1, "turn": 1}]
+
+
+def test_a_line_nested_too_deeply_is_skipped_like_any_bad_line(tmp_path):
+    import warnings
+
+    from agentgym_lightning.trajectory import SkippedLineWarning
+
+    path = tmp_path / "t.jsonl"
+    good = Trajectory(episode_id="ok", final_reward=1.0)
+    bad_reward = json.loads(good.to_json())
+    bad_reward["final_reward"] = "x"
+    path.write_text(good.to_json() + "\n" + "[" * 5000 + "]" * 5000 + "\n" + json.dumps(bad_reward) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # Before: the RecursionError escaped on_error="skip", and final_reward "x" was accepted.
+        assert [t.episode_id for t in load_trajectories(path, on_error="skip")] == ["ok"]
+    messages = [str(w.message) for w in caught if issubclass(w.category, SkippedLineWarning)]
+    assert len(messages) == 2 and "nested too deeply" in messages[0] and "final_reward must be a number" in messages[1]
+    with pytest.raises(ValueError, match=r"t.jsonl:2: not a JSON trajectory \(nested too deeply"):
+        list(load_trajectories(path))

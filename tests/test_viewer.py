@@ -188,3 +188,151 @@ def test_a_long_run_keeps_only_some_episode_files_parsed(run_dir):
         run.episodes(f)
     assert run.episodes(files[3]) is run.episodes(files[3])
     assert run.episodes(files[0]) is not first and run.episodes(files[0]) == first  # dropped, parsed again
+
+
+def _with_config(folder: Path, **config) -> Path:
+    state = folder / "checkpoints" / "checkpoint-000001" / "trainer_state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    base = {"env": "lightning/Spider-v0", "model": "smollm2-135m", "backend": "hf", "use_peft": True, "max_steps": 3,
+            "num_generations": 2, "tasks_per_step": 1, "learning_rate": 1e-5, "beta": 0.04}
+    state.write_text(json.dumps({"step": 1, "config": {**base, **config}, "history": []}))
+    return folder
+
+
+def test_the_report_and_view_name_each_runs_env_model_backend_and_options(tmp_path):
+    from starlette.testclient import TestClient
+
+    from agentgym_lightning.viewer.app import make_app
+
+    run = _with_config(_synthetic().write_run(tmp_path / "run", steps=2, tasks=1, group_size=2, calls=1))
+    text = report([RunFolder(run)])
+    # Before: the header was "run report · run", and nothing named the env, the model or the options.
+    assert "<title>run report · run (lightning/Spider-v0 · smollm2-135m)</title>" in text
+    assert "env <b>lightning/Spider-v0</b> · model <b>smollm2-135m</b> (hf, LoRA)" in text
+    assert "num_generations=2" in text and "learning_rate=1e-05" in text
+    assert "<summary>the whole config</summary>" in text and "&quot;beta&quot;: 0.04" in text  # every option, on demand
+    home = TestClient(make_app([RunFolder(run)])).get("/").text
+    assert "env <b>lightning/Spider-v0</b>" in home and "the whole config" in home
+
+
+def test_runs_of_different_experiments_are_not_averaged(tmp_path):
+    synthetic = _synthetic()
+    a = _with_config(synthetic.write_run(tmp_path / "a", steps=3, tasks=1, group_size=2, calls=1, seed=0))
+    b = _with_config(synthetic.write_run(tmp_path / "b", steps=3, tasks=1, group_size=2, calls=1, seed=1), env="lightning/MuSiQue-v0")
+    text = report([RunFolder(a), RunFolder(b)])
+    # Before: "mean of 2" with a band, and no word that the envs differ.
+    assert "mean of 2" not in text
+    assert "these runs are not one experiment: they differ in <b>env</b> (a: lightning/Spider-v0; b: lightning/MuSiQue-v0)" in text
+    assert "task (train) · a" in text and "task (train) · b" in text
+    c = _with_config(synthetic.write_run(tmp_path / "c", steps=3, tasks=1, group_size=2, calls=1, seed=2))
+    same = report([RunFolder(a), RunFolder(c)])
+    assert "task (train) (mean of 2)" in same and "not one experiment" not in same
+
+
+def test_a_two_step_runs_charts_have_whole_step_ticks_and_room_around_the_point():
+    from agentgym_lightning.viewer.charts import CHARTS, chart_svg
+
+    svg = chart_svg(CHARTS[0], [{"train/reward/mean": [(2, 0.5)]}], ["run"])
+    ticks = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    # Before: one dot at the edge of an axis from 1.900 to 2.100.
+    assert not any(re.fullmatch(r"\d\.\d+", t.strip()) and t.strip().startswith(("1.9", "2.0", "2.1")) for t in ticks), ticks
+    assert {"1", "2", "3"} <= {t.strip() for t in ticks}, ticks
+
+
+def test_the_zero_variance_chart_draws_the_steps_with_none():
+    from agentgym_lightning.viewer.charts import CHARTS, _with_zeros
+
+    chart = next(c for c in CHARTS if c.title == "Zero-variance groups")
+    series = {"samples/groups": [(1, 4.0), (2, 4.0), (3, 4.0)], "samples/groups/zero_variance": [(2, 1.0)]}
+    # Before: the steps without the (only-when-nonzero) count were left out, a line from 2 alone.
+    assert _with_zeros(chart, series)["samples/groups/zero_variance"] == [(1, 0.0), (2, 1.0), (3, 0.0)]
+
+
+def test_tool_calls_written_as_text_are_counted_and_groups_without_tools_have_no_sequences(tmp_path):
+    text_call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    run = tmp_path / "run"
+    with TrajectoryWriter(run / "trajectories" / "step-000001.jsonl") as w:
+        w.write(_episode([(text_call, "42")], eid="texty", group="tools", final_reward=1.0))
+        w.write(_episode([("no tool", "x")], eid="plain", group="tools", final_reward=0.0))
+        w.write(_episode([("a", "x")], eid="p1", group="chat", final_reward=1.0))
+        w.write(_episode([("b", "x")], eid="p2", group="chat", final_reward=0.0))
+    from agentgym_lightning.viewer.pages import episode_list, report_links
+
+    listing = episode_list(0, RunFolder(run), RunFolder(run).episode_files()[0], report_links(set()))
+    chat = listing[listing.index("group chat"):]
+    tools = listing[listing.index("group tools"):listing.index("group chat")] if listing.index("group tools") < listing.index("group chat") else listing[listing.index("group tools"):]
+    assert "<td>calculator</td>" in tools  # before: "–" (only the API's tool_calls counted)
+    assert "2 distinct tool-call sequences" in tools
+    assert "distinct tool-call sequences" not in chat.split("</table>")[0]  # before: "1 distinct tool-call sequences"
+
+
+def test_an_untrained_episodes_calls_say_why_in_words(tmp_path):
+    t = _episode([("answer", "r")], eid="held")
+    t.steps[0].request.wire = "anthropic"
+    run = tmp_path / "run"
+    with TrajectoryWriter(run / "eval" / "step-000000.jsonl") as w:
+        w.write(t)
+    text = report([RunFolder(run)])
+    assert "not trained: a held-out evaluation" in text
+    assert "(above)" not in text  # before: "not trained: the episode is not (above)"
+
+
+def test_names_from_the_run_are_text_never_markup(tmp_path, run_dir):
+    """A reward source named like matplotlib math, or like HTML, is shown as written."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    with open(run / "metrics.jsonl", "a") as fh:
+        for step in (1, 2):
+            fh.write(json.dumps({"step": step, "train/reward/$\\undefinedmacro$": 0.5, "train/reward/<b>bold</b>": 0.1}) + "\n")
+    out = tmp_path / "r.html"
+    # Before: exit 1 (matplotlib's mathtext raised on the source's name).
+    assert cli.main(["report", str(run), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "$\\undefinedmacro$" in text and "<b>bold</b>" not in text and "&lt;b&gt;bold&lt;/b&gt;" in text
+
+
+def test_malformed_run_files_give_pages_that_skip_the_bad_lines_and_say_so(tmp_path, run_dir):
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from agentgym_lightning.viewer.app import make_app
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    step = run / "trajectories" / "step-000001.jsonl"
+    good = step.read_text().splitlines()
+    bad = json.loads(good[0])
+    bad["episode_id"], bad["final_reward"] = "bad", "x"
+    step.write_text("\n".join(good + ["[" * 5000 + "]" * 5000, json.dumps(bad)]) + "\n")
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write("[" * 5000 + "]" * 5000 + "\n")
+        fh.write('{"step": 1' + "0" * 400 + ', "train/reward/mean": 1}\n')
+    client = TestClient(make_app([RunFolder(run)]), raise_server_exceptions=False)
+    home = client.get("/")
+    # Before: 500 (RecursionError; OverflowError drawing step 10^400).
+    assert home.status_code == 200 and "2 line(s) of run/metrics.jsonl could not be read" in home.text
+    assert "nested too deeply" in home.text and "no step (a whole number" in home.text
+    listing = client.get("/runs/0/train/1")
+    # Before: 500 (the RecursionError escaped on_error="skip"; the string final reward broke the table).
+    assert listing.status_code == 200 and "2 line(s) of run/trajectories/step-000001.jsonl could not be read" in listing.text
+    assert "final_reward must be a number" in listing.text
+    first = json.loads(good[0])["episode_id"]
+    assert client.get(f"/runs/0/train/1/{first}").status_code == 200
+    assert client.get("/runs/0/train/1/bad").status_code == 404
+
+
+def test_view_streams_a_file_larger_than_its_cache_and_reads_one_episodes_group(run_dir):
+    run = RunFolder(run_dir)
+    f = run.episode_files()[0]
+    everything = run.episodes(f)
+    run.cache_bytes = f.path.stat().st_size - 1  # the file is larger than the cache
+    run._cache.clear()
+    assert run.episodes(f) == everything and not run._cache  # read, not kept
+    target = everything[-1]
+    group = run.episode_group(f, target.episode_id)
+    assert {t.episode_id for t in group} == {t.episode_id for t in everything if t.group_id == target.group_id}
+    assert len(group) < len(everything) and not run._cache
+    assert run.episode_group(f, "nobody") == []

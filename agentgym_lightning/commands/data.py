@@ -11,11 +11,16 @@ from __future__ import annotations
 import argparse
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "data"
+HELP = "import and validate data sets you downloaded (Spider, MuSiQue, HotpotQA, GSM8K, Calc-X)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``data`` command and its per-data-set subcommands."""
     parser = subparsers.add_parser(
         "data",
-        help="import and validate data sets you downloaded (Spider, MuSiQue, HotpotQA, GSM8K, Calc-X)",
+        help=HELP,
         description="Import and validate data sets you downloaded, for the bundled environments.",
     )
     sub = parser.add_subparsers(dest="data_command", metavar="DATASET")

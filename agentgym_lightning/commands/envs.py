@@ -6,8 +6,13 @@ import argparse
 from typing import Any
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "envs"
+HELP = "list the registered lightning/... environments"
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("envs", help="list the registered lightning/... environments")
+    p = sub.add_parser("envs", help=HELP)
     p.set_defaults(func=run)
 
 

@@ -38,13 +38,17 @@ if TYPE_CHECKING:
 __all__ = ["register", "run", "parse_kwargs"]
 
 
+COMMAND = "eval"
+HELP = "run a policy on an environment; print reward, success rate, turns, tokens/s"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``eval`` subcommand."""
     from agentgym_lightning.policies import BACKENDS, DEFAULT_MODEL
 
     p = subparsers.add_parser(
-        "eval",
-        help="run a policy on an environment; print reward, success rate, turns, tokens/s",
+        COMMAND,
+        help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
     )
     p.add_argument("--env", required=True, help="environment id (lightning/GuessNumber-v0), module:Id (a module that registers Id) or path/to/file.py:make_env (a function returning an AgentEnv)")

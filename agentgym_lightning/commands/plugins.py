@@ -6,8 +6,13 @@ import argparse
 from typing import Any
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "plugins"
+HELP = "list loaded plugins and the hooks they implement"
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("plugins", help="list loaded plugins and the hooks they implement")
+    p = sub.add_parser("plugins", help=HELP)
     p.set_defaults(func=run)
 
 

@@ -19,11 +19,16 @@ import sys
 __all__ = ["register", "run"]
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "report"
+HELP = "write a training run's self-contained HTML report (curves, alarms, episodes call by call)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``report`` subcommand."""
     p = subparsers.add_parser(
         "report",
-        help="write a training run's self-contained HTML report (curves, alarms, episodes call by call)",
+        help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="a train run's output folder (several are overlaid)")

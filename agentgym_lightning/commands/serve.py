@@ -22,18 +22,23 @@ import sys
 import time
 from typing import Any
 
-from agentgym_lightning.gateway.gateway import TOKEN_ENV
-
 __all__ = ["register", "run"]
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "serve"
+HELP = "serve episodes to agents running elsewhere (HTTP API: open, call, reward, done, read)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from agentgym_lightning.gateway.gateway import TOKEN_ENV
+
     """Add the ``serve`` subcommand."""
     from agentgym_lightning.policies import BACKENDS
 
     p = subparsers.add_parser(
         "serve",
-        help="serve episodes to agents running elsewhere (HTTP API: open, call, reward, done, read)",
+        help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s; off loopback a token is required)")
@@ -60,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit 0 on Ctrl-C or SIGTERM, 2 on a bad argument."""
     from agentgym_lightning.commands.eval import parse_kwargs
+    from agentgym_lightning.gateway.gateway import TOKEN_ENV
     from agentgym_lightning.rollouts.http_agents import StandaloneGateway
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
 

@@ -15,7 +15,11 @@ Options come from, in order of precedence: the flags given, ``--config FILE.yaml
 loaded; a bad option is one line on stderr and exit status 2. A rollout in which every episode
 failed before its first LLM call (an agent that cannot start) stops the run with exit status 1
 and the first episode's error. Ctrl-C saves a checkpoint and exits 130; ``--resume`` continues
-from it with the same data order. At the end (also when interrupted) the run's self-contained HTML
+from it with the same data order (from the newest intact checkpoint: a corrupt one is passed
+over, and the command says so). An ``--output-dir`` that holds a run already is refused unless
+the command resumes that run (``--resume``) or starts it over (``--overwrite`` deletes its run
+files, nothing else); one with less free space than a checkpoint needs is refused before the
+model trains a step. At the end (also when interrupted) the run's self-contained HTML
 report is written to ``<output-dir>/report.html`` (``agentgym-lightning report``) and the summary
 says where.
 """
@@ -24,8 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +61,33 @@ _DIRECT = {
 }
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "train"
+HELP = "train the policy of an environment's agent with RL (LightningRL); prints reward before and after"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``train`` subcommand."""
     from agentgym_lightning.training.config import AGGREGATIONS, LOSS_TYPES, LightningRLConfig
 
-    h = LightningRLConfig.help_of
+    defaults = LightningRLConfig().to_dict()
+
+    def h(name: str) -> str:
+        """The field's help and its default (argparse's own %(default)s is None here: an unset
+        flag must not override ``--config`` or the resumed run's value)."""
+        text = LightningRLConfig.help_of(name).rstrip()
+        return f"{text} (default: {defaults[name]})".replace("%", "%%")
     p = subparsers.add_parser(
         "train",
-        help="train the policy of an environment's agent with RL (LightningRL); prints reward before and after",
+        help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every option of the config: python -c 'from agentgym_lightning.training import LightningRLConfig; help(LightningRLConfig)'",
     )
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of config options")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its last checkpoint) or from one checkpoint folder")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its newest intact checkpoint) or from one checkpoint folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"start over in an --output-dir that holds a run: deletes its run files ({', '.join(RUN_FILES)}), nothing else")
     p.add_argument("--env", help=h("env"))
     p.add_argument("--model", help=h("model"))
     p.add_argument("--backend", choices=["hf", "vllm"], help=h("backend"))
@@ -189,7 +209,30 @@ def build_config(args: argparse.Namespace) -> Any:
     return LightningRLConfig.from_dict(base)
 
 
-def _check_output_dir(path: Path) -> None:
+#: What a run writes in its output folder (``--overwrite`` deletes these and nothing else).
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "final", "report.html", "wandb", "wandb_run_id")
+
+
+def _run_files(path: Path) -> list[str]:
+    return [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
+
+
+def _check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool = False) -> None:
+    """``path`` can take this run: writable, and holding no other run (``resume``: the checkpoint
+    resumed, whose run may be this folder's; ``overwrite``: delete the run files found)."""
+    found = _run_files(path) if path.is_dir() else []
+    if found and overwrite:
+        for name in found:
+            target = path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink()  # a file, or a link (never followed)
+    elif found and (resume is None or resume.parent.parent.resolve() != path.resolve()):
+        raise ValueError(
+            f"--output-dir {path} already holds a run ({', '.join(found)}): continue it with --resume {path}, "
+            "or start over with --overwrite (deletes those run files)"
+        )
     probe = path / ".write-test"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -199,26 +242,64 @@ def _check_output_dir(path: Path) -> None:
         raise ValueError(f"--output-dir {path} is not writable ({exc.strerror or exc})") from None
 
 
+def _check_envs(config: Any) -> None:
+    """Build (and close) the training env and the held-out one with their kwargs: a misspelt
+    kwarg is one line here, before the model loads, not a traceback from the trainer."""
+    import gymnasium as gym
+
+    from agentgym_lightning.registration import make_env_factory
+
+    if not isinstance(config.env, str):
+        return
+    kinds = [("--env-kwarg", config.env_kwargs)]
+    if config.eval_env_kwargs is not None:
+        kinds.append(("--eval-env-kwarg", {**config.env_kwargs, **config.eval_env_kwargs}))
+    for flag, kwargs in kinds:
+        try:
+            make_env_factory(config.env, kwargs)().close()
+        except (TypeError, ValueError, gym.error.Error) as exc:
+            message = str(exc).split(" was raised from the environment creator")[0]
+            raise ValueError(f"{flag}: {config.env} does not accept {kwargs}: {message}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``train`` command. Exit 0 when done, 130 when interrupted (Ctrl-C), 143 on SIGTERM
     (both after saving the last completed step), 2 on a bad option, 1 when the run stopped on an
     error (a dead policy backend: the last completed step is saved) or every episode of a rollout
     failed before its first LLM call."""
     from agentgym_lightning.registration import resolve_env_id
+    from agentgym_lightning.training.checkpoint import intact_checkpoint
 
     try:
+        if args.overwrite and args.resume:
+            raise ValueError("--overwrite starts a run over and --resume continues one: give one of them")
+        resumed = None
+        if args.resume:
+            resumed, passed_over = intact_checkpoint(args.resume)
+            for reason in passed_over:
+                print(f"agentgym-lightning train: {reason}; resuming from {resumed}", file=sys.stderr)
+            args.resume = str(resumed)
         config = build_config(args)
         config = config.replace(env=resolve_env_id(config.env))
-        _check_output_dir(Path(config.output_dir))
+        _check_envs(config)
+        _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
     from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
     from agentgym_lightning.training.trainer import EpisodesFailedError, TrainingStopped
 
     started = time.perf_counter()
     try:
         trainer = LightningRLTrainer(config)
+        adapters = trainer.adapters.names if trainer.adapters is not None else None
+        try:
+            # Before the first step: a run that cannot checkpoint would lose every step it trains.
+            check_checkpoint_space(config.output_dir, checkpoint_bytes(trainer.model, config.use_peft, trainer.optimizer, adapters))
+        except OSError as exc:
+            print(f"agentgym-lightning train: {exc.strerror}", file=sys.stderr)
+            return 2
         result = trainer.train(resume_from=args.resume)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
@@ -232,9 +313,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     elapsed = time.perf_counter() - started
     report = _write_report(Path(config.output_dir))
-    before, after = result.eval_before or {}, result.eval_after or {}
+    before, after = result.eval_before or _logged_eval(Path(config.output_dir)) or {}, result.eval_after or {}
     if args.json:
-        summary = {"steps": result.steps, "wall_time_s": elapsed, "interrupted": result.interrupted, "output_dir": str(result.output_dir), "report": report}
+        summary = {"steps": result.steps, "updated_steps": len(result.history) - len(_not_updated(result.history)), "wall_time_s": elapsed,
+                   "interrupted": result.interrupted, "output_dir": str(result.output_dir), "report": report}
         summary.update({f"before/{k}": v for k, v in before.items()})
         summary.update({f"after/{k}": v for k, v in after.items()})
         from agentgym_lightning.metrics import json_metrics
@@ -259,12 +341,82 @@ def _write_report(output_dir: Path) -> str:
     return f"{path} ({size / 1024:.0f} KB; live: agentgym-lightning view {output_dir})"
 
 
+def _logged_eval(output_dir: Path) -> dict[str, float] | None:
+    """The run's first held-out evaluation as ``metrics.jsonl`` logged it (a resumed run did not
+    evaluate before training itself: the run it continues did)."""
+    from agentgym_lightning.viewer.run import RunFolder
+
+    if not output_dir.is_dir():
+        return None
+    records = [r for r in RunFolder(output_dir).metrics() if isinstance(r.get("eval/reward/mean"), (int, float))]
+    if not records:
+        return None
+    first = min(records, key=lambda r: r["step"])
+    return {k: v for k, v in first.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+
+
+#: Why a step left the model as it was, and what to try (the summary's ``updates`` line).
+_NO_UPDATE = {
+    "nonfinite": ("the update was not finite and was skipped", "a lower --learning-rate, or --set max_grad_norm=0.5"),
+    "infra": ("every episode ended infra_failed", "the episodes' errors in trajectories/"),
+    "all_failed": (
+        "every episode of each group got the same reward, none solved: zero variance, nothing to learn from",
+        "easier tasks or a larger model, a higher temperature (--set temperature=1.0), a larger --group-size, "
+        "or AIR (--air SOURCE=WEIGHT) to reward the steps towards a solution",
+    ),
+    "all_solved": ("every episode of each group got the same reward, all solved: zero variance", "harder tasks"),
+    "zero_variance": (
+        "every episode of each group got the same reward: zero variance, nothing to learn from",
+        "a higher temperature (--set temperature=1.0), a larger --group-size, or AIR (--air SOURCE=WEIGHT) to tell episodes apart",
+    ),
+    "no_token_ids": ("no call came with token ids: the backend returns none", "the hf or vllm backend"),
+    "no_rows": ("no call was trainable", "the samples/calls/* counts in metrics.jsonl, which say why each call was left out"),
+}
+
+
+def _not_updated(history: Sequence[Mapping[str, float]]) -> list[str]:
+    """For each step of ``history`` that did not change the model, why (a key of ``_NO_UPDATE``)."""
+    reasons = []
+    for h in history:
+        if h.get("update/nonfinite_skipped"):
+            reasons.append("nonfinite")
+        elif h.get("samples/rows", 1) > 0:
+            continue
+        elif h.get("train/episodes") and h.get("train/status/infra_failed", 0) >= h["train/episodes"]:
+            reasons.append("infra")
+        elif h.get("samples/groups") and h.get("samples/groups/zero_variance", 0) >= h["samples/groups"]:
+            success = h.get("train/success_rate")
+            reasons.append("all_failed" if success == 0 else "all_solved" if success == 1 else "zero_variance")
+        elif h.get("samples/calls/without_token_ids") and not h.get("samples/calls/trained"):
+            reasons.append("no_token_ids")
+        else:
+            reasons.append("no_rows")
+    return reasons
+
+
+def _updates_lines(history: Sequence[Mapping[str, float]]) -> list[str]:
+    """How many steps updated the model; when some did not, why, and when most did not, what to try."""
+    if not history:
+        return []
+    reasons = _not_updated(history)
+    text = f"  updates           {len(history) - len(reasons)} of {len(history)} steps updated the model"
+    if not reasons:
+        return [text]
+    counts = Counter(reasons)
+    lines = [text + ": " + "; ".join(f"{n} did not ({_NO_UPDATE[r][0]})" for r, n in counts.most_common())]
+    if len(reasons) * 2 >= len(history):
+        lines.append(f"                    try: {_NO_UPDATE[counts.most_common(1)[0][0]][1]}")
+    return lines
+
+
 def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     lines = [
         f"{config.env} · {config.model} ({config.backend}{', LoRA' if config.use_peft else ''}) · "
         f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (f" (interrupted: {result.signal})" if result.interrupted else "")
     ]
     before, after = result.eval_before, result.eval_after
+    if not before and after:  # a resumed run: its evaluation before training is in the log
+        before = _logged_eval(Path(config.output_dir))
     if before:
         how = f"{'greedy' if config.eval_temperature == 0 else f'T={config.eval_temperature}'}, {int(before['eval/episodes'])} held-out tasks"
         after_text = f"{after['eval/reward/mean']:.3f}" if after else "-"
@@ -280,6 +432,7 @@ def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
                 f"  with AIR          {first.get('train/reward/total', float('nan')):.3f} (step 1) -> "
                 f"{last.get('train/reward/total', float('nan')):.3f} (step {int(last['step'])})   (the return trained on)"
             )
+    lines.extend(_updates_lines(result.history))
     out = Path(config.output_dir)
     if not result.interrupted:
         lines.append(f"  final model       {out / 'final'}")

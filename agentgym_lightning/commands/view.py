@@ -19,11 +19,16 @@ import sys
 __all__ = ["register", "run"]
 
 
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "view"
+HELP = "a local web app of training runs (curves, alarms, episodes call by call), live"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``view`` subcommand."""
     p = subparsers.add_parser(
         "view",
-        help="a local web app of training runs (curves, alarms, episodes call by call), live",
+        help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="a train run's output folder (several are overlaid)")

@@ -7,7 +7,8 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
   key prefixed by ``<adapter name>/``);
 * ``optimizer.pt``, ``scheduler.pt`` — their ``state_dict``s;
 * ``rng.pt`` — the Python, NumPy and torch (CPU and CUDA) RNG states;
-* ``trainer_state.json`` — the step it was taken after, the config, and the metrics history.
+* ``trainer_state.json`` — the step it was taken after, the config, and the metrics history;
+* ``manifest.json`` — every other file's size and SHA-256, written last.
 
 It is written to a temporary sibling and renamed into place, so a run killed while saving leaves
 the previous checkpoint intact and never a half-written one (so keeping only the newest one, the default,
@@ -15,6 +16,15 @@ is safe; the next save removes such a leftover ``.checkpoint-*.tmp-*`` folder); 
 folder and leaves the previous checkpoints as they were; weights that are not finite are never
 saved (:class:`NonFiniteWeightsError`), so a NaN step can never prune a good checkpoint away. The
 task order needs no saving (it is a function of the seed and the step, see :mod:`.schedule`).
+
+A checkpoint is verified against its manifest before it is loaded: a file changed since the save
+(a truncated or zeroed ``model.safetensors``, a cut ``optimizer.pt``) is refused in one line
+(:class:`CorruptCheckpointError`), and resuming a run folder takes its newest *intact* checkpoint,
+saying which it passed over (:func:`intact_checkpoint`). A checkpoint written before manifests
+existed is loaded unverified; a file of it that cannot be read is refused in one line as well.
+How much room a checkpoint takes is known before the first step
+(:func:`checkpoint_bytes`, :func:`check_checkpoint_space`); a save that runs out of it raises
+``OSError(ENOSPC)`` saying how much it needs.
 
 Everything is loaded with ``torch.load(..., weights_only=True)``: a checkpoint holds tensors and
 plain values, never pickled code (the RNG states are stored as tensors and lists for that).
@@ -26,6 +36,8 @@ second time.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import pickle
@@ -33,6 +45,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,12 +58,15 @@ from agentgym_lightning.metrics import json_metrics
 
 __all__ = [
     "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "save_final_model", "CHECKPOINT_DIR",
-    "NonFiniteWeightsError", "CheckpointNotSavedWarning",
+    "NonFiniteWeightsError", "CheckpointNotSavedWarning", "CorruptCheckpointError", "CorruptCheckpointWarning", "MANIFEST",
+    "verify_checkpoint", "intact_checkpoint", "checkpoint_bytes", "check_checkpoint_space",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
 _PATTERN = re.compile(r"^checkpoint-(\d+)$")
 _TMP_PATTERN = re.compile(r"^\.checkpoint-\d+\.tmp-")
+#: Every file's size and SHA-256, written last: a checkpoint is what its manifest says.
+MANIFEST = "manifest.json"
 
 
 class NonFiniteWeightsError(ValueError):
@@ -59,6 +75,14 @@ class NonFiniteWeightsError(ValueError):
 
 class CheckpointNotSavedWarning(UserWarning):
     """A checkpoint could not be written (a full disk, non-finite weights); the previous one stands."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint's files are not what was saved (truncated, overwritten, missing, unreadable)."""
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A run's newest checkpoint is corrupt: it resumes from an older, intact one."""
 
 
 @dataclass
@@ -133,12 +157,16 @@ def save_checkpoint(
     target = root / f"checkpoint-{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
     try:
-        # format=pt: what transformers writes and expects, so final/ can link this very file.
-        save_file(weights, str(tmp / _weights_name(peft)), metadata={"format": "pt"})
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(state.to_json(), encoding="utf-8")
+        try:
+            # format=pt: what transformers writes and expects, so final/ can link this very file.
+            save_file(weights, str(tmp / _weights_name(peft)), metadata={"format": "pt"})
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            (tmp / "trainer_state.json").write_text(state.to_json(), encoding="utf-8")
+            _write_manifest(tmp)
+        except Exception as exc:
+            raise _as_os_error(exc, tmp, weights, optimizer) from exc
         if target.exists():  # the same step saved before (a resumed run re-saving): replace it
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -153,6 +181,116 @@ def save_checkpoint(
 
 def _weights_name(peft: bool) -> str:
     return "adapter.safetensors" if peft else "model.safetensors"
+
+
+def _as_os_error(exc: Exception, folder: Path, weights: dict[str, torch.Tensor], optimizer: Any) -> Exception:
+    """A failed write as an ``OSError`` (safetensors reports a full disk as its own error type);
+    a full disk's message says how much room a checkpoint needs. Anything else is returned as is."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and type(exc).__name__ == "SafetensorError" and (m := re.search(r"os error (\d+)", str(exc))):
+        code = int(m.group(1))
+    if code is None:
+        return exc
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        needed = _tensor_bytes(weights.values()) + _optimizer_bytes(optimizer)
+        free = shutil.disk_usage(folder.parent).free
+        why = f"{os.strerror(code)} (a checkpoint of this run needs about {_mb(needed)}; {_mb(free)} free)"
+        return OSError(code, why, getattr(exc, "filename", None) or str(folder))
+    return OSError(code, os.strerror(code), getattr(exc, "filename", None) or str(folder))
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 1024:,.0f} KB"
+
+
+def _tensor_bytes(tensors: Any) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def _optimizer_bytes(optimizer: Any) -> int:
+    """The optimizer state's size: what it holds now, or before its first step, what it will
+    (AdamW: two moments per trained weight; Adafactor: a row and a column per matrix)."""
+    held = _tensor_bytes(t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    if held:
+        return held
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if type(optimizer).__name__ == "Adafactor":
+        return int(sum((sum(p.shape[-2:]) if p.dim() >= 2 else p.numel()) * 4 for p in params))
+    return 2 * _tensor_bytes(params)
+
+
+def checkpoint_bytes(model: Any, peft: bool, optimizer: Any, adapters: Sequence[str] | None = None) -> int:
+    """About how many bytes one checkpoint of this model and optimizer takes on disk (the trained
+    weights, the optimizer's state; the rest is small)."""
+    return _tensor_bytes(_trainable_state(model, peft, adapters).values()) + _optimizer_bytes(optimizer) + 2**20
+
+
+def check_checkpoint_space(output_dir: str | Path, needed: int) -> None:
+    """Raise ``OSError(ENOSPC)`` when ``output_dir`` has less free room than ``needed`` bytes (the
+    run would train and lose every step it cannot checkpoint). A save writes the new checkpoint
+    before it removes the old one, so a run keeping one needs room for two."""
+    folder = Path(output_dir)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"{output_dir} has {_mb(free)} free and a checkpoint of this run needs about {_mb(needed)}: "
+            "free some space or choose another --output-dir",
+            str(output_dir),
+        )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    with open(folder / MANIFEST, "w", encoding="utf-8") as fh:
+        json.dump({"files": files}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+#: Files verified already, by (path, size, mtime): a resume verifies the checkpoint it picks and
+#: then loads it, and the weights of a large model need hashing once.
+_verified: set[tuple[str, int, int]] = set()
+
+
+def verify_checkpoint(checkpoint: str | Path) -> None:
+    """Raise :class:`CorruptCheckpointError` (one line: which file, what is wrong) unless every
+    file of the checkpoint's manifest is there with its size and hash. A checkpoint saved
+    before manifests existed passes (nothing to check against)."""
+    checkpoint = Path(checkpoint)
+    manifest = checkpoint / MANIFEST
+    if not manifest.is_file():
+        if not (checkpoint / "trainer_state.json").is_file():
+            raise CorruptCheckpointError(f"{checkpoint} is not a checkpoint: it has no {MANIFEST} and no trainer_state.json")
+        return
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        entries = [(str(name), int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{checkpoint} is corrupt: its {MANIFEST} cannot be read ({type(exc).__name__})") from None
+    for name, size, sha in entries:
+        path = checkpoint / name
+        if path.name != name or not path.is_file():
+            raise CorruptCheckpointError(f"{checkpoint} is corrupt: {name} is missing")
+        stat = path.stat()
+        if stat.st_size != size:
+            raise CorruptCheckpointError(f"{checkpoint} is corrupt: {name} has {stat.st_size} bytes, {size} were saved")
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in _verified:
+            continue
+        if _sha256(path) != sha:
+            raise CorruptCheckpointError(f"{checkpoint} is corrupt: {name} is not the file that was saved (its SHA-256 differs)")
+        _verified.add(key)
 
 
 def save_final_model(
@@ -201,18 +339,44 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """``path`` is a checkpoint folder, or a run folder whose newest checkpoint is taken."""
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "trainer_state.json").is_file() or (path / MANIFEST).is_file()
+
+
+def intact_checkpoint(path: str | Path) -> tuple[Path, list[str]]:
+    """The checkpoint to resume from, verified, and why each newer one was passed over.
+
+    ``path`` is one checkpoint folder (refused with :class:`CorruptCheckpointError` when it is
+    corrupt) or a run folder, whose newest intact checkpoint is taken."""
     path = Path(path)
-    if (path / "trainer_state.json").is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
+    if _is_checkpoint(path):
+        verify_checkpoint(path)
+        return path, []
+    found = _checkpoints(path / CHECKPOINT_DIR)
+    if not found:
         raise FileNotFoundError(
             f"no checkpoint in {path}: pass a run's output folder (with {CHECKPOINT_DIR}/checkpoint-N inside) "
             "or one checkpoint folder"
         )
-    return latest
+    skipped = []
+    for checkpoint in reversed(found):
+        try:
+            verify_checkpoint(checkpoint)
+        except CorruptCheckpointError as exc:
+            skipped.append(str(exc))
+            continue
+        return checkpoint, skipped
+    raise CorruptCheckpointError(f"every checkpoint in {path / CHECKPOINT_DIR} is corrupt; the newest: {skipped[0]}")
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` is a checkpoint folder, or a run folder whose newest intact checkpoint is taken
+    (a :class:`CorruptCheckpointWarning` names each newer one passed over). Raises
+    :class:`CorruptCheckpointError` for a corrupt checkpoint folder, or a run with no intact one."""
+    checkpoint, skipped = intact_checkpoint(path)
+    for reason in skipped:
+        warnings.warn(f"{reason}; resuming from {checkpoint.name}", CorruptCheckpointWarning, stacklevel=2)
+    return checkpoint
 
 
 def load_checkpoint(
@@ -221,17 +385,19 @@ def load_checkpoint(
 ) -> TrainerState:
     """Restore weights, optimizer, scheduler and RNG states in place; returns the saved state.
     ``adapters``: the LoRA adapters saved (``lora_per_agent``), each restored to its own."""
-    from safetensors.torch import load_file
-
     checkpoint = Path(checkpoint)
-    data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    verify_checkpoint(checkpoint)
+    try:
+        data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{checkpoint} is corrupt: trainer_state.json cannot be read ({type(exc).__name__})") from None
     if peft:
         from peft import set_peft_model_state_dict
 
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter: resume without use_peft, or from a LoRA run")
-        saved = load_file(str(weights))
+        saved = _load_weights(weights)
         if adapters:
             for name in adapters:
                 own = {k[len(name) + 1 :]: v for k, v in saved.items() if k.startswith(f"{name}/")}
@@ -244,7 +410,7 @@ def load_checkpoint(
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds a LoRA adapter, not full weights: resume with use_peft")
-        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        missing, unexpected = model.load_state_dict(_load_weights(weights), strict=False)
         # Tied weights were saved once; anything else missing means a different model.
         tied = {n for n in missing if n.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
         if set(missing) - tied or unexpected:
@@ -298,13 +464,31 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
 _NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
 
 
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors' own error type: a file it cannot read
+        raise CorruptCheckpointError(f"{path.parent} is corrupt: {path.name} cannot be read ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
 def _load(path: Path) -> Any:
     try:
         with torch.serialization.safe_globals(_NUMPY_ARRAY_GLOBALS):
             return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{path.parent} is corrupt: {path.name} is missing") from None
     except pickle.UnpicklingError as exc:
         reason = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), "")
         raise ValueError(
             f"{path} holds pickled Python objects, which are not loaded (they could run code): {reason}; "
             "resume from a checkpoint saved by agentgym-lightning"
         ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:  # a cut or overwritten file
+        raise CorruptCheckpointError(f"{path.parent} is corrupt: {path.name} cannot be read ({_first_line(exc)})") from None

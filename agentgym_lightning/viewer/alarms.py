@@ -4,7 +4,8 @@ Each check returns an :class:`Alarm` that is either raised (``firing``) or says 
 with the numbers it looked at, so a reader sees what was checked and not only what fired:
 
 * **diversity** — per GRPO group of the latest training step, the distinct completions (all of an
-  episode's answers together) and distinct tool-call sequences among its episodes; fires when
+  episode's answers together) and distinct tool-call sequences among its episodes (the calls of
+  the API's ``tool_calls`` or written as ``<tool_call>`` text: :func:`tool_calls_of`); fires when
   more than half of the groups have a single distinct answer (the policy stopped exploring);
 * **entropy** — the mean token entropy of the last quarter of the steps against the first
   quarter; fires when it fell below half (collapse towards a deterministic policy);
@@ -23,9 +24,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agentgym_lightning.trajectory import Trajectory
+from agentgym_lightning.llm import ToolCall
+from agentgym_lightning.policies.tool_calls import TOOL_CALL_OPEN, parse_tool_calls
+from agentgym_lightning.trajectory import Step, Trajectory
 
-__all__ = ["Alarm", "GroupDiversity", "group_diversity", "run_alarms"]
+__all__ = ["Alarm", "GroupDiversity", "group_diversity", "run_alarms", "tool_calls_of"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,21 @@ class GroupDiversity:
     episodes: int
     distinct_completions: int
     distinct_tool_sequences: int
+    #: Tool calls made in the group, all episodes together.
+    tool_calls: int = 0
+
+
+def tool_calls_of(step: Step) -> list[ToolCall]:
+    """The tool calls of a call's answer: those the API returned, or, for an agent on the text
+    protocol (no ``tools`` in its request), the ``<tool_call>`` blocks its text holds."""
+    c = step.completion
+    if c is None:
+        return []
+    if c.tool_calls:
+        return list(c.tool_calls)
+    if TOOL_CALL_OPEN not in (c.text or ""):
+        return []
+    return parse_tool_calls(c.text, make_id=lambda: "").tool_calls
 
 
 def _answers(t: Trajectory) -> str:
@@ -50,7 +68,7 @@ def _answers(t: Trajectory) -> str:
 
 
 def _tool_sequence(t: Trajectory) -> str:
-    return json.dumps([[tc.name, tc.arguments] for s in t.steps if s.completion is not None for tc in s.completion.tool_calls])
+    return json.dumps([[tc.name, tc.arguments] for s in t.steps for tc in tool_calls_of(s)], default=str)
 
 
 def group_diversity(episodes: Sequence[Trajectory]) -> list[GroupDiversity]:
@@ -59,7 +77,10 @@ def group_diversity(episodes: Sequence[Trajectory]) -> list[GroupDiversity]:
     for t in episodes:
         groups.setdefault(t.group_id or t.episode_id, []).append(t)
     return [
-        GroupDiversity(key, len(ts), len({_answers(t) for t in ts}), len({_tool_sequence(t) for t in ts}))
+        GroupDiversity(
+            key, len(ts), len({_answers(t) for t in ts}), len({_tool_sequence(t) for t in ts}),
+            sum(len(tool_calls_of(s)) for t in ts for s in t.steps),
+        )
         for key, ts in groups.items()
     ]
 
@@ -80,12 +101,14 @@ def run_alarms(series: Mapping[str, Sequence[tuple[int, float]]], latest: Sequen
     if diversity:
         collapsed = sum(1 for g in diversity if g.distinct_completions == 1)
         completions = sum(g.distinct_completions for g in diversity) / len(diversity)
-        tools = sum(g.distinct_tool_sequences for g in diversity) / len(diversity)
+        calling = [g for g in diversity if g.tool_calls]
+        tools = sum(g.distinct_tool_sequences for g in calling) / len(calling) if calling else 0.0
         size = sum(g.episodes for g in diversity) / len(diversity)
+        tool_text = f" and {tools:.1f} distinct tool-call sequences (in the {len(calling)} groups that called tools)" if calling else ""
         alarms.append(Alarm(
             "diversity", collapsed > len(diversity) / 2,
             f"latest step: {collapsed} of {len(diversity)} groups answered identically; per group of {size:.0f}, "
-            f"{completions:.1f} distinct completions and {tools:.1f} distinct tool-call sequences on average",
+            f"{completions:.1f} distinct completions{tool_text} on average",
         ))
     entropy = _quarter_means(series.get("entropy", []))
     if entropy:

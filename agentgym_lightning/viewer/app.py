@@ -2,7 +2,9 @@
 
 Every page is rendered from the files at the moment it is asked (:mod:`.run` re-parses an
 episode file only when it changed), and a small script on each page polls ``/version`` and
-reloads when a run wrote something, so a running training refreshes by itself.
+reloads when a run wrote something, so a running training refreshes by itself. Drawn pages are
+kept up to :data:`RENDERED_BYTES` of HTML; an episode's page reads only its GRPO group from the
+step's file (:meth:`~agentgym_lightning.viewer.run.RunFolder.episode_group`).
 
 Routes: ``/`` (overview), ``/runs/{i}/{train|eval}/{step}`` (a step's episodes),
 ``/runs/{i}/{train|eval}/{step}/{episode_id}`` (one episode, call by call), ``/version``.
@@ -23,7 +25,10 @@ from starlette.routing import Route
 from agentgym_lightning.viewer.pages import Links, episode_detail, episode_list, overview, page
 from agentgym_lightning.viewer.run import EpisodeFile, RunFolder
 
-__all__ = ["make_app"]
+__all__ = ["make_app", "RENDERED_BYTES"]
+
+#: The drawn pages kept, in characters of HTML (a page of a large step's episodes is large).
+RENDERED_BYTES = 64 * 2**20
 
 
 def _links() -> Links:
@@ -52,9 +57,13 @@ def make_app(runs: Sequence[RunFolder], refresh_ms: int = 3000) -> Starlette:
             live = version(scope)
             cached = rendered.get(request.url.path)
             if cached is None or cached[0] != live:
-                if len(rendered) > 256:
-                    rendered.clear()
-                cached = rendered[request.url.path] = (live, await asyncio.to_thread(body))
+                cached = (live, await asyncio.to_thread(body))
+                rendered.pop(request.url.path, None)
+                rendered[request.url.path] = cached
+                while len(rendered) > 256 or sum(len(text) for _, text in rendered.values()) > RENDERED_BYTES:
+                    del rendered[next(iter(rendered))]  # the oldest drawn go first
+                    if not rendered:
+                        break
         url = "/version" if scope is None else f"/version?run={scope[0]}&kind={scope[1].kind}&step={scope[1].step}"
         return HTMLResponse(page(title, cached[1], live_version=live, version_url=url, refresh_ms=refresh_ms, home="/"))
 
@@ -86,13 +95,17 @@ def make_app(runs: Sequence[RunFolder], refresh_ms: int = 3000) -> Starlette:
         try:
             index, run, f = file_of(request.path_params)
             wanted = request.path_params["episode"]
-            found = next((t for t in run.episodes(f) if t.episode_id == wanted), None)
+            group = await asyncio.to_thread(run.episode_group, f, wanted)
+            found = next((t for t in group if t.episode_id == wanted), None)
             if found is None:
                 raise KeyError(f"no episode {wanted} in {f.path}")
         except KeyError as exc:
             return not_found(exc)
         back = f"<p><a href='{links.episodes(index, f)}'>← all episodes of this step</a></p>"
-        return await render(request, f"{run.name} · episode {found.episode_id}", lambda: back + episode_detail(index, run, f, found), (index, f))
+
+        return await render(
+            request, f"{run.name} · episode {found.episode_id}", lambda: back + episode_detail(index, run, f, found, among=group), (index, f)
+        )
 
     async def version_route(request: Request) -> JSONResponse:
         if not request.query_params:

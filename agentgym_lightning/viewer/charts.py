@@ -4,7 +4,13 @@ Why matplotlib's SVG: it is a kept Python library installed like our other depen
 JavaScript to vendor or fetch from a CDN), it renders offline on the server, and the output is
 plain ``<svg>`` that any browser shows with scripts off, so the report is one small static file
 (text kept as text, ``svg.fonttype = "none"``: about 10-20 KB a chart). Each chart overlays every
-run given; with several runs (seeds, variants) it adds their mean (bold) and spread (min-max band).
+run given; with several runs of one experiment (seeds) it adds their mean (bold) and spread
+(min-max band); runs that differ (``overlay=False``) are drawn one line each, never averaged.
+Steps are whole numbers on the axis, and a run of one or two points shows them as dots.
+
+Names in a chart (reward sources, run names) come from agents and run folders: they are drawn
+as plain text, never parsed as matplotlib's ``$...$`` math (``text.parse_math`` off), which a
+source named ``$\\undefinedmacro$`` would break.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ class Chart:
     title: str
     lines: tuple[tuple[str, str], ...]
     stacked: bool = False
+    #: Counts logged only when not zero (``samples/groups/zero_variance``): a step that logged the
+    #: chart's other lines but not this one had zero of it.
+    zero_when_absent: tuple[str, ...] = ()
 
 
 #: The charts of every run view, in order (metric names: docs/metrics.md).
@@ -40,7 +49,8 @@ CHARTS: tuple[Chart, ...] = (
     Chart("Entropy", (("entropy", "token entropy"),)),
     Chart("Grad norm", (("grad_norm", "before clipping"),)),
     Chart("Clip ratios", (("clip_ratio/low", "low"), ("clip_ratio/high", "high"), ("clip_ratio/region", "region"))),
-    Chart("Zero-variance groups", (("samples/groups/zero_variance", "zero variance"), ("samples/groups", "groups"))),
+    Chart("Zero-variance groups", (("samples/groups/zero_variance", "zero variance"), ("samples/groups", "groups")),
+          zero_when_absent=("samples/groups/zero_variance",)),
     Chart("Tokens/s (rollout)", (("train/tokens_per_s", "train"), ("eval/tokens_per_s", "held-out"))),
     Chart("Step time (s)", (("time/rollout_s", "rollout"), ("time/update_s", "update"), ("time/sync_s", "sync")), stacked=True),
 )
@@ -68,30 +78,55 @@ def _figure():  # type: ignore[no-untyped-def]
     return fig, ax
 
 
-def chart_svg(chart: Chart, series_by_run: Sequence[Series], run_names: Sequence[str]) -> str | None:
+def _with_zeros(chart: Chart, series: Series) -> dict[str, Sequence[tuple[int, float]]]:
+    """``series`` with ``chart.zero_when_absent`` metrics at 0 on the steps the chart's other
+    lines have and they lack."""
+    out = {metric: series.get(metric) or () for metric, _ in chart.lines}
+    for metric in chart.zero_when_absent:
+        steps = {x for other, _ in chart.lines if other != metric for x, _ in out[other]}
+        have = dict(out[metric])
+        out[metric] = sorted({**{x: 0.0 for x in steps}, **have}.items())
+    return out
+
+
+def chart_svg(chart: Chart, series_by_run: Sequence[Series], run_names: Sequence[str], *, overlay: bool = True) -> str | None:
     """``chart`` of the runs as an ``<svg>`` element, or ``None`` when no run logged any of it.
-    The same points give the same drawing without drawing again (a live page reloads often)."""
+    ``overlay``: the runs are one experiment (their mean and spread are drawn); otherwise each
+    run is a line of its own. The same points give the same drawing without drawing again (a
+    live page reloads often)."""
     if not any(s.get(metric) for s in series_by_run for metric, _ in chart.lines):
         return None
-    points = tuple(tuple((metric, tuple(s.get(metric) or ())) for metric, _ in chart.lines) for s in series_by_run)
-    return _draw(chart, points, tuple(run_names))
+    points = tuple(tuple((metric, tuple(pts)) for metric, pts in _with_zeros(chart, s).items()) for s in series_by_run)
+    return _draw(chart, points, tuple(run_names), overlay)
 
 
 @functools.lru_cache(maxsize=128)
-def _draw(chart: Chart, points: tuple[tuple[tuple[str, tuple[tuple[int, float], ...]], ...], ...], run_names: tuple[str, ...]) -> str:
+def _draw(
+    chart: Chart, points: tuple[tuple[tuple[str, tuple[tuple[int, float], ...]], ...], ...], run_names: tuple[str, ...], overlay: bool = True
+) -> str:
     series_by_run = [dict(p) for p in points]
     import matplotlib
+    from matplotlib.ticker import MaxNLocator
 
     matplotlib.rcParams["svg.fonttype"] = "none"
     matplotlib.rcParams["svg.hashsalt"] = "agentgym"  # the same run gives the same file
+    matplotlib.rcParams["text.parse_math"] = False  # names are data, never $...$ markup
     fig, ax = _figure()
     ax.set_title(chart.title, fontsize=10)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     if chart.stacked:
         _stacked(ax, chart, series_by_run, colors)
-    else:
+    elif overlay or len(series_by_run) == 1:
         for i, (metric, label) in enumerate(chart.lines):
             _lines(ax, metric, label, series_by_run, run_names, colors[i % len(colors)])
+    else:
+        for i, (metric, label) in enumerate(chart.lines):
+            for j, (name, s) in enumerate(zip(run_names, series_by_run)):
+                _lines(ax, metric, f"{label} · {name}", [s], [name], colors[(i * len(run_names) + j) % len(colors)])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    steps = [x for s in series_by_run for pts in s.values() for x, _ in pts]
+    if steps and max(steps) - min(steps) < 2:  # one or two steps: room around them, not 1.900-2.100
+        ax.set_xlim(min(steps) - 1, max(steps) + 1)
     if ax.has_data():
         ax.legend(fontsize=7, frameon=False)
     fig.subplots_adjust(left=0.12, right=0.98, top=0.9, bottom=0.17)  # fixed: tight_layout doubles the drawing time
@@ -108,9 +143,11 @@ def _lines(ax, metric: str, label: str, series_by_run: Sequence[Series], run_nam
     if not runs:
         return
     marker = "o" if max(len(pts) for _, pts in runs) <= 12 else None
+    size = 5 if max(len(pts) for _, pts in runs) <= 2 else 3  # a lone point must be seen
+    label = _plain(label)
     if len(runs) == 1:
         xs, ys = zip(*runs[0][1])
-        ax.plot(xs, ys, color=color, label=label, marker=marker, markersize=3, linewidth=1.5)
+        ax.plot(xs, ys, color=color, label=label, marker=marker, markersize=size, linewidth=1.5)
         return
     for _, pts in runs:
         xs, ys = zip(*pts)
@@ -122,7 +159,12 @@ def _lines(ax, metric: str, label: str, series_by_run: Sequence[Series], run_nam
     steps = sorted(by_step)
     mean = [sum(by_step[x]) / len(by_step[x]) for x in steps]
     ax.fill_between(steps, [min(by_step[x]) for x in steps], [max(by_step[x]) for x in steps], color=color, alpha=0.15, linewidth=0)
-    ax.plot(steps, mean, color=color, linewidth=2, marker=marker, markersize=3, label=f"{label} (mean of {len(runs)})")
+    ax.plot(steps, mean, color=color, linewidth=2, marker=marker, markersize=size, label=f"{label} (mean of {len(runs)})")
+
+
+def _plain(label: str) -> str:
+    """A label matplotlib shows as written (it hides legend labels starting with ``_``)."""
+    return "\u200b" + label if label.startswith("_") else label
 
 
 def _stacked(ax, chart: Chart, series_by_run: Sequence[Series], colors: list[str]) -> None:  # type: ignore[no-untyped-def]
@@ -135,5 +177,5 @@ def _stacked(ax, chart: Chart, series_by_run: Sequence[Series], colors: list[str
                 by_step.setdefault(x, []).append(y)
         parts.append((label, {x: sum(v) / len(v) for x, v in by_step.items()}))
     steps = sorted({x for _, p in parts for x in p})
-    ax.stackplot(steps, *[[p.get(x, 0.0) for x in steps] for _, p in parts], labels=[label for label, _ in parts],
+    ax.stackplot(steps, *[[p.get(x, 0.0) for x in steps] for _, p in parts], labels=[_plain(label) for label, _ in parts],
                  colors=colors[: len(parts)], alpha=0.8)

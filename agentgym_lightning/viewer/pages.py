@@ -1,12 +1,17 @@
 """The HTML of every run view: one rendering core for ``report`` (one static file) and ``view``
 (the live web app); they differ only in where links point (:class:`Links`).
 
-Views: the **overview** (alarms, curves, the list of steps and evaluations), a step's or an
+Views: the **overview** (each run's env, model, backend and key options, its whole config on
+demand, alarms, curves, the list of steps and evaluations), a step's or an
 evaluation's **episodes** grouped by GRPO group with their rewards and advantages, and one
 **episode** call by call showing only what each call added (new messages, the answer and its
 tool calls, rewards and AIR, credit and advantage, trained or not and why, template flags, the
 completion's tokens with their logprobs). Plain HTML and CSS with inline SVG charts: nothing is
 fetched, and the pages work with scripts off (the live view adds one small refresh script).
+
+Every text of a run (names, rewards' sources, messages, configs) is data written by agents and
+envs: it is escaped wherever it goes, and lines of the run's files that could not be read are
+listed on the page that would have shown them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from agentgym_lightning.agent_match import as_agent_match
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.samples import SampleBatch, configured_samples, untrained_reason
 from agentgym_lightning.trajectory import Status, Step, Trajectory
-from agentgym_lightning.viewer.alarms import group_diversity, run_alarms
+from agentgym_lightning.viewer.alarms import group_diversity, run_alarms, tool_calls_of
 from agentgym_lightning.viewer.charts import CHARTS, air_sources, chart_svg
 from agentgym_lightning.viewer.run import EpisodeFile, RunFolder
 
@@ -52,6 +57,7 @@ th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .msg{white-space:pre-wrap;font:12px/1.4 ui-monospace,monospace;background:#f3f5f8;border-left:3px solid #b8c2d0;padding:4px 8px;margin:4px 0;overflow-x:auto}
 .msg.assistant{border-color:#1559c0;background:#eef4ff}.msg.tool{border-color:#2e9e4f}.msg.system{border-color:#8a8f98}
 .role{font-weight:600;font-size:12px;color:#555}.tok{font:11px ui-monospace,monospace;padding:0 1px;border-radius:2px;white-space:pre}
+.runhead{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:6px 10px;margin:6px 0}
 .tokens{line-height:1.9}.p1{background:#fbe3d9}.p2{background:#f6c3ad}.p3{background:#f0a080}.p4{background:#e87c55}.p5{background:#dc5028}.masked{opacity:.45;text-decoration:line-through}.muted{color:#777}
 """
 
@@ -113,17 +119,69 @@ def page(title: str, body: str, *, live_version: int | None = None, version_url:
 # ------------------------------------------------------------------ overview
 
 
+#: The options a run's header names (the rest are in its whole config, on demand).
+KEY_OPTIONS = (
+    "max_steps", "tasks_per_step", "num_generations", "learning_rate", "use_peft", "loss_type", "credit", "air_weights",
+    "env_kwargs", "eval_env_kwargs", "temperature", "max_completion_length", "seed",
+)
+#: Options that make two runs' curves different experiments rather than seeds of one.
+IDENTITY_OPTIONS = ("env", "model", "env_kwargs", "backend", "use_peft", "loss_type", "credit", "air_weights", "num_generations", "tasks_per_step")
+
+
+def run_header(run: RunFolder, config: dict[str, Any]) -> str:
+    """What the run is: its env, model, backend and key options, and its whole config on demand."""
+    if not config:
+        return f"<div class=muted>{e(run.name)}: no config yet (it is read from the first checkpoint)</div>"
+    backend = f"{config.get('backend', '?')}{', LoRA' if config.get('use_peft') else ''}"
+    options = " · ".join(f"{e(k)}={e(_value(config[k]))}" for k in KEY_OPTIONS if k in config and config[k] not in (None, {}, []))
+    whole = _short(json.dumps(config, indent=1, sort_keys=True, default=str), 50_000)
+    return (
+        f"<div class=runhead><b>{e(run.name)}</b> · env <b>{e(config.get('env', '?'))}</b> · model <b>{e(config.get('model', '?'))}</b>"
+        f" ({e(backend)})<div class=muted>{options}</div>"
+        f"<details><summary>the whole config</summary><div class=msg>{e(whole)}</div></details></div>"
+    )
+
+
+def _value(value: Any) -> str:
+    return _short(value if isinstance(value, str) else json.dumps(value, default=str), 200)
+
+
+def differences(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """The options in which the runs differ (of :data:`IDENTITY_OPTIONS`; a run with no config
+    yet differs in nothing known)."""
+    known = [c for c in configs if c]
+    return [k for k in IDENTITY_OPTIONS if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in known}) > 1]
+
+
+def _problems(where: str, problems: Sequence[str]) -> str:
+    if not problems:
+        return ""
+    items = "".join(f"<li>{e(p)}</li>" for p in problems)
+    return f"<div class='alarm firing'>⚠ {len(problems)} line(s) of {e(where)} could not be read and were skipped:<ul>{items}</ul></div>"
+
+
 def overview(runs: Sequence[RunFolder], links: Links) -> str:
-    """Alarms, curves (every run overlaid) and each run's steps and evaluations."""
+    """Each run's header, alarms, curves (runs of one experiment overlaid with their mean;
+    different ones side by side, saying what differs) and each run's steps and evaluations."""
     all_series = [r.series() for r in runs]
     names = [r.name for r in runs]
-    parts = []
+    configs = [r.config() for r in runs]
+    parts = ["<h2>Runs</h2>" if len(runs) > 1 else ""]
+    parts += [run_header(run, config) for run, config in zip(runs, configs)]
+    differ = differences(configs) if len(runs) > 1 else []
+    if differ:
+        parts.append(
+            "<div class='alarm firing'>⚠ these runs are not one experiment: they differ in "
+            + ", ".join(f"<b>{e(k)}</b> (" + "; ".join(f"{e(r.name)}: {e(_value(c.get(k)))}" for r, c in zip(runs, configs)) + ")" for k in differ)
+            + ". Their curves are drawn one by one, not averaged.</div>"
+        )
     for i, (run, series) in enumerate(zip(runs, all_series)):
         files = run.episode_files()
         train = [f for f in files if f.kind == "train"]
         latest = run.episodes(train[-1]) if train else []
         alarms = run_alarms(series, latest)
         parts.append(f"<h2>Alarms · {e(run.name)}</h2>")
+        parts.append(_problems(f"{run.name}/metrics.jsonl", run.problems()))
         parts.append("".join(
             f"<div class='alarm{' firing' if a.firing else ''}'>{'⚠' if a.firing else '✓'} <b>{e(a.name)}</b>: {e(a.text)}</div>" for a in alarms
         ) or "<p class=muted>nothing logged yet</p>")
@@ -131,7 +189,7 @@ def overview(runs: Sequence[RunFolder], links: Links) -> str:
     air = air_sources(all_series)
     if air is not None:
         charts.insert(1, air)
-    svgs = [chart_svg(c, all_series, names) for c in charts]
+    svgs = [chart_svg(c, all_series, names, overlay=not differ) for c in charts]
     parts.append(f"<h2>Curves{' · ' + ', '.join(e(n) for n in names) if len(runs) > 1 else ''}</h2>")
     parts.append("<div class=charts>" + "".join(f"<div class=chart>{s}</div>" for s in svgs if s) + "</div>")
     if not any(svgs):
@@ -178,7 +236,7 @@ def _groups(episodes: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
 
 
 def _tool_names(t: Trajectory) -> str:
-    names = [tc.name for s in t.steps if s.completion is not None for tc in s.completion.tool_calls]
+    names = [tc.name for s in t.steps if s.completion is not None for tc in tool_calls_of(s)]
     return " → ".join(names) if names else "–"
 
 
@@ -189,16 +247,19 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
     credit, error = _credit(file, episodes, config)
     skip_flat = config.get("zero_variance_groups", "skip") == "skip"
     diversity = {g.group: g for g in group_diversity(episodes)}
-    out = []
+    out: list[str] = []
     if error:
         out.append(f"<p class=muted>advantages not shown: {e(error)}</p>")
+    out.append(_problems(f"{run.name}/{file.path.parent.name}/{file.path.name}", run.problems(file)))
     for key, members in _groups(episodes).items():
         d = diversity.get(key)
         flat = credit.zero_variance.get(key)
         badges = f"<span class=badge>{len(members)} episodes</span>"
         if d is not None and d.episodes > 1:
             kind = "bad" if d.distinct_completions == 1 else "good"
-            badges += f"<span class='badge {kind}'>{d.distinct_completions} distinct completions</span><span class=badge>{d.distinct_tool_sequences} distinct tool-call sequences</span>"
+            badges += f"<span class='badge {kind}'>{d.distinct_completions} distinct completions</span>"
+            if d.tool_calls:  # a group that called no tool has no sequences to tell apart
+                badges += f"<span class=badge>{d.distinct_tool_sequences} distinct tool-call sequences</span>"
         if flat:
             badges += f"<span class='badge warn'>zero variance{' (not trained)' if skip_flat else ''}</span>"
         rows = []
@@ -218,7 +279,7 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
             "<table><tr><th>episode</th><th>seed</th><th>status</th><th>final reward</th><th>with AIR</th>"
             "<th>advantage</th><th>calls</th><th>tool calls</th></tr>" + "".join(rows) + "</table>"
         )
-    return "".join(out) or "<p class=muted>no episodes in this file yet</p>"
+    return "".join(out) if episodes else "".join(out) + "<p class=muted>no episodes in this file yet</p>"
 
 
 # ------------------------------------------------------------------ one episode
@@ -287,11 +348,16 @@ def episode_detail(
     credit: SampleBatch | None = None,
     decode: Callable[[list[int]], list[str]] | None = None,
     limit: int = 20_000,
+    among: Sequence[Trajectory] | None = None,
 ) -> str:
-    """One episode call by call (see the module docstring); ``limit`` cuts long messages."""
+    """One episode call by call (see the module docstring); ``limit`` cuts long messages.
+    ``among``: the episodes its credit and advantage are computed with (default: the file's;
+    its GRPO group is enough unless rewards are scaled by the batch)."""
     config = run.config() if config is None else config
     if credit is None:
-        credit, _ = _credit(file, run.episodes(file), config)
+        if among is None or config.get("scale_rewards") == "batch":
+            among = run.episodes(file)
+        credit, _ = _credit(file, among, config)
     if decode is None:
         decode = run.token_decoder()
     match = as_agent_match(config.get("agent_match")) if config.get("agent_match") else None
@@ -299,15 +365,17 @@ def episode_detail(
     values = credit.values.get(episode.episode_id)
     advantages = credit.advantages.get(episode.episode_id)
     key = episode.group_id or episode.episode_id
-    episode_note = ""
+    # Why no call of the episode trains: the episode's note, and each call's badge.
+    episode_note, episode_why = "", ""
     if file.kind != "train":
-        episode_note = "held-out evaluation: not trained"
+        episode_note, episode_why = "held-out evaluation: not trained", "a held-out evaluation"
     elif episode.status is Status.INFRA_FAILED:
-        episode_note = "infra_failed: never trained on"
+        episode_note, episode_why = "infra_failed: never trained on", "the episode ended infra_failed"
     elif advantages is None:
-        episode_note = "not trained (unfinished, or alone in its group)"
+        episode_note, episode_why = "not trained (unfinished, or alone in its group)", "the episode is unfinished, or alone in its group"
     elif credit.zero_variance.get(key) and config.get("zero_variance_groups", "skip") == "skip":
         episode_note = "its group had no reward variance: not trained (zero_variance_groups=skip)"
+        episode_why = "its group had no reward variance (zero_variance_groups=skip)"
     head = (
         f"<table><tr><th>status</th><td>{e(episode.status.value)}</td><th>final reward</th><td>{_num(episode.final_reward)}</td>"
         f"<th>with AIR</th><td>{_num(episode.total_reward)}</td><th>group</th><td>{e(episode.group_id)}</td><th>seed</th><td>{e(episode.seed)}</td></tr></table>"
@@ -322,7 +390,7 @@ def episode_detail(
     for i, step in enumerate(episode.steps):
         reason = untrained_reason(step, mask_truncated, match)
         trained = reason is None and not episode_note
-        why = _REASONS[reason] if reason else "the episode is not (above)"
+        why = _REASONS[reason] if reason else episode_why
         badges = [f"<span class='badge {'good' if trained else ''}'>{'trained' if trained else 'not trained: ' + e(why)}</span>"]
         if step.agent or step.role:
             badges.append(f"<span class=badge>{e(' · '.join(x for x in (step.agent, step.role) if x))}</span>")
@@ -380,7 +448,7 @@ def report(runs: Sequence[RunFolder], *, limit: int = 4000) -> str:
             if newest is not None:
                 last.append((i, newest))
     links = report_links(set(last))
-    parts = [overview(runs, links)]
+    parts = [overview(runs, links)]  # each run's header first: env, model, backend, key options, the config
     configs = [run.config() for run in runs]
     for i, run in enumerate(runs):
         for f in run.episode_files():
@@ -399,13 +467,17 @@ def report(runs: Sequence[RunFolder], *, limit: int = 4000) -> str:
                 f"reward {_num(t.total_reward)} · {len(t.steps)} calls · {e(t.status.value)}</summary>"
                 f"{episode_detail(i, run, f, t, config=configs[i], credit=credit, limit=limit)}</details>"
             )
-    title = "run report · " + ", ".join(r.name for r in runs)
+    title = "run report · " + ", ".join(_title(r, c) for r, c in zip(runs, configs))
     # Opening a linked episode's <details> is the only script: the page reads fine without it.
     script = (
         "<script>function o(){var h=location.hash.slice(1);var d=h&&document.getElementById(h);"
         "if(d&&d.tagName==='DETAILS'){d.open=true;d.scrollIntoView()}}window.addEventListener('hashchange',o);o();</script>"
     )
     return page(title, "".join(parts) + script)
+
+
+def _title(run: RunFolder, config: dict[str, Any]) -> str:
+    return f"{run.name} ({config['env']} · {config.get('model', '?')})" if config.get("env") else run.name
 
 
 def _what(file: EpisodeFile) -> str:

@@ -8,12 +8,20 @@ What ``agentgym-lightning train`` leaves in ``--output-dir``::
     checkpoints/checkpoint-N/trainer_state.json   the config (among other things)
 
 Everything here reads files at the moment it is asked, so a live run shows what it has written
-so far; an episode file is parsed again only when it changed (size or mtime).
+so far; an episode file is parsed again only when it changed (size or mtime), and parsed files
+are kept up to :attr:`RunFolder.cache_bytes` (a bigger file is read line by line each time; one
+episode's page reads only its group: :meth:`RunFolder.episode_group`).
+
+Everything in a run folder is data written by agents and envs: a line that cannot be read (not
+JSON, nested too deeply, a step that is not a small non-negative integer, a reward that is not a
+number) is skipped and listed by :meth:`RunFolder.problems`, which the pages show; a half-written
+last line of a live file is simply not read yet.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from collections import defaultdict
@@ -22,11 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym_lightning.trajectory import Trajectory, load_trajectories
+from agentgym_lightning.trajectory import SkippedLineWarning, Trajectory, load_trajectories
 
 __all__ = ["EpisodeFile", "RunFolder"]
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
+#: Steps a run can have (larger numbers in a file are not steps: 10^400 would overflow a chart).
+MAX_STEP = 10**12
+#: Problems listed per file (a file of bad lines is not listed line by line).
+MAX_PROBLEMS = 20
 #: The episode file kinds: training steps and held-out evaluations.
 KINDS = {"train": "trajectories", "eval": "eval"}
 
@@ -44,8 +56,10 @@ class EpisodeFile:
 class RunFolder:
     """The output folder of one training run (see the module docstring)."""
 
-    #: Episode files kept parsed in memory (a long run's files are not all held at once).
+    #: Episode files kept parsed in memory (a long run's files are not all held at once) ...
     cached_files = 16
+    #: ... and their total size on disk at most (the parsed episodes take about as much memory).
+    cache_bytes = 256 * 2**20
 
     def __init__(self, path: str | Path, name: str | None = None) -> None:
         self.path = Path(path)
@@ -53,6 +67,7 @@ class RunFolder:
             raise FileNotFoundError(f"{self.path}: no such run folder (give the --output-dir of a train run)")
         self.name = name or self.path.name
         self._cache: dict[Path, tuple[tuple[int, int], list[Trajectory]]] = {}
+        self._problems: dict[Path, list[str]] = {}
         self._decoder: tuple[Callable[[list[int]], list[str]] | None] | None = None
 
     def metrics(self) -> list[dict[str, Any]]:
@@ -60,15 +75,21 @@ class RunFolder:
         path = self.path / "metrics.jsonl"
         if not path.is_file():
             return []
-        records = []
+        records, problems = [], []
         with open(path, "rb") as fh:
-            for raw in fh:
+            for lineno, raw in enumerate(fh, 1):
                 try:
                     record = json.loads(raw)
-                except ValueError:
-                    continue  # a line being written, or a bad one: a chart is no place to fail
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                except (ValueError, RecursionError) as exc:
+                    if raw.endswith(b"\n"):  # else a line being written
+                        problems.append(f"{path.name}:{lineno}: not JSON ({'nested too deeply' if isinstance(exc, RecursionError) else exc})")
+                    continue
+                step = record.get("step") if isinstance(record, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP:
                     records.append(record)
+                else:
+                    problems.append(f"{path.name}:{lineno}: no step (a whole number from 0 to {MAX_STEP}): {str(step)[:40]}")
+        self._problems[path] = problems
         return records
 
     def series(self) -> dict[str, list[tuple[int, float]]]:
@@ -78,7 +99,9 @@ class RunFolder:
         for record in self.metrics():
             for name, value in record.items():
                 if name not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    points[name][record["step"]] = float(value)
+                    number = float(value) if isinstance(value, float) or abs(value) < 2**1000 else math.inf
+                    if math.isfinite(number):  # a chart has no place for 10^400
+                        points[str(name)][record["step"]] = number
         return {name: sorted(by_step.items()) for name, by_step in points.items()}
 
     def config(self) -> dict[str, Any]:
@@ -112,21 +135,58 @@ class RunFolder:
             raise KeyError(f"{path}: no such episode file")
         return EpisodeFile(kind, step, path)
 
+    def problems(self, file: EpisodeFile | None = None) -> list[str]:
+        """The lines skipped when ``file`` (default: ``metrics.jsonl``) was last read, and why."""
+        return list(self._problems.get(file.path if file is not None else self.path / "metrics.jsonl", []))
+
+    def _read(self, path: Path, wanted: Callable[[bytes], bool] | None = None) -> list[Trajectory]:
+        """The episodes of ``path``, line by line; ``wanted``: parse only the lines it accepts."""
+        problems: list[str] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # A live run's last line is often half written: that one is not a problem (TruncatedLineWarning).
+            episodes = list(load_trajectories(path, on_error="skip", wanted=wanted))
+        for w in caught:
+            if issubclass(w.category, SkippedLineWarning) and len(problems) < MAX_PROBLEMS:
+                problems.append(str(w.message).removeprefix(str(path.parent) + "/").removesuffix("; skipped (on_error='skip')"))
+        if wanted is None:
+            self._problems[path] = problems
+        return episodes
+
     def episodes(self, file: EpisodeFile) -> list[Trajectory]:
-        """The episodes of ``file`` (bad lines skipped: a live file may end mid-line)."""
+        """The episodes of ``file`` (bad lines skipped and listed in :meth:`problems`)."""
         stat = file.path.stat()
         key = (stat.st_size, stat.st_mtime_ns)
         cached = self._cache.get(file.path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a live run's last line is often half written
-            episodes = list(load_trajectories(file.path, on_error="skip"))
+        episodes = self._read(file.path)
         self._cache.pop(file.path, None)
-        self._cache[file.path] = (key, episodes)
-        while len(self._cache) > self.cached_files:  # the least recently parsed go first
-            del self._cache[next(iter(self._cache))]
+        if stat.st_size <= self.cache_bytes:
+            self._cache[file.path] = (key, episodes)
+        sizes = {path: k[0] for path, (k, _) in self._cache.items()}
+        while self._cache and (len(self._cache) > self.cached_files or sum(sizes.values()) > self.cache_bytes):
+            oldest = next(iter(self._cache))  # the least recently parsed go first
+            del self._cache[oldest]
+            sizes.pop(oldest)
         return episodes
+
+    def episode_group(self, file: EpisodeFile, episode_id: str) -> list[Trajectory]:
+        """The episode ``episode_id`` of ``file`` and the others of its GRPO group (what its
+        credit and advantage need), without parsing the file's other episodes when it is not
+        held already; ``[]`` when there is no such episode."""
+        cached = self._cache.get(file.path)
+        if cached is not None:
+            stat = file.path.stat()
+            if cached[0] == (stat.st_size, stat.st_mtime_ns):
+                return _group_of(cached[1], episode_id)
+        # Lines that cannot hold the id are not parsed (the id appears in its line as JSON writes it).
+        needle = json.dumps(episode_id, ensure_ascii=False).encode("utf-8")
+        found = [t for t in self._read(file.path, lambda raw: needle in raw) if t.episode_id == episode_id]
+        if not found or found[0].group_id is None:
+            return found[:1]
+        group = json.dumps(found[0].group_id, ensure_ascii=False).encode("utf-8")
+        return _group_of(self._read(file.path, lambda raw: group in raw), episode_id)
 
     def token_decoder(self) -> Callable[[list[int]], list[str]] | None:
         """Token ids to their text, with the tokenizer the run saved in ``final/`` (once the run
@@ -154,3 +214,12 @@ class RunFolder:
             except OSError:
                 continue
         return newest
+
+
+def _group_of(episodes: list[Trajectory], episode_id: str) -> list[Trajectory]:
+    found = next((t for t in episodes if t.episode_id == episode_id), None)
+    if found is None:
+        return []
+    if found.group_id is None:
+        return [found]
+    return [t for t in episodes if t.group_id == found.group_id]

@@ -106,6 +106,7 @@ def test_a_checkpoint_with_pickled_code_is_refused(tmp_path):
             return (os.system, ("touch " + str(tmp_path / "pwned"),))
 
     torch.save({"state": Payload()}, saved / "optimizer.pt")
+    ckpt._write_manifest(saved)  # a crafted checkpoint: its manifest matches the planted file
     with pytest.raises(ValueError, match="pickled Python objects, which are not loaded"):
         load_checkpoint(saved, model=model, peft=False, optimizer=optimizer, scheduler=scheduler)
     assert not (tmp_path / "pwned").exists()
@@ -116,6 +117,76 @@ def test_an_older_checkpoints_numpy_rng_state_still_loads(tmp_path):
     saved = save(tmp_path, 1, model, optimizer, scheduler)
     np.random.seed(5)
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, saved / "rng.pt")
+    (saved / ckpt.MANIFEST).unlink()  # older checkpoints had no manifest either
     expected = float(np.random.rand())
     load_checkpoint(saved, model=model, peft=False, optimizer=optimizer, scheduler=scheduler)
     assert float(np.random.rand()) == expected
+
+
+@pytest.mark.parametrize("damage", ["truncate weights", "zero weights", "garbage header", "truncate optimizer"])
+def test_a_corrupt_checkpoint_is_refused_in_one_line(tmp_path, damage):
+    model, optimizer, scheduler = parts()
+    saved = save(tmp_path, 1, model, optimizer, scheduler)
+    assert (saved / ckpt.MANIFEST).is_file()
+    weights, state = saved / "model.safetensors", saved / "optimizer.pt"
+    if damage == "truncate weights":
+        weights.write_bytes(weights.read_bytes()[:40])
+    elif damage == "zero weights":
+        weights.write_bytes(bytes(weights.stat().st_size))
+    elif damage == "garbage header":
+        weights.write_bytes(b"\xff" * 8 + weights.read_bytes()[8:])
+    else:
+        state.write_bytes(state.read_bytes()[:100])
+    # Before: a raw safetensors/torch traceback (or, for zeroed weights, zero weights loaded).
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"checkpoint-000001 is corrupt: (model.safetensors|optimizer.pt)") as caught:
+        load_checkpoint(saved, model=model, peft=False, optimizer=optimizer, scheduler=scheduler)
+    assert len(str(caught.value).splitlines()) == 1
+    with pytest.raises(ckpt.CorruptCheckpointError):
+        ckpt.find_checkpoint(saved)
+
+
+def test_a_checkpoint_without_manifest_that_cannot_be_read_is_one_line_too(tmp_path):
+    model, optimizer, scheduler = parts()
+    saved = save(tmp_path, 1, model, optimizer, scheduler)
+    (saved / ckpt.MANIFEST).unlink()  # saved before manifests existed
+    (saved / "model.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="model.safetensors cannot be read"):
+        load_checkpoint(saved, model=model, peft=False, optimizer=optimizer, scheduler=scheduler)
+
+
+def test_resuming_a_run_takes_its_newest_intact_checkpoint_and_says_so(tmp_path):
+    model, optimizer, scheduler = parts()
+    older = save(tmp_path, 1, model, optimizer, scheduler)
+    newest = save(tmp_path, 2, model, optimizer, scheduler)
+    (newest / "model.safetensors").write_bytes(b"")
+    # Before: the corrupt newest one was taken (and its load ended in a traceback).
+    with pytest.warns(ckpt.CorruptCheckpointWarning, match=r"checkpoint-000002 is corrupt: model.safetensors has 0 bytes.*resuming from checkpoint-000001"):
+        assert ckpt.find_checkpoint(tmp_path) == older
+    assert ckpt.intact_checkpoint(tmp_path)[0] == older
+    (older / "optimizer.pt").unlink()
+    with pytest.raises(ckpt.CorruptCheckpointError, match="every checkpoint in .* is corrupt"):
+        ckpt.intact_checkpoint(tmp_path)
+
+
+def test_a_full_disk_says_how_much_room_a_checkpoint_needs(tmp_path, monkeypatch):
+    model, optimizer, scheduler = parts()
+    needed = ckpt.checkpoint_bytes(model, False, optimizer)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert needed >= 3 * weights  # the weights and AdamW's two moments
+    with pytest.raises(OSError, match=r"has [\d,]+ (KB|MB) free and a checkpoint of this run needs about [\d,]+ (KB|MB)") as caught:
+        ckpt.check_checkpoint_space(tmp_path / "run", 2**62)
+    assert caught.value.errno == errno.ENOSPC
+    ckpt.check_checkpoint_space(tmp_path / "run", 1)
+
+    class SafetensorError(Exception):  # what safetensors raises for a full disk (not an OSError)
+        pass
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    # Before: the SafetensorError escaped the trainer's full-disk handling as a traceback.
+    with pytest.raises(OSError, match=r"No space left on device \(a checkpoint of this run needs about .*free\)") as caught:
+        save(tmp_path, 1, model, optimizer, scheduler)
+    assert caught.value.errno == errno.ENOSPC
+    assert not [p for p in (tmp_path / "checkpoints").iterdir()]

@@ -302,3 +302,64 @@ def test_samples_builds_the_rows_with_the_trainers_config(trainer):
     assert [r.advantages[0] for r in trainer.samples(tied).samples] == [0.0, 0.0]
     trainer.config.zero_variance_groups = "skip"
     assert trainer.samples(tied).samples == []
+
+
+def test_the_summary_says_how_many_steps_updated_the_model_and_why_not(tmp_path):
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.trainer import TrainResult
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=2)
+    flat = {"train/reward/mean": 0.0, "train/success_rate": 0.0, "train/episodes": 4.0, "samples/rows": 0.0,
+            "samples/groups": 2.0, "samples/groups/zero_variance": 2.0}
+    history = [{"step": 1.0, **flat}, {"step": 2.0, **flat}]
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=2, history=history), 1.0, "report.html")
+    # Before: "2/2 steps" and nothing said the model never changed.
+    assert "updates           0 of 2 steps updated the model: 2 did not (every episode of each group got the same reward, none solved" in text
+    assert "try: easier tasks" in text and "--group-size" in text
+    trained = [{"step": 1.0, **flat, "samples/rows": 4.0, "samples/groups/zero_variance": 0.0}, {"step": 2.0, **flat}]
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=2, history=trained), 1.0, "report.html")
+    assert "1 of 2 steps updated the model: 1 did not (every episode" in text
+    broken = [{"step": 1.0, **flat, "samples/rows": 4.0, "update/nonfinite_skipped": 1.0}, {"step": 2.0, **flat, "samples/rows": 4.0}]
+    assert "1 of 2 steps updated the model: 1 did not (the update was not finite" in _summary(
+        config, TrainResult(output_dir=tmp_path, steps=2, history=broken), 1.0, "report.html")
+
+
+def test_a_resumed_runs_summary_shows_the_held_out_reward_before_training_from_its_log(tmp_path):
+    import json
+
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.trainer import TrainResult
+
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "eval/reward/mean": 0.25, "eval/success_rate": 0.25, "eval/episodes": 4.0}) + "\n"
+        + json.dumps({"step": 1, "train/reward/mean": 0.5}) + "\n"
+    )
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=2, eval_env_kwargs={})
+    after = {"eval/reward/mean": 0.5, "eval/success_rate": 0.75, "eval/episodes": 4.0}
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=2, eval_after=after), 1.0, "report.html")
+    # Before: no held-out line (the resumed run did not evaluate before training itself).
+    assert "held-out reward   0.250 -> 0.500   (greedy, 4 held-out tasks)" in text
+    assert "success rate      0.250 -> 0.750" in text
+
+
+def test_a_run_killed_while_checkpointing_and_resumed_logs_each_step_once(tiny_model_dir, tmp_path, policy):
+    import json
+    import shutil
+
+    from agentgym_lightning.training import LightningRLTrainer
+
+    trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=2, save_steps=1, save_total_limit=2), policy=policy)
+    trainer.train()
+    # kill -9 while step 2's checkpoint was written: its temporary folder stands, not the checkpoint.
+    checkpoints = tmp_path / "checkpoints"
+    shutil.rmtree(checkpoints / "checkpoint-000002")
+    (checkpoints / ".checkpoint-000002.tmp-killed").mkdir()
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 2, "train/reward/me')  # and a line cut by the kill
+    resumed = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=2, save_steps=1, save_total_limit=2), policy=policy)
+    assert resumed.train(resume_from=tmp_path).steps == 2
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if "train/reward/mean" in r]
+    assert train_steps == [1, 2]  # before: [1, 2, 2] (the step logged before the kill and its rerun)
