@@ -19,6 +19,7 @@ from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.gateway.otlp import export_response, parse_export_request
 from agentgym_lightning.gateway.validation import check_item_counts, parse_json
 from agentgym_lightning.gateway.wires import CHAT, Wire
+from agentgym_lightning.llm import MAX_TOKENS_LIMIT
 from agentgym_lightning.tracing.processor import call_parent
 
 __all__ = ["EpisodeRouter"]
@@ -98,7 +99,8 @@ class EpisodeRouter:
         over = {
             key: cap
             for key in _GENERATION_LIMITS
-            if type(value := data.get(key)) is int and value > cap  # anything else: the wire refuses it
+            # anything else (not an integer, past MAX_TOKENS_LIMIT) is the wire's to refuse
+            if type(value := data.get(key)) is int and cap < value <= MAX_TOKENS_LIMIT
         }
         return {**data, **over} if over else data
 
