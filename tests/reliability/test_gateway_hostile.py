@@ -479,12 +479,9 @@ def test_only_the_culprit_fails_in_a_batch_with_a_real_backend(gateway, hf_polic
 
 # ------------------------------------ issue 37 item 12: the work a request may cause is bounded
 
-BOUNDED = dataclasses.replace(SMALL, max_json_values=2_000, max_messages=50, max_tools=20)
-
-
 @pytest.fixture
 def bounded() -> Iterator[Gateway]:
-    gw = Gateway(limits=BOUNDED)
+    gw = Gateway(limits=dataclasses.replace(SMALL, max_json_values=2_000, max_messages=50, max_tools=20))
     gw.start()
     yield gw
     gw.close()
