@@ -688,8 +688,8 @@ def stage_work(args: argparse.Namespace) -> None:
         "8 MB of ~2.8M empty Responses items": (
             "v1/responses", "application/json", b'{"input": [' + b",".join([b"{}"] * 2_790_000) + b"]}"
         ),
-        "8 MB of 280k valid chat messages": (
-            "v1/chat/completions", "application/json", b'{"messages": [' + b",".join([chat_item] * 280_000) + b"]}"
+        "8 MB of 240k valid chat messages": (
+            "v1/chat/completions", "application/json", b'{"messages": [' + b",".join([chat_item] * 240_000) + b"]}"
         ),
         "8 MB of 143k OTLP spans (protobuf)": (
             "v1/traces", "application/x-protobuf", _otlp_request(spans=143_000).SerializeToString()

@@ -148,14 +148,15 @@ def _check_values(request: Any, limits: GatewayLimits) -> None:
     """Refuse a request with more than ``max_export_spans`` spans (413), attribute values
     nested deeper than ``max_attribute_depth`` (400) or more than ``max_attribute_values`` of
     them (413), walking the decoded message without building any value."""
-    spans = [span for resource in request.resource_spans for scope in resource.scope_spans for span in scope.spans]
-    if len(spans) > limits.max_export_spans:
+    count = sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
+    if count > limits.max_export_spans:
         raise GatewayError(
             413,
-            f"this OTLP export carries {len(spans)} spans, more than the gateway's max_export_spans of "
+            f"this OTLP export carries {count} spans, more than the gateway's max_export_spans of "
             f"{limits.max_export_spans}; export smaller batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
             code="request_too_large",
         )
+    spans = [span for resource in request.resource_spans for scope in resource.scope_spans for span in scope.spans]
     stack = [(kv.value, 1) for span in spans for kv in span.attributes]
     stack += [(kv.value, 1) for span in spans for event in span.events for kv in event.attributes]
     count = 0

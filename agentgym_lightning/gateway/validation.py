@@ -96,7 +96,7 @@ def parse_json(
 
 
 _STRING = re.compile(rb'"[^"]*"')
-_SCAN_CHUNK = 256 * 2**10
+_SCAN_CHUNK = 64 * 2**10
 
 
 def _structure(raw: bytes) -> int:
