@@ -14,7 +14,7 @@
     python bench/hostile_gateway.py otlp       # issue 37 item 13: nested OTLP attribute values (protobuf, JSON)
     python bench/hostile_gateway.py answers    # issue 37 item 14: the 500s, the 413's shape, a billion-token call, forged spans
 
-``work``, ``otlp`` and ``answers`` take ``--only NAME[,NAME]`` (a payload's name) and
+``work``, ``otlp`` and ``answers`` take ``--only "NAME[;NAME]"`` (a payload's name) and
 ``--timeout S`` (per hostile request), to measure a revision that does not survive them all.
 
 Each stage runs in a fresh process (peak RSS is per process) with the gateway's defaults and
@@ -616,7 +616,7 @@ def _run_hostile(args: argparse.Namespace, payloads: dict[str, tuple[str, str, b
     """Post each payload (``route under the episode``, media type, body) from a child process,
     one at a time, while ``innocents`` agents call the gateway; per payload: the answer, its
     time, the serving process's peak RSS growth and how the innocent calls fared meanwhile."""
-    only = set(args.only.split(",")) if args.only else set(payloads)
+    only = set(args.only.split(";")) if args.only else set(payloads)
     gw = get_gateway()
     gw.start()
     env, release, t = _blocked_episode()
@@ -859,7 +859,7 @@ STAGES = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=sorted(STAGES))
-    parser.add_argument("--only", default="", help="work/otlp/answers: only these payloads (names, comma-separated)")
+    parser.add_argument("--only", default="", help="work/otlp/answers: only these payloads (names, separated by ;)")
     parser.add_argument("--timeout", type=float, default=300.0, help="work/otlp/answers: seconds per hostile request")
     args = parser.parse_args()
     STAGES[args.stage](args)
