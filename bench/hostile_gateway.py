@@ -650,7 +650,8 @@ def _run_hostile(args: argparse.Namespace, payloads: dict[str, tuple[str, str, b
     release.set()
 
 
-def _otlp_request(spans: int = 1, attribute: Any = None) -> Any:
+def otlp_request(spans: int = 1, attribute: Any = None) -> Any:
+    """An ``ExportTraceServiceRequest`` of ``spans`` spans, each with ``attribute`` (if given) as ``a``."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
@@ -663,7 +664,9 @@ def _otlp_request(spans: int = 1, attribute: Any = None) -> Any:
     return request
 
 
-def _nested_kvlist(levels: int) -> Any:
+def nested_kvlist(levels: int) -> Any:
+    """An OTLP ``AnyValue`` holding ``levels`` key-value lists in one another (issue 37 item 13:
+    each level used to be JSON text re-escaped by the next, doubling its size); the tests use it too."""
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
     value = AnyValue(string_value='"\\')
@@ -692,7 +695,7 @@ def stage_work(args: argparse.Namespace) -> None:
             "v1/chat/completions", "application/json", b'{"messages": [' + b",".join([chat_item] * 240_000) + b"]}"
         ),
         "8 MB of 143k OTLP spans (protobuf)": (
-            "v1/traces", "application/x-protobuf", _otlp_request(spans=143_000).SerializeToString()
+            "v1/traces", "application/x-protobuf", otlp_request(spans=143_000).SerializeToString()
         ),
     }
     _run_hostile(args, payloads)
@@ -703,13 +706,13 @@ def stage_otlp(args: argparse.Namespace) -> None:
 
     payloads = {
         f"kvlist {levels} levels deep (protobuf)": (
-            "v1/traces", "application/x-protobuf", _otlp_request(attribute=_nested_kvlist(levels)).SerializeToString()
+            "v1/traces", "application/x-protobuf", otlp_request(attribute=nested_kvlist(levels)).SerializeToString()
         )
         for levels in (27, 30)
     }
     # 30 key-value lists in one another: 120 levels of JSON.
     payloads["kvlist 120 JSON levels deep (OTLP/JSON)"] = (
-        "v1/traces", "application/json", otlp_json(_otlp_request(attribute=_nested_kvlist(30)))
+        "v1/traces", "application/json", otlp_json(otlp_request(attribute=nested_kvlist(30)))
     )
     _run_hostile(args, payloads)
 

@@ -440,30 +440,13 @@ print(sum(p is processor.PROCESSOR for p in provider._active_span_processor._spa
         assert done.stdout.strip() == "1" and "Overriding" not in done.stderr, done.stderr
 
 
-def _nested_kvlist(levels: int):
-    """An OTLP attribute value holding ``levels`` key-value lists in one another (issue 37 item
-    13: each level used to be JSON text re-escaped by the next, doubling its size)."""
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+def _bench_payloads():
+    """The hostile-gateway bench's OTLP payload builders (``bench/hostile_gateway.py otlp``)."""
+    import runpy
+    from pathlib import Path
 
-    value = AnyValue(string_value='"\\')
-    for _ in range(levels):
-        outer = AnyValue()
-        outer.kvlist_value.values.append(KeyValue(key="k", value=value))
-        value = outer
-    return value
-
-
-def _export_with(values=(), spans=1):
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-
-    request = ExportTraceServiceRequest()
-    scope = request.resource_spans.add().scope_spans.add()
-    for i in range(spans):
-        span = scope.spans.add(trace_id=b"\1" * 16, span_id=(i + 1).to_bytes(8, "big"), name="s")
-        for value in values:
-            span.attributes.append(KeyValue(key="a", value=value))
-    return request
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / "hostile_gateway.py"))
+    return bench["otlp_request"], bench["nested_kvlist"]
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
@@ -474,12 +457,13 @@ def test_otlp_attribute_depth_and_value_counts_are_bounded_while_decoding(encodi
     from agentgym_lightning.gateway.limits import GatewayLimits
     from agentgym_lightning.gateway.otlp import parse_export_request
 
+    _export_with, _nested_kvlist = _bench_payloads()
     limits = GatewayLimits(max_export_spans=10, max_attribute_values=100)
     flat = AnyValue()
     flat.array_value.values.extend(AnyValue(int_value=i) for i in range(100))
     cases = [
-        (_export_with([_nested_kvlist(20)]), 400, "max_attribute_depth"),  # 20 levels in ~150 bytes
-        (_export_with([flat]), 413, "max_attribute_values"),
+        (_export_with(attribute=_nested_kvlist(20)), 400, "max_attribute_depth"),  # 20 levels in ~150 bytes
+        (_export_with(attribute=flat), 413, "max_attribute_values"),
         (_export_with(spans=11), 413, "max_export_spans"),
     ]
     for request, status, limit in cases:
@@ -489,7 +473,7 @@ def test_otlp_attribute_depth_and_value_counts_are_bounded_while_decoding(encodi
             parse_export_request(body, media, None, limits)
         assert getattr(err.value, "status", None) == status and limit in str(err.value), err.value
     # Within the bounds: a nested key-value list is one JSON object, not text escaped per level.
-    (record,) = parse_export_request(_export_with([_nested_kvlist(15)]).SerializeToString(), "application/x-protobuf",
+    (record,) = parse_export_request(_export_with(attribute=_nested_kvlist(15)).SerializeToString(), "application/x-protobuf",
                                      None, limits)
     assert len(record.attributes["a"]) < 200 and json.loads(record.attributes["a"])["k"]["k"]["k"]
 
@@ -498,7 +482,7 @@ def test_otlp_attribute_depth_and_value_counts_are_bounded_while_decoding(encodi
     episode = Episode(task=None)
     gateway.register(episode)
     with httpx.Client(base_url=gateway.base_url(episode.episode_id).removesuffix("/v1")) as client:
-        body = _export_with([_nested_kvlist(20)])
+        body = _export_with(attribute=_nested_kvlist(20))
         body = body.SerializeToString() if encoding == "protobuf" else otlp_json(body)
         r = client.post("/v1/traces", content=body, headers={"content-type": media})
     assert r.status_code == 400 and "max_attribute_depth" in r.json()["error"]["message"]
