@@ -126,15 +126,16 @@ def _snapshot() -> tuple[int, int, int]:
     return threading.active_count(), PROC.num_fds(), len(PROC.net_connections(kind="all"))
 
 
-def _blocked_episode() -> tuple[AgentEnv, threading.Event, threading.Thread]:
-    """An episode whose agent makes no call until released: its URL exists for hostile clients."""
+def _blocked_episode(hold: float = 120.0) -> tuple[AgentEnv, threading.Event, threading.Thread]:
+    """An episode whose agent makes no call until released (or ``hold`` seconds): its URL
+    exists for hostile clients."""
     started, release = threading.Event(), threading.Event()
 
     def agent(task, ctx):
         started.set()
-        release.wait(120)
+        release.wait(hold)
 
-    env = AgentEnv(agent, [{}], time_limit=120)
+    env = AgentEnv(agent, [{}], time_limit=hold)
     t = threading.Thread(target=env.reset, kwargs={"seed": 0}, daemon=True)
     t.start()
     started.wait(10)
@@ -619,7 +620,7 @@ def _run_hostile(args: argparse.Namespace, payloads: dict[str, tuple[str, str, b
     only = set(args.only.split(";")) if args.only else set(payloads)
     gw = get_gateway()
     gw.start()
-    env, release, t = _blocked_episode()
+    env, release, t = _blocked_episode(hold=3600.0)
     crowd = _Innocents(innocents)
     time.sleep(2.0)
     print(f"before: {crowd.take()}")
