@@ -689,6 +689,10 @@ def stage_work(args: argparse.Namespace) -> None:
         "100,000 empty chat tools": (
             "v1/chat/completions", "application/json", json.dumps({"messages": [USER], "tools": [{}] * 100_000}).encode()
         ),
+        "100,000 bad metadata values on chat": (
+            "v1/chat/completions", "application/json",
+            json.dumps({"messages": [USER], "metadata": {str(i): i for i in range(100_000)}}).encode(),
+        ),
         "8 MB of ~2.8M empty Responses items": (
             "v1/responses", "application/json", b'{"input": [' + b",".join([b"{}"] * 2_790_000) + b"]}"
         ),

@@ -80,6 +80,10 @@ class GatewayLimits:
     max_messages: int = 10_000
     #: Most ``tools`` one request may declare (413 before any is checked; OpenAI takes 128).
     max_tools: int = 1_000
+    #: Most keys in one of a request's objects (its fields and their fields: ``metadata``,
+    #: ``logit_bias``...): more is refused (413) before anything is validated (OpenAI takes 16
+    #: metadata keys).
+    max_object_keys: int = 1_000
     #: Most spans one OTLP export request may carry (413 before any span is read; an
     #: OpenTelemetry batch exporter sends at most 512 per request by default).
     max_export_spans: int = 10_000

@@ -87,7 +87,8 @@ class EpisodeRouter:
         episode.raise_if_stopped()
         parent = call_parent({"traceparent": traceparent} if traceparent else None)
         data = self.json_object(body)
-        check_item_counts(data, self.limits.max_messages, self.limits.max_tools)
+        limits = self.limits
+        check_item_counts(data, limits.max_messages, limits.max_tools, limits.max_object_keys)
         return wire.submit(episode, self._capped(data), self.limits.content_part_types, parent)
 
     def _capped(self, data: dict[str, Any]) -> dict[str, Any]:

@@ -212,10 +212,22 @@ def check_chat_request(body: Any, content_part_types: Collection[str] = ("text",
 _ITEM_FIELDS = {"messages": "max_messages", "input": "max_messages", "tools": "max_tools"}
 
 
-def check_item_counts(body: Mapping[str, Any], max_messages: int, max_tools: int) -> None:
+def check_item_counts(body: Mapping[str, Any], max_messages: int, max_tools: int, max_object_keys: int) -> None:
     """Refuse (413) a body with more than ``max_messages`` items in ``messages`` (chat,
-    Anthropic) or ``input`` (Responses), or more than ``max_tools`` ``tools``: checked before any
-    item is validated, so the work a request causes is bounded by these counts."""
+    Anthropic) or ``input`` (Responses), more than ``max_tools`` ``tools``, or an object of more
+    than ``max_object_keys`` keys among its fields and their fields (``metadata``,
+    ``logit_bias``, ``prompt.variables``: maps whose every bad value is one more validation
+    error, which no list's fail-fast stops): checked before anything is validated, so the work a
+    request causes, and the error it gets, are bounded by these counts."""
+    for key, value in body.items():
+        for where, obj in ((key, value), *((f"{key}.{k}", v) for k, v in (value.items() if isinstance(value, dict) else ()))):
+            if isinstance(obj, dict) and len(obj) > max_object_keys:
+                raise GatewayError(
+                    413,
+                    f"'{where[:60]}' has {len(obj)} keys, more than this gateway's max_object_keys of {max_object_keys}; "
+                    "send fewer, or raise it (AGENTGYM_LIGHTNING_GATEWAY_MAX_OBJECT_KEYS)",
+                    code="request_too_large",
+                )
     limits = {"max_messages": max_messages, "max_tools": max_tools}
     for key, limit_name in _ITEM_FIELDS.items():
         items = body.get(key)

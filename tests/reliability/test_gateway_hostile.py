@@ -481,7 +481,7 @@ def test_only_the_culprit_fails_in_a_batch_with_a_real_backend(gateway, hf_polic
 
 @pytest.fixture
 def bounded() -> Iterator[Gateway]:
-    gw = Gateway(limits=dataclasses.replace(SMALL, max_json_values=2_000, max_messages=50, max_tools=20))
+    gw = Gateway(limits=dataclasses.replace(SMALL, max_json_values=2_000, max_messages=50, max_tools=20, max_object_keys=30))
     gw.start()
     yield gw
     gw.close()
@@ -498,6 +498,8 @@ def test_too_many_items_or_values_are_refused_before_any_is_checked(bounded, tra
         ("chat/completions", {"messages": [USER], "tools": [{}] * 21}, "max_tools"),
         ("messages", {"max_tokens": 5, "messages": [USER] * 51}, "max_messages"),
         ("chat/completions", {"messages": [USER], "metadata": {"a": [[]] * 1_000}, "x": [0] * 1_000}, "max_json_values"),
+        ("chat/completions", {"messages": [USER], "metadata": {str(i): i for i in range(31)}}, "max_object_keys"),
+        ("responses", {"input": "x", "prompt": {"id": "p", "variables": {str(i): i for i in range(31)}}}, "max_object_keys"),
     ]
     with blocked_episode(bounded) as env:
         base = bounded.client_base_url(env.episode_id, transport)
