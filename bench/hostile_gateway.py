@@ -770,10 +770,15 @@ def stage_answers(args: argparse.Namespace) -> None:
     _forged_span()
 
 
-def _billion_tokens(args: argparse.Namespace) -> None:
-    """A 4-token call batched beside one asking for a billion tokens, on the hf backend."""
+def _billion_tokens(args: argparse.Namespace, cap: int = 256) -> None:
+    """A 4-token call batched beside one asking for a billion tokens, on the hf backend, through
+    a gateway capping each call at ``cap`` tokens (a revision without the cap: its defaults)."""
+    import dataclasses
+
     import httpx
 
+    from agentgym_lightning.gateway import Gateway
+    from agentgym_lightning.gateway.limits import GatewayLimits
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.policies.models import resolve_model
     from agentgym_lightning.rollout import rollout
@@ -792,8 +797,14 @@ def _billion_tokens(args: argparse.Namespace) -> None:
             except httpx.HTTPError as exc:
                 return type(exc).__name__
 
+    try:
+        gateway = Gateway(limits=dataclasses.replace(GatewayLimits(), max_completion_tokens=cap))
+        print(f"a 4-token and a 1e9-token call on hf, the gateway's max_completion_tokens {cap}:")
+    except TypeError:
+        gateway = Gateway()
+        print("a 4-token and a 1e9-token call on hf (this revision has no max_completion_tokens):")
     tasks = [{"name": "4 tokens", "max_tokens": 4}, {"name": "1e9 tokens", "max_tokens": 1_000_000_000}]
-    make = lambda: AgentEnv(agent, tasks, transport="http", time_limit=args.timeout + 30)  # noqa: E731
+    make = lambda: AgentEnv(agent, tasks, transport="http", time_limit=args.timeout + 30, gateway=gateway)  # noqa: E731
     out = rollout(make, hf, episodes=2, concurrency=2, progress=False, max_batch_wait=1.0)
     for t in out:
         seen = t.steps[0].request.sampling.max_tokens if t.steps else None
@@ -802,6 +813,7 @@ def _billion_tokens(args: argparse.Namespace) -> None:
             f"(finish_reason, completion_tokens) {t.result}; the policy was asked for {seen}"
         )
     hf.close()
+    gateway.close()
 
 
 def _forged_span() -> None:
