@@ -543,20 +543,27 @@ def stage_poison(args: argparse.Namespace, *, episodes: int = 8) -> None:
 # ------------------------------------------------------------- issue 37 items 12-14: work, not bytes
 
 POSTER = r"""
-import json, sys, time, urllib.request, urllib.error
-url, timeout = sys.argv[1], float(sys.argv[2])
+import json, socket, sys, time
+host, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 for line in sys.stdin:
     name, path, media, body_file = json.loads(line)
     body = open(body_file, "rb").read()
-    request = urllib.request.Request(url + path, data=body, headers={"content-type": media}, method="POST")
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     start = time.perf_counter()
+    sock = socket.create_connection((host, port), timeout=timeout)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            status, answer = r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        status, answer = exc.code, exc.read()
-    except Exception as exc:
-        status, answer = type(exc).__name__, b""
+        sock.sendall(head.encode() + body)
+    except OSError:
+        pass  # refused while sending: read the answer, as httpx does
+    data, status = b"", None
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError as exc:
+        status = type(exc).__name__
+    sock.close()
+    answer = data.split(b"\r\n\r\n", 1)[-1]
+    status = status or (data.split(b" ", 2)[1].decode() if data else "closed without an answer")
     print(json.dumps([name, len(body), status, round(time.perf_counter() - start, 3), answer[:160].decode(errors="replace")]), flush=True)
 """
 
@@ -626,7 +633,8 @@ def _run_hostile(args: argparse.Namespace, payloads: dict[str, tuple[str, str, b
     print(f"before: {crowd.take()}")
     with tempfile.TemporaryDirectory() as tmp:
         child = subprocess.Popen(
-            [sys.executable, "-c", POSTER, gw.url, str(args.timeout)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", POSTER, gw.host, str(gw.port), str(args.timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         assert child.stdin is not None and child.stdout is not None
         for name, (route, media, body) in payloads.items():
