@@ -774,8 +774,8 @@ def stage_answers(args: argparse.Namespace) -> None:
     for name, seen in zip(answers, info["trajectory"].result or ()):
         print(f"answer with {name}: the Anthropic agent got {seen}")
 
-    _billion_tokens(args)
     _forged_span()
+    _billion_tokens(args)  # last: a revision without the cap may not finish it
 
 
 def _billion_tokens(args: argparse.Namespace, cap: int = 256) -> None:
