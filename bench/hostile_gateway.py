@@ -10,6 +10,12 @@
     python bench/hostile_gateway.py swallow    # of 50 agents that swallow Exception and keep calling, how many outlive stop()
     python bench/hostile_gateway.py errors     # issue 11 item 6's requests: status, shape, steps recorded
     python bench/hostile_gateway.py poison     # 8 agents on the hf backend, one sending item 3's poisons: who fails
+    python bench/hostile_gateway.py work       # issue 37 item 12: bodies that cost work, not bytes, beside innocent agents
+    python bench/hostile_gateway.py otlp       # issue 37 item 13: nested OTLP attribute values (protobuf, JSON)
+    python bench/hostile_gateway.py answers    # issue 37 item 14: the 500s, the 413's shape, a billion-token call, forged spans
+
+``work``, ``otlp`` and ``answers`` take ``--only "NAME[;NAME]"`` (a payload's name) and
+``--timeout S`` (per hostile request), to measure a revision that does not survive them all.
 
 Each stage runs in a fresh process (peak RSS is per process) with the gateway's defaults and
 uses only public API, so the same script measures any revision. The hostile clients run in a
@@ -32,6 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -119,15 +126,16 @@ def _snapshot() -> tuple[int, int, int]:
     return threading.active_count(), PROC.num_fds(), len(PROC.net_connections(kind="all"))
 
 
-def _blocked_episode() -> tuple[AgentEnv, threading.Event, threading.Thread]:
-    """An episode whose agent makes no call until released: its URL exists for hostile clients."""
+def _blocked_episode(hold: float = 120.0) -> tuple[AgentEnv, threading.Event, threading.Thread]:
+    """An episode whose agent makes no call until released (or ``hold`` seconds): its URL
+    exists for hostile clients."""
     started, release = threading.Event(), threading.Event()
 
     def agent(task, ctx):
         started.set()
-        release.wait(120)
+        release.wait(hold)
 
-    env = AgentEnv(agent, [{}], time_limit=120)
+    env = AgentEnv(agent, [{}], time_limit=hold)
     t = threading.Thread(target=env.reset, kwargs={"seed": 0}, daemon=True)
     t.start()
     started.wait(10)
@@ -532,7 +540,337 @@ def stage_poison(args: argparse.Namespace, *, episodes: int = 8) -> None:
     hf.close()
 
 
+# ------------------------------------------------------------- issue 37 items 12-14: work, not bytes
+
+POSTER = r"""
+import json, socket, sys, time
+host, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+for line in sys.stdin:
+    name, path, media, body_file = json.loads(line)
+    body = open(body_file, "rb").read()
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    start = time.perf_counter()
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.sendall(head.encode() + body)
+    except OSError:
+        pass  # refused while sending: read the answer, as httpx does
+    data, status = b"", None
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError as exc:
+        status = type(exc).__name__
+    sock.close()
+    answer = data.split(b"\r\n\r\n", 1)[-1]
+    status = status or (data.split(b" ", 2)[1].decode() if data else "closed without an answer")
+    print(json.dumps([name, len(body), status, round(time.perf_counter() - start, 3), answer[:160].decode(errors="replace")]), flush=True)
+"""
+
+
+class _Innocents:
+    """``count`` agents calling the gateway over HTTP in a loop, answered at once by a driver:
+    their calls' latencies and failures while the hostile requests run."""
+
+    def __init__(self, count: int = 4) -> None:
+        from agentgym_lightning.llm import Completion
+        from agentgym_lightning.rollout import rollout
+
+        self.stop = threading.Event()
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+
+        def agent(task, ctx):
+            client = ctx.openai_client()
+            while not self.stop.is_set():
+                start = time.perf_counter()
+                try:
+                    client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": "hi"}])
+                    self.latencies.append(time.perf_counter() - start)
+                except Exception as exc:  # noqa: BLE001 - the figure we report
+                    self.failures.append(type(exc).__name__)
+                time.sleep(0.01)
+
+        make = lambda: AgentEnv(agent, [{}], transport="http", time_limit=3600)  # noqa: E731
+        policy = lambda requests: [Completion(text="ok") for _ in requests]  # noqa: E731
+        self.thread = threading.Thread(
+            target=rollout, args=(make, policy), kwargs={"episodes": count, "concurrency": count, "progress": False},
+            daemon=True,
+        )
+        self.thread.start()
+
+    def take(self) -> str:
+        latencies, self.latencies = sorted(self.latencies), []
+        failures, self.failures = self.failures, []
+        if not latencies:
+            return f"innocent calls: none answered, {len(failures)} failed"
+        p50, worst = latencies[len(latencies) // 2], latencies[-1]
+        return f"innocent calls: {len(latencies)} answered (median {p50 * 1000:.0f} ms, worst {worst * 1000:.0f} ms), {len(failures)} failed"
+
+
+def _peak_rss_sampler() -> tuple[threading.Event, list[float]]:
+    """The serving process's RSS, sampled every 10 ms until the event is set: [peak MB]."""
+    stop, peak = threading.Event(), [PROC.memory_info().rss / 2**20]
+
+    def sample() -> None:
+        while not stop.wait(0.01):
+            peak[0] = max(peak[0], PROC.memory_info().rss / 2**20)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return stop, peak
+
+
+def _run_hostile(args: argparse.Namespace, payloads: dict[str, tuple[str, str, bytes]], innocents: int = 4) -> None:
+    """Post each payload (``route under the episode``, media type, body) from a child process,
+    one at a time, while ``innocents`` agents call the gateway; per payload: the answer, its
+    time, the serving process's peak RSS growth and how the innocent calls fared meanwhile."""
+    only = set(args.only.split(";")) if args.only else set(payloads)
+    gw = get_gateway()
+    gw.start()
+    env, release, t = _blocked_episode(hold=3600.0)
+    crowd = _Innocents(innocents)
+    time.sleep(2.0)
+    print(f"before: {crowd.take()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        child = subprocess.Popen(
+            [sys.executable, "-c", POSTER, gw.host, str(gw.port), str(args.timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert child.stdin is not None and child.stdout is not None
+        for name, (route, media, body) in payloads.items():
+            if name not in only:
+                continue
+            body_file = Path(tmp) / "body"
+            body_file.write_bytes(body)
+            gc.collect()
+            base = PROC.memory_info().rss / 2**20
+            stop, peak = _peak_rss_sampler()
+            child.stdin.write(json.dumps([name, f"/episodes/{env.episode_id}/{route}", media, str(body_file)]) + "\n")
+            child.stdin.flush()
+            _, size, status, seconds, answer = json.loads(child.stdout.readline())
+            time.sleep(0.5)  # innocent calls after the answer too
+            stop.set()
+            print(f"{name} ({size / 2**10:,.0f} KiB): {status} in {seconds:.3f} s, peak RSS +{peak[0] - base:,.0f} MB; {crowd.take()}")
+            print(f"    {answer[:150]}")
+        child.stdin.close()
+        child.wait(30)
+    print(f"steps recorded by the hostile requests' episode: {len(env.trajectory.steps)}")
+    crowd.stop.set()
+    release.set()
+
+
+def otlp_request(spans: int = 1, attribute: Any = None) -> Any:
+    """An ``ExportTraceServiceRequest`` of ``spans`` spans, each with ``attribute`` (if given) as ``a``."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for i in range(spans):
+        span = scope.spans.add(trace_id=b"\1" * 16, span_id=(i + 1).to_bytes(8, "big"), name="s")
+        if attribute is not None:
+            span.attributes.append(KeyValue(key="a", value=attribute))
+    return request
+
+
+def nested_kvlist(levels: int) -> Any:
+    """An OTLP ``AnyValue`` holding ``levels`` key-value lists in one another (issue 37 item 13:
+    each level used to be JSON text re-escaped by the next, doubling its size); the tests use it too."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    value = AnyValue(string_value='"\\')
+    for _ in range(levels):
+        outer = AnyValue()
+        outer.kvlist_value.values.append(KeyValue(key="k", value=value))
+        value = outer
+    return value
+
+
+def stage_work(args: argparse.Namespace) -> None:
+    chat_item = json.dumps(USER).encode()
+    payloads = {
+        "10,000 empty Responses items": ("v1/responses", "application/json", json.dumps({"input": [{}] * 10_000}).encode()),
+        "10,000 function_call items, call_id 1": (
+            "v1/responses", "application/json",
+            json.dumps({"input": [{"type": "function_call", "call_id": 1}] * 10_000}).encode(),
+        ),
+        "100,000 empty chat tools": (
+            "v1/chat/completions", "application/json", json.dumps({"messages": [USER], "tools": [{}] * 100_000}).encode()
+        ),
+        "100,000 bad metadata values on chat": (
+            "v1/chat/completions", "application/json",
+            json.dumps({"messages": [USER], "metadata": {str(i): i for i in range(100_000)}}).encode(),
+        ),
+        "8 MB of ~2.8M empty Responses items": (
+            "v1/responses", "application/json", b'{"input": [' + b",".join([b"{}"] * 2_790_000) + b"]}"
+        ),
+        "8 MB of 240k valid chat messages": (
+            "v1/chat/completions", "application/json", b'{"messages": [' + b",".join([chat_item] * 240_000) + b"]}"
+        ),
+        "8 MB of 143k OTLP spans (protobuf)": (
+            "v1/traces", "application/x-protobuf", otlp_request(spans=143_000).SerializeToString()
+        ),
+    }
+    _run_hostile(args, payloads)
+
+
+def stage_otlp(args: argparse.Namespace) -> None:
+    from agentgym_lightning.gateway.otlp import otlp_json
+
+    payloads = {
+        f"kvlist {levels} levels deep (protobuf)": (
+            "v1/traces", "application/x-protobuf", otlp_request(attribute=nested_kvlist(levels)).SerializeToString()
+        )
+        for levels in (27, 30)
+    }
+    # 30 key-value lists in one another: 120 levels of JSON.
+    payloads["kvlist 120 JSON levels deep (OTLP/JSON)"] = (
+        "v1/traces", "application/json", otlp_json(otlp_request(attribute=nested_kvlist(30)))
+    )
+    _run_hostile(args, payloads)
+
+
+def stage_answers(args: argparse.Namespace) -> None:
+    """Item 14: the requests that were 500s, and the answers a policy writes that were."""
+    import httpx
+
+    from agentgym_lightning.llm import Completion
+
+    uses = [{"type": "tool_use", "id": bad, "name": "f", "input": {}} for bad in (["a"], {"a": 1})]
+    payloads = {
+        f"Anthropic tool_use.id as a {type(use['id']).__name__}": (
+            "v1/messages", "application/json",
+            json.dumps({"max_tokens": 5, "messages": [USER, {"role": "assistant", "content": [use]}, USER]}).encode(),
+        )
+        for use in uses
+    }
+    payloads["9 MB on /v1/messages"] = ("v1/messages", "application/json", b" " * (9 * 2**20))
+    _run_hostile(args, payloads, innocents=1)
+
+    # A policy's own answers: tool-call arguments past the decoder's recursion limit, NaN, 1e999.
+    answers = {
+        "arguments 5,000 levels deep": '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}",
+        "arguments with NaN": '{"a": NaN}',
+        "arguments with 1e999": '{"a": 1e999}',
+    }
+
+    def agent(task, ctx):
+        out = []
+        with httpx.Client(timeout=60) as http:
+            for _ in answers:
+                r = http.post(f"{ctx.anthropic_base_url}/v1/messages", json={"max_tokens": 5, "messages": [USER]})
+                try:
+                    json.loads(r.content, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+                    strict = "strict JSON"
+                except ValueError as exc:
+                    strict = f"not JSON ({str(exc)[:40]})"
+                out.append(f"{r.status_code}, {strict}")
+        return out
+
+    env = AgentEnv(agent, [{}], transport="http", time_limit=120)
+    env.reset(seed=0)
+    for args_text in answers.values():
+        *_, info = env.step(Completion(text="", tool_calls=[{"id": "c", "name": "f", "arguments": args_text}]))
+    for name, seen in zip(answers, info["trajectory"].result or ()):
+        print(f"answer with {name}: the Anthropic agent got {seen}")
+
+    _forged_span()
+    _billion_tokens(args)  # last: a revision without the cap may not finish it
+
+
+def _billion_tokens(args: argparse.Namespace, cap: int = 256) -> None:
+    """A 4-token call batched beside one asking for a billion tokens, on the hf backend, through
+    a gateway capping each call at ``cap`` tokens (a revision without the cap: its defaults)."""
+    import dataclasses
+
+    import httpx
+
+    from agentgym_lightning.gateway import Gateway
+    from agentgym_lightning.gateway.limits import GatewayLimits
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.policies.models import resolve_model
+    from agentgym_lightning.rollout import rollout
+
+    hf = HFPolicy(str(resolve_model("smollm2-135m")), device="cpu", num_threads=1)
+    answered: dict[str, float] = {}
+    start = time.perf_counter()
+
+    def agent(task, ctx):
+        with httpx.Client(timeout=args.timeout) as http:
+            body = {"prompt": "Count: 1, 2, 3,", "max_tokens": task["max_tokens"], "temperature": 0}
+            try:
+                r = http.post(f"{ctx.base_url}/completions", json=body).json()
+                answered[task["name"]] = time.perf_counter() - start
+                return r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
+
+    try:
+        gateway = Gateway(limits=dataclasses.replace(GatewayLimits(), max_completion_tokens=cap))
+        print(f"a 4-token and a 1e9-token call on hf, the gateway's max_completion_tokens {cap}:")
+    except TypeError:
+        gateway = Gateway()
+        print("a 4-token and a 1e9-token call on hf (this revision has no max_completion_tokens):")
+    tasks = [{"name": "4 tokens", "max_tokens": 4}, {"name": "1e9 tokens", "max_tokens": 1_000_000_000}]
+    make = lambda: AgentEnv(agent, tasks, transport="http", time_limit=args.timeout + 30, gateway=gateway)  # noqa: E731
+    out = rollout(make, hf, episodes=2, concurrency=2, progress=False, max_batch_wait=1.0)
+    for t in out:
+        seen = t.steps[0].request.sampling.max_tokens if t.steps else None
+        print(
+            f"{t.task['name']}: answered after {answered.get(t.task['name'], float('nan')):.1f} s "
+            f"(finish_reason, completion_tokens) {t.result}; the policy was asked for {seen}"
+        )
+    hf.close()
+    gateway.close()
+
+
+def _forged_span() -> None:
+    """An in-process agent starting a failing tool span in a context carrying another episode's
+    trace id: does the victim episode record it (and its AIR signal)?"""
+    from opentelemetry import trace
+
+    from agentgym_lightning.tracing.spans import episode_trace_id
+
+    victim_ready, forged = threading.Event(), threading.Event()
+
+    def victim(task, ctx):
+        victim_ready.set()
+        forged.wait(30)
+        return ctx.chat_completion([USER]).text
+
+    victim_env = AgentEnv(victim, [{}], lambda t, r: 1.0, air_weights={"otel.tool_error": -0.5})
+    holder: dict = {}
+    t = threading.Thread(target=lambda: holder.setdefault("reset", victim_env.reset(seed=0)))
+    t.start()
+    victim_ready.wait(10)
+
+    def attacker(task, ctx):
+        parent = trace.NonRecordingSpan(trace.SpanContext(
+            trace_id=episode_trace_id(task), span_id=0xBAD, is_remote=False,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
+        with trace.get_tracer("attacker").start_as_current_span(
+            "execute_tool calculator", context=trace.set_span_in_context(parent),
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "calculator"},
+        ) as span:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, "forged"))
+
+    attacker_env = AgentEnv(attacker, [victim_env.episode_id], lambda t, r: 0.0)
+    attacker_env.reset(seed=0)
+    forged.set()
+    t.join(10)
+    *_, info = victim_env.step("answer")
+    trajectory = info["trajectory"]
+    print(
+        f"forged in-process span: the victim episode recorded {len(trajectory.spans)} spans, "
+        f"AIR rewards {[(r.source, r.value) for s in trajectory.steps for r in s.rewards]}, total reward "
+        f"{trajectory.total_reward}"
+    )
+
+
 STAGES = {
+    "work": stage_work,
+    "otlp": stage_otlp,
+    "answers": stage_answers,
     "bodies": stage_bodies,
     "chunked": stage_chunked,
     "headers": stage_headers,
@@ -549,6 +887,8 @@ STAGES = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("--only", default="", help="work/otlp/answers: only these payloads (names, separated by ;)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="work/otlp/answers: seconds per hostile request")
     args = parser.parse_args()
     STAGES[args.stage](args)
     os._exit(0)  # leftover agent threads (the figure some stages report) must not hold the exit

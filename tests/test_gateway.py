@@ -310,3 +310,63 @@ def test_the_conformance_kit_names_the_socket_an_agents_client_still_holds(agent
     assert "1 of them the agent's own HTTP client holds after the gateway closed its side" in problem
     assert "ctx.openai_client()" in problem
     kept[0].close()
+
+
+def test_every_route_of_the_one_table_answers_the_same_over_http_and_in_process():
+    """The HTTP app and the in-process transport serve one route table (gateway/routes.py): each
+    route, a wrong method, an unserved path and a missing token answer the same status and body."""
+    from agentgym_lightning.gateway.routes import ROUTES
+
+    gw = Gateway(token="s3cret")
+    started, release = threading.Event(), threading.Event()
+
+    def agent(task, ctx):
+        started.set()
+        release.wait(30)
+        return "done"
+
+    env = AgentEnv(agent, [{}], lambda t, r: 0.0, gateway=gw, transport="http")
+    t = threading.Thread(target=env.reset)
+    t.start()
+    assert started.wait(10)
+    ep = env.episode_id
+
+    def requests():
+        for route in ROUTES:
+            path = route.path.replace("{episode_id}", ep)
+            body = {"value": "x"} if path.endswith("rewards") else {"": 1} if path.endswith("variables") else {}
+            if route.method == "GET":
+                yield "GET", path, None, {}
+            elif path.endswith("traces"):
+                yield "POST", path, {}, {"content-type": "text/plain"}
+            else:  # an invalid body: a 4xx from the route's own checks, no step recorded
+                yield "POST", path, body, {"x-agentgym-episode": ep}
+            yield ("POST" if route.method == "GET" else "GET"), path, None, {}  # 405
+        yield "POST", f"/episodes/{ep}/v1/embeddings", {}, {}  # 404, OpenAI's shape
+        yield "POST", f"/episodes/{ep}/v1/messages/count_tokens", {}, {}  # 404, Anthropic's shape
+
+    try:
+        answers = {}
+        for transport in ("http", "inproc"):
+            root = gw.url if transport == "http" else "http://agentgym.inproc"
+            with gw.http_client(transport) as client:
+                seen = []
+                for method, path, body, headers in requests():
+                    r = client.request(method, root + path, json=body, headers={"authorization": "Bearer s3cret", **headers})
+                    data = r.json()
+                    if path == "/health":
+                        data.pop("episodes", None)  # other tests' episodes may come and go
+                    seen.append((method, path, r.status_code, data, r.headers.get("x-should-retry")))
+                unauthorized = client.post(f"{root}/episodes/{ep}/rewards", json={"value": 1})
+                seen.append(("POST", "no token", unauthorized.status_code, unauthorized.json(), None))
+            answers[transport] = seen
+        assert answers["http"] == answers["inproc"]
+        statuses = {(m, p): s for m, p, s, *_ in answers["http"]}
+        assert statuses[("GET", "/health")] == 200 and statuses[("GET", f"/episodes/{ep}/v1/models")] == 200
+        assert statuses[("GET", f"/episodes/{ep}/v1/chat/completions")] == 405
+        assert statuses[("POST", f"/episodes/{ep}/v1/embeddings")] == 404 and statuses[("POST", "no token")] == 401
+        assert env.trajectory.steps == [] and env.trajectory.rewards == []
+    finally:
+        release.set()
+        t.join(10)
+    gw.close()

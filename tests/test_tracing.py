@@ -480,3 +480,101 @@ def test_the_join_reads_the_record_and_the_episode_writes_what_it_finds():
     assert step.agent == "solver" and list(step.outcome) == ["otel.tool_ok", "otel.tools", "otel.tool_error", "otel.error"]
     assert {k: v for k, v in step.outcome.items() if k != "otel.tools"} == {"otel.tool_ok": 4, "otel.tool_error": 1, "otel.error": 1}
     assert len(episode.trajectory.spans) == 3 and episode.trajectory.spans_dropped == 2
+
+
+def _bench_payloads():
+    """The hostile-gateway bench's OTLP payload builders (``bench/hostile_gateway.py otlp``)."""
+    import runpy
+    from pathlib import Path
+
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "bench" / "hostile_gateway.py"))
+    return bench["otlp_request"], bench["nested_kvlist"]
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_otlp_attribute_depth_and_value_counts_are_bounded_while_decoding(encoding):
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+    from agentgym_lightning.episode import Episode
+    from agentgym_lightning.gateway.limits import GatewayLimits
+    from agentgym_lightning.gateway.otlp import parse_export_request
+
+    _export_with, _nested_kvlist = _bench_payloads()
+    limits = GatewayLimits(max_export_spans=10, max_attribute_values=100)
+    flat = AnyValue()
+    flat.array_value.values.extend(AnyValue(int_value=i) for i in range(100))
+    cases = [
+        (_export_with(attribute=_nested_kvlist(20)), 400, "max_attribute_depth"),  # 20 levels in ~150 bytes
+        (_export_with(attribute=flat), 413, "max_attribute_values"),
+        (_export_with(spans=11), 413, "max_export_spans"),
+    ]
+    for request, status, limit in cases:
+        body = request.SerializeToString() if encoding == "protobuf" else otlp_json(request)
+        media = "application/x-protobuf" if encoding == "protobuf" else "application/json"
+        with pytest.raises(Exception) as err:
+            parse_export_request(body, media, None, limits)
+        assert getattr(err.value, "status", None) == status and limit in str(err.value), err.value
+    # Within the bounds: a nested key-value list is one JSON object, not text escaped per level.
+    (record,) = parse_export_request(_export_with(attribute=_nested_kvlist(15)).SerializeToString(), "application/x-protobuf",
+                                     None, limits)
+    assert len(record.attributes["a"]) < 200 and json.loads(record.attributes["a"])["k"]["k"]["k"]
+
+    # Over HTTP, the router's limits apply: a 4xx, the episode unchanged.
+    gateway = Gateway()
+    episode = Episode(task=None)
+    gateway.register(episode)
+    with httpx.Client(base_url=gateway.base_url(episode.episode_id).removesuffix("/v1")) as client:
+        body = _export_with(attribute=_nested_kvlist(20))
+        body = body.SerializeToString() if encoding == "protobuf" else otlp_json(body)
+        r = client.post("/v1/traces", content=body, headers={"content-type": media})
+    assert r.status_code == 400 and "max_attribute_depth" in r.json()["error"]["message"]
+    assert episode.trajectory.spans == []
+    gateway.close()
+
+
+def test_an_in_process_span_with_another_episodes_trace_id_is_not_that_episodes():
+    """An agent that starts a span in a hand-built context carrying another episode's trace id
+    (a failing tool span: an AIR signal) writes nothing to that episode."""
+    import threading
+
+    from opentelemetry.context import Context
+
+    from agentgym_lightning.tracing.spans import episode_trace_id
+
+    victim_ready, forged = threading.Event(), threading.Event()
+
+    def victim(task, ctx):
+        victim_ready.set()
+        forged.wait(30)
+        return ctx.openai_client().chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}]).id
+
+    victim_env = AgentEnv(victim, ["v"], lambda t, r: 1.0, air_weights={"otel.tool_error": -0.5})
+    holder = {}
+    t = threading.Thread(target=lambda: holder.setdefault("reset", victim_env.reset(seed=0)))
+    t.start()
+    assert victim_ready.wait(10)
+
+    def attacker(task, ctx):
+        tracer = trace.get_tracer("attacker")
+        fake_parent = trace.NonRecordingSpan(trace.SpanContext(
+            trace_id=episode_trace_id(task), span_id=0xBAD, is_remote=False,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
+        # Built on the agent's own current context, and on an empty one.
+        for context in (trace.set_span_in_context(fake_parent), trace.set_span_in_context(fake_parent, Context())):
+            with tracer.start_as_current_span("execute_tool calculator", context=context, attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "calculator"}) as span:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "forged"))
+        return "done"
+
+    attacker_env = AgentEnv(attacker, [victim_env.episode_id], lambda t, r: 0.0)
+    try:
+        _, info = attacker_env.reset(seed=0)
+    finally:
+        forged.set()
+        t.join(10)
+        attacker_env.close()
+    *_, info = victim_env.step("answer")
+    victim_env.close()
+    trajectory = info["trajectory"]
+    assert trajectory.spans == [] and trajectory.steps[0].rewards == []
+    assert "otel.tool_error" not in trajectory.steps[0].outcome and trajectory.total_reward == 1.0

@@ -16,8 +16,9 @@ httptools protocol plus exactly those, counted as bytes arrive:
 - an Upgrade we do not speak (h2c) is served as plain HTTP/1.1, or refused if it has a body
   (httptools stops at an upgrading head, so the body would be silently lost).
 
-A refusal answers in OpenAI's error shape (after any responses owed to requests pipelined before
-it) and closes the connection; the request never reaches (or, mid-body, is taken from) the app. Time a call spends waiting for its completion is never
+A refusal answers in the error shape of the wire its path is routed to (OpenAI's; Anthropic's on
+``/v1/messages``), after any responses owed to requests pipelined before it, and closes the
+connection; the request never reaches (or, mid-body, is taken from) the app. Time a call spends waiting for its completion is never
 counted against a connection.
 """
 
@@ -33,7 +34,8 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from agentgym_lightning.gateway.limits import GatewayLimits
-from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, error_body
+from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, GatewayError
+from agentgym_lightning.gateway.routes import error_wire
 from agentgym_lightning.gateway.validation import body_too_large
 
 __all__ = ["LimitedHttpToolsProtocol"]
@@ -41,9 +43,10 @@ __all__ = ["LimitedHttpToolsProtocol"]
 log = logging.getLogger(__name__)
 
 
-def _error_bytes(status: int, message: str, code: str) -> bytes:
-    """A complete HTTP/1.1 error response that closes the connection."""
-    body = json.dumps(error_body(status, message, code)).encode()
+def _error_bytes(status: int, message: str, code: str, path: str) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection, in the error shape of the
+    wire ``path`` is routed to (Anthropic's for ``/v1/messages``)."""
+    body = json.dumps(error_wire(path).error_body(GatewayError(status, message, code))).encode()
     head = [STATUS_LINE[status]]
     for name, value in (
         ("content-type", "application/json"),
@@ -247,7 +250,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if queued:  # never started: it must not run once the requests before it are answered
             self.pipeline = type(self.pipeline)(entry for entry in self.pipeline if entry[0] is not cycle)
         started = cycle is not None and cycle.response_started
-        error = b"" if started else _error_bytes(refusal.status, refusal.message, refusal.code)
+        path = getattr(self, "url", b"").split(b"?", 1)[0].decode("latin-1")  # the refused request's, as far as it arrived
+        error = b"" if started else _error_bytes(refusal.status, refusal.message, refusal.code, path)
         # Responses still owed before this one: those queued before it, and the running one's.
         running = queued or bool(self.pipeline) or (
             cycle is None and self.cycle is not None and not self.cycle.response_complete

@@ -70,6 +70,37 @@ class GatewayLimits:
     #: that arrive later; past that, a span's place in the trace is forgotten.
     max_episode_spans: int = 1000
 
+    #: Most JSON values (arrays, objects, strings, numbers...) one request body may hold, counted
+    #: on its bytes before anything is parsed (413): parsing and checking a body then costs
+    #: milliseconds, however its bytes are spent. A long conversation of 10,000 messages with
+    #: tool calls holds about 60,000.
+    max_json_values: int = 200_000
+    #: Most items in one request's ``messages`` (chat, Anthropic) or ``input`` (Responses):
+    #: more is refused (413) before any item is checked.
+    max_messages: int = 10_000
+    #: Most ``tools`` one request may declare (413 before any is checked; OpenAI takes 128).
+    max_tools: int = 1_000
+    #: Most keys in one of a request's objects (its fields and their fields: ``metadata``,
+    #: ``logit_bias``...): more is refused (413) before anything is validated (OpenAI takes 16
+    #: metadata keys).
+    max_object_keys: int = 1_000
+    #: Most spans one OTLP export request may carry (413 before any span is read; an
+    #: OpenTelemetry batch exporter sends at most 512 per request by default).
+    max_export_spans: int = 10_000
+    #: Deepest nesting of an OTLP attribute value (arrays and key-value lists in one another),
+    #: checked while the export is decoded, before any value is built (400).
+    max_attribute_depth: int = 16
+    #: Most attribute values (every array and key-value list element counted) one OTLP export
+    #: request may carry, checked while it is decoded, before any value is built (413).
+    max_attribute_values: int = 200_000
+
+    #: Most tokens one call may generate: a request asking for more (``max_tokens``,
+    #: ``max_completion_tokens``, ``max_output_tokens``) is generated up to this many and ends
+    #: with ``finish_reason: "length"`` (``incomplete`` on Responses, ``max_tokens`` on
+    #: Anthropic), as OpenAI ends a call at its limit; one call asking for a billion tokens cannot
+    #: hold a batch for hours. When training, the run's ``max_completion_length`` caps it further.
+    max_completion_tokens: int = 8192
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -99,10 +130,7 @@ class GatewayLimits:
             try:
                 if f.name == "content_part_types":
                     values[f.name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
-                elif f.name in (
-                    "max_body_bytes", "max_header_bytes", "max_connections", "max_lingering_agents", "max_variables",
-                    "max_variable_bytes", "max_episode_spans",
-                ):
+                elif f.type in ("int", "int | None"):
                     values[f.name] = int(raw)
                 else:
                     values[f.name] = float(raw)

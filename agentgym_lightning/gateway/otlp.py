@@ -3,9 +3,14 @@
 The parsing is opentelemetry-proto's generated classes (``ExportTraceServiceRequest``) and
 protobuf's own ``json_format`` for OTLP/JSON; only what OTLP/JSON does differently from
 protobuf's JSON mapping is ours: trace and span ids are hex, not base64. A request is read whole
-before anything is kept, so a bad one (a 4xx) changes nothing. Bounds: the body (and a gzip
-body once inflated) is at most the gateway's ``max_body_bytes``; JSON is parsed by the
-gateway's strict parser (depth, NaN); protobuf nesting stops at protobuf's recursion limit.
+before anything is kept, so a bad one (a 4xx) changes nothing. Bounds (the gateway's
+:class:`~agentgym_lightning.gateway.limits.GatewayLimits`): the body (and a gzip body once
+inflated) is at most ``max_body_bytes``; JSON is parsed by the gateway's strict parser (depth,
+NaN, ``max_json_values``); protobuf nesting stops at protobuf's recursion limit; then, before any
+span or value is built, at most ``max_export_spans`` spans and ``max_attribute_values`` attribute
+values nested at most ``max_attribute_depth`` deep. A key-value list attribute becomes one JSON
+object (its inner lists nested in it, never JSON text re-escaped at every level: 30 levels of
+that made a 400-byte body cost gigabytes).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import zlib
 from typing import Any
 
+from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.validation import body_too_large, parse_json
 from agentgym_lightning.llm import GatewayError
 from agentgym_lightning.tracing.spans import SpanRecord
@@ -119,15 +125,61 @@ def _items(obj: Any, *keys: str) -> list[Any]:
     return []
 
 
-def _any_value(value: Any) -> Any:
+def _plain(value: Any) -> Any:
+    """An ``AnyValue`` as plain data (arrays as lists, key-value lists as dicts); its size was
+    bounded by :func:`_check_values`."""
     which = value.WhichOneof("value")
     if which is None:
         return None
     if which == "array_value":
-        return [_any_value(v) for v in value.array_value.values]
+        return [_plain(v) for v in value.array_value.values]
     if which == "kvlist_value":
-        return json.dumps({kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}, default=str)
+        return {kv.key: _plain(kv.value) for kv in value.kvlist_value.values}
     return getattr(value, which)
+
+
+def _any_value(value: Any) -> Any:
+    """An attribute's ``AnyValue``: a key-value list as the JSON text of one object."""
+    plain = _plain(value)
+    return json.dumps(plain, default=str) if isinstance(plain, dict) else plain
+
+
+def _check_values(request: Any, limits: GatewayLimits) -> None:
+    """Refuse a request with more than ``max_export_spans`` spans (413), attribute values
+    nested deeper than ``max_attribute_depth`` (400) or more than ``max_attribute_values`` of
+    them (413), walking the decoded message without building any value."""
+    count = sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
+    if count > limits.max_export_spans:
+        raise GatewayError(
+            413,
+            f"this OTLP export carries {count} spans, more than the gateway's max_export_spans of "
+            f"{limits.max_export_spans}; export smaller batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
+            code="request_too_large",
+        )
+    spans = [span for resource in request.resource_spans for scope in resource.scope_spans for span in scope.spans]
+    stack = [(kv.value, 1) for span in spans for kv in span.attributes]
+    stack += [(kv.value, 1) for span in spans for event in span.events for kv in event.attributes]
+    count = 0
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > limits.max_attribute_values:
+            raise GatewayError(
+                413,
+                f"this OTLP export carries more than the gateway's max_attribute_values of "
+                f"{limits.max_attribute_values} attribute values; export smaller batches",
+                code="request_too_large",
+            )
+        which = value.WhichOneof("value")
+        if which in ("array_value", "kvlist_value"):
+            if depth >= limits.max_attribute_depth:
+                raise GatewayError(
+                    400,
+                    f"an OTLP attribute value is nested deeper than the gateway's max_attribute_depth of "
+                    f"{limits.max_attribute_depth} (arrays and key-value lists in one another)",
+                )
+            inner = value.array_value.values if which == "array_value" else (kv.value for kv in value.kvlist_value.values)
+            stack.extend((v, depth + 1) for v in inner)
 
 
 def _hex(raw: bytes, size: int, what: str) -> str:
@@ -137,11 +189,12 @@ def _hex(raw: bytes, size: int, what: str) -> str:
 
 
 def parse_export_request(
-    body: bytes, content_type: str | None, content_encoding: str | None, max_bytes: int
+    body: bytes, content_type: str | None, content_encoding: str | None, limits: GatewayLimits
 ) -> list[SpanRecord]:
     """Every span of an OTLP ``ExportTraceServiceRequest`` body; raises a 4xx
     :class:`GatewayError` saying what is wrong (415 for a media type or encoding we do not read,
-    413 past ``max_bytes``, 400 for anything malformed)."""
+    413 past ``limits`` on bytes, values or spans, 400 for anything malformed or nested too deep)."""
+    max_bytes = limits.max_body_bytes
     media = _media_type(content_type)
     _require_proto()
     if len(body) > max_bytes:
@@ -152,11 +205,12 @@ def parse_export_request(
         if media == PROTOBUF:
             request.ParseFromString(body)
         else:
-            data = parse_json(body, "OTLP/JSON body", max_bytes)
+            data = parse_json(body, "OTLP/JSON body", max_bytes, limits.max_json_values)
             _hex_ids_to_base64(data)
             json_format.ParseDict(data, request, ignore_unknown_fields=True)
     except (DecodeError, json_format.ParseError, RecursionError) as exc:
         raise GatewayError(400, f"not an OTLP trace export request: {str(exc)[:200]}") from None
+    _check_values(request, limits)
     records = []
     for resource in request.resource_spans:
         for scope in resource.scope_spans:

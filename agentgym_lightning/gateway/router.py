@@ -17,11 +17,15 @@ from agentgym_lightning.gateway.auth import check_bearer
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.gateway.otlp import export_response, parse_export_request
-from agentgym_lightning.gateway.validation import parse_json
+from agentgym_lightning.gateway.validation import check_item_counts, parse_json
 from agentgym_lightning.gateway.wires import CHAT, Wire
+from agentgym_lightning.llm import MAX_TOKENS_LIMIT
 from agentgym_lightning.tracing.processor import call_parent
 
 __all__ = ["EpisodeRouter"]
+
+#: The fields in which the wires' requests name how many tokens a call may generate.
+_GENERATION_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 class EpisodeRouter:
@@ -82,7 +86,24 @@ class EpisodeRouter:
         episode = self.episode(episode_id)
         episode.raise_if_stopped()
         parent = call_parent({"traceparent": traceparent} if traceparent else None)
-        return wire.submit(episode, self.json_object(body), self.limits.content_part_types, parent)
+        data = self.json_object(body)
+        limits = self.limits
+        check_item_counts(data, limits.max_messages, limits.max_tools, limits.max_object_keys)
+        return wire.submit(episode, self._capped(data), self.limits.content_part_types, parent)
+
+    def _capped(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with every generation limit it names (``max_tokens``, ``max_completion_tokens``,
+        ``max_output_tokens``, whichever its wire reads) at most ``max_completion_tokens``: a
+        call asking for more is generated up to the cap and ends ``"length"``, as OpenAI ends a
+        call that reaches its own limit."""
+        cap = self.limits.max_completion_tokens
+        over = {
+            key: cap
+            for key in _GENERATION_LIMITS
+            # anything else (not an integer, past MAX_TOKENS_LIMIT) is the wire's to refuse
+            if type(value := data.get(key)) is int and cap < value <= MAX_TOKENS_LIMIT
+        }
+        return {**data, **over} if over else data
 
     def post_traces(
         self, episode_id: str, body: bytes, content_type: str | None, content_encoding: str | None = None
@@ -91,7 +112,7 @@ class EpisodeRouter:
         spans, joined to its calls; returns the OTLP response body and its media type. A bad
         request is refused whole (4xx) before any span is kept."""
         episode = self.episode(episode_id)
-        records = parse_export_request(body, content_type, content_encoding, self.limits.max_body_bytes)
+        records = parse_export_request(body, content_type, content_encoding, self.limits)
         episode.record_spans(records)
         return export_response(content_type)
 
@@ -122,12 +143,13 @@ class EpisodeRouter:
         return {"ok": True, "variables": sorted(data)}
 
     def _parse(self, body: bytes | Mapping[str, Any]) -> Any:
-        return parse_json(body, max_bytes=self.limits.max_body_bytes)
+        return parse_json(body, max_bytes=self.limits.max_body_bytes, max_values=self.limits.max_json_values)
 
     def json_object(self, body: bytes | Mapping[str, Any]) -> dict[str, Any]:
-        """``body`` parsed by the strict parser (``max_body_bytes``, depth, UTF-8, no NaN or
-        Infinity: :func:`~agentgym_lightning.gateway.validation.parse_json`), or a 400/413 if it
-        is not a JSON object. Every route with a JSON body uses it (the standalone server's too)."""
+        """``body`` parsed by the strict parser (``max_body_bytes``, ``max_json_values``, depth,
+        UTF-8, no NaN or Infinity: :func:`~agentgym_lightning.gateway.validation.parse_json`), or a
+        400/413 if it is not a JSON object. Every route with a JSON body uses it (the standalone
+        server's too)."""
         data = self._parse(body)
         if not isinstance(data, dict):
             raise GatewayError(400, "request body must be a JSON object")

@@ -6,7 +6,8 @@ Everything here raises :class:`GatewayError` (a 4xx for the agent that sent it) 
 would reject it for every episode of the round.
 
 - :func:`parse_json` — strict JSON (no ``NaN``/``Infinity``, no number that overflows to
-  infinity, valid UTF-8, nesting at most :data:`MAX_JSON_DEPTH`), parsed by pydantic-core.
+  infinity, valid UTF-8, nesting at most :data:`MAX_JSON_DEPTH`, at most ``max_values`` values,
+  counted before anything is parsed), parsed by pydantic-core.
 - :func:`check_chat_request` — the body against the ``openai`` package's own typed request params
   (validated strictly by pydantic-core: ``"stream": "no"`` or ``"seed": "5"`` are refused, not
   coerced), then what is ours: content parts and tools our backends render. The sampling values
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import typing
 from collections.abc import Collection, Mapping
 from functools import lru_cache
@@ -33,7 +35,16 @@ from pydantic_core import SchemaValidator
 
 from agentgym_lightning.gateway.openai_wire import GatewayError
 
-__all__ = ["MAX_JSON_DEPTH", "parse_json", "check_chat_request", "check_params", "check_typed", "body_too_large"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "parse_json",
+    "json_values_at_most",
+    "check_chat_request",
+    "check_params",
+    "check_typed",
+    "check_item_counts",
+    "body_too_large",
+]
 
 #: Deepest nesting of arrays and objects a body may have: pydantic-core's JSON parser refuses
 #: more (a fixed limit of that parser), which also keeps every later ``deepcopy`` and ``json.dumps``
@@ -46,10 +57,17 @@ _NUMBER_SHAPE = bytes.maketrans(b"123456789E", b"000000000e")
 _HUGE_NUMBER = (b"0e000", b"0e+000", b"0" * 309)
 
 
-def parse_json(body: bytes | str | Mapping[str, Any], what: str = "request body", max_bytes: int | None = None) -> Any:
+def parse_json(
+    body: bytes | str | Mapping[str, Any],
+    what: str = "request body",
+    max_bytes: int | None = None,
+    max_values: int | None = None,
+) -> Any:
     """Parse ``body`` as strict JSON; a mapping (an in-process caller's dict) is serialized first,
     so it obeys exactly the rules of bytes from a socket and is copied (the caller may go on
-    mutating its own lists). Raises a 400 saying what is wrong, or a 413 past ``max_bytes``."""
+    mutating its own lists). Raises a 400 saying what is wrong, or a 413 past ``max_bytes`` or
+    past ``max_values`` values (counted on the bytes, before any of them is parsed: see
+    :func:`json_values_at_most`)."""
     from_mapping = isinstance(body, Mapping)
     if from_mapping:
         try:  # allow_nan=False refuses NaN and infinities here
@@ -59,6 +77,13 @@ def parse_json(body: bytes | str | Mapping[str, Any], what: str = "request body"
     raw = body.encode() if isinstance(body, str) else bytes(body)  # type: ignore[union-attr]
     if max_bytes is not None and len(raw) > max_bytes:
         raise body_too_large(max_bytes)
+    if max_values is not None and not json_values_at_most(raw, max_values):
+        raise GatewayError(
+            413,
+            f"{what} holds more than {max_values} JSON values (arrays, objects, strings, numbers); send fewer "
+            "items, or raise the gateway's max_json_values (AGENTGYM_LIGHTNING_GATEWAY_MAX_JSON_VALUES)",
+            code="request_too_large",
+        )
     try:
         data = pydantic_core.from_json(raw or b"null", allow_inf_nan=False)
     except ValueError as exc:
@@ -71,6 +96,38 @@ def parse_json(body: bytes | str | Mapping[str, Any], what: str = "request body"
         if any(huge in shape for huge in _HUGE_NUMBER) and _has_infinity(data):
             raise GatewayError(400, f"{what} is not valid JSON: a number overflows to infinity")
     return data
+
+
+_STRING = re.compile(rb'"[^"]*"')
+_SCAN_CHUNK = 64 * 2**10
+
+
+def _structure(raw: bytes) -> int:
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+
+
+def json_values_at_most(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` holds at most ``limit`` values, without parsing it: a
+    document of ``n`` commas and ``c`` arrays and objects outside its strings has at most
+    ``1 + n + c`` values. Counted over the whole text first (milliseconds for 8 MB); only when
+    that passes ``limit`` are the strings' own commas and brackets left out, a piece at a time
+    (each piece holds the GIL for a few milliseconds at most)."""
+    if _structure(raw) < limit:
+        return True
+    # Escapes out of the way (escaped backslashes first, so ``\\\\"`` still ends its string): every quote left
+    # opens or closes a string. Invalid JSON may be miscounted; it is refused by the parser anyway.
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    count, start = 1, 0
+    while start < len(text):
+        end = min(start + _SCAN_CHUNK, len(text))
+        if text.count(b'"', start, end) % 2:  # the piece would end inside a string: end after it
+            close = text.find(b'"', end)
+            end = len(text) if close < 0 else close + 1
+        count += _structure(_STRING.sub(b"", text[start:end]))
+        if count > limit:
+            return False
+        start = end
+    return True
 
 
 def _has_infinity(value: Any) -> bool:
@@ -96,6 +153,8 @@ def _validators() -> tuple[SchemaValidator, SchemaValidator, frozenset[str]]:
 
     The params type lists as ``Iterable[...]``, which pydantic checks only lazily, when iterated;
     JSON gives lists, so their schemas are made ``list`` schemas and everything is checked at once.
+    Every list stops at its first bad item (``fail_fast``): the work and the error a bad request
+    causes do not grow with how many bad items it sends.
     """
     from openai.types.chat import ChatCompletionMessageParam
     from openai.types.chat.completion_create_params import CompletionCreateParamsBase
@@ -108,11 +167,13 @@ def _validators() -> tuple[SchemaValidator, SchemaValidator, frozenset[str]]:
 
 
 def _eager(schema: Any) -> Any:
-    """``schema`` (a pydantic-core schema) with every lazy ``generator`` schema made a ``list``."""
+    """``schema`` (a pydantic-core schema) with every lazy ``generator`` schema made a ``list``,
+    and every list failing fast (at its first bad item)."""
     if isinstance(schema, dict):
         out = {key: _eager(value) for key, value in schema.items()}
-        if out.get("type") == "generator":
+        if out.get("type") in ("generator", "list"):
             out["type"] = "list"
+            out["fail_fast"] = True
         return out
     if isinstance(schema, list):
         return [_eager(item) for item in schema]
@@ -148,6 +209,38 @@ def check_chat_request(body: Any, content_part_types: Collection[str] = ("text",
     for j, tool in enumerate(body.get("tools") or ()):
         if tool.get("type") != "function":
             raise GatewayError(400, f"tools[{j}]: only 'function' tools are supported, got {tool.get('type')!r:.40}")
+
+
+#: The request fields whose items :func:`check_item_counts` bounds, by the limit that applies.
+_ITEM_FIELDS = {"messages": "max_messages", "input": "max_messages", "tools": "max_tools"}
+
+
+def check_item_counts(body: Mapping[str, Any], max_messages: int, max_tools: int, max_object_keys: int) -> None:
+    """Refuse (413) a body with more than ``max_messages`` items in ``messages`` (chat,
+    Anthropic) or ``input`` (Responses), more than ``max_tools`` ``tools``, or an object of more
+    than ``max_object_keys`` keys among its fields and their fields (``metadata``,
+    ``logit_bias``, ``prompt.variables``: maps whose every bad value is one more validation
+    error, which no list's fail-fast stops): checked before anything is validated, so the work a
+    request causes, and the error it gets, are bounded by these counts."""
+    for key, value in body.items():
+        for where, obj in ((key, value), *((f"{key}.{k}", v) for k, v in (value.items() if isinstance(value, dict) else ()))):
+            if isinstance(obj, dict) and len(obj) > max_object_keys:
+                raise GatewayError(
+                    413,
+                    f"'{where[:60]}' has {len(obj)} keys, more than this gateway's max_object_keys of {max_object_keys}; "
+                    "send fewer, or raise it (AGENTGYM_LIGHTNING_GATEWAY_MAX_OBJECT_KEYS)",
+                    code="request_too_large",
+                )
+    limits = {"max_messages": max_messages, "max_tools": max_tools}
+    for key, limit_name in _ITEM_FIELDS.items():
+        items = body.get(key)
+        if isinstance(items, list) and len(items) > limits[limit_name]:
+            raise GatewayError(
+                413,
+                f"'{key}' has {len(items)} items, more than this gateway's {limit_name} of {limits[limit_name]}; send "
+                f"fewer, or raise it (AGENTGYM_LIGHTNING_GATEWAY_{limit_name.upper()})",
+                code="request_too_large",
+            )
 
 
 @lru_cache(maxsize=None)

@@ -89,7 +89,7 @@ def _hf_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass  # leave the raw string; the template will print it
     out: dict[str, Any] = {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}}
     if call.get("id"):

@@ -20,6 +20,7 @@ These names are stable API used by every tokenizing backend (``hf``, ``vllm``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,15 +74,38 @@ class ParsedToolCalls:
     errors: list[str] = field(default_factory=list)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:40]} overflows to infinity")
+    return value
+
+
+def _strict_loads(text: str) -> Any:
+    """``text`` as strict JSON: ``NaN``, ``Infinity`` and numbers that overflow to infinity are
+    refused (an agent must receive JSON), as is nesting past the decoder's recursion limit
+    (``ValueError`` for all of them)."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
 def _parse_block(body: str) -> tuple[str, str] | str:
     """``(name, arguments_json)`` for a valid call body, else an error message."""
     body = body.strip()
     if not body:
         return "empty <tool_call> block"
     try:
-        obj = json.loads(body)
+        obj = _strict_loads(body)
     except json.JSONDecodeError as exc:
         return f"tool call is not valid JSON ({exc.msg} at char {exc.pos}): {body[:200]!r}"
+    except ValueError as exc:
+        return f"tool call is not valid JSON ({exc}): {body[:200]!r}"
     if not isinstance(obj, dict):
         return f"tool call must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
     name = obj.get("name")
@@ -94,12 +118,17 @@ def _parse_block(body: str) -> tuple[str, str] | str:
     if isinstance(args, str):
         # Some models double-encode the arguments as a JSON string, OpenAI-wire style.
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = _strict_loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
             return f"tool call {name!r} has arguments that are not valid JSON ({exc.msg})"
+        except ValueError as exc:
+            return f"tool call {name!r} has arguments that are not valid JSON ({exc})"
     if not isinstance(args, dict):
         return f"tool call {name!r} arguments must be a JSON object, got {type(args).__name__}"
-    return name.strip(), json.dumps(args, ensure_ascii=False)
+    try:
+        return name.strip(), json.dumps(args, ensure_ascii=False)
+    except RecursionError:
+        return f"tool call {name!r} has arguments nested too deep"
 
 
 def parse_tool_calls(text: str, *, make_id: Callable[[], str] | None = None) -> ParsedToolCalls:
@@ -142,7 +171,7 @@ def _arguments_object(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return arguments  # keep what the agent sent; the model will see it as a string
     return {} if arguments is None else arguments
 

@@ -66,11 +66,31 @@ def available() -> bool:
     return trace is not None and os.environ.get(DISABLE_ENV, "1").lower() not in ("0", "false", "no", "off")
 
 
+#: The OpenTelemetry context key under which :func:`episode_trace` marks its agent's context
+#: with the episode id; contexts derived from it (child spans, a framework carrying the context
+#: to its threads or tasks) keep the mark.
+_AGENT_OF = "agentgym_lightning.episode"
+
+
+class _Route:
+    """One episode's route: the episode, and the ids of its spans accepted at their start."""
+
+    __slots__ = ("episode", "started")
+
+    def __init__(self, episode: TracedEpisode) -> None:
+        self.episode = episode
+        self.started: set[int] = set()
+
+
 class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
-    """Hands every span of a running episode's trace to that episode (started and ended)."""
+    """Hands every span of a running episode's trace to that episode (started and ended), if
+    it was started in that episode's own agent's context (:func:`episode_trace`) or as the child
+    of one of its open spans: a span that only carries the episode's trace id (another agent's,
+    made with a hand-built context) is ignored, so no agent can write another episode's spans
+    and the signals drawn from them."""
 
     def __init__(self) -> None:
-        self._episodes: dict[int, TracedEpisode] = {}
+        self._episodes: dict[int, _Route] = {}
         self._lock = threading.Lock()
         self._installed_on: set[int] = set()
         self._warned = False
@@ -78,7 +98,7 @@ class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
     def add(self, episode: TracedEpisode) -> None:
         """Route the spans of ``episode``'s trace to it (until :meth:`remove`)."""
         with self._lock:
-            self._episodes[episode_trace_id(episode.episode_id)] = episode
+            self._episodes[episode_trace_id(episode.episode_id)] = _Route(episode)
 
     def remove(self, episode: TracedEpisode) -> None:
         with self._lock:
@@ -87,10 +107,25 @@ class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
     # The SDK's SpanProcessor interface.
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        self._route(span)
+        context = span.get_span_context()
+        route = self._episodes.get(context.trace_id)
+        if route is None:
+            return
+        agent_of = otel_context.get_value(_AGENT_OF, parent_context)  # None: the current context
+        parent = span.parent
+        if agent_of != route.episode.episode_id and (parent is None or parent.span_id not in route.started):
+            # Neither in this episode's agent's context nor a child of one of its open spans (a
+            # framework that carries only the span to another thread): not its span.
+            return
+        route.started.add(context.span_id)
+        route.episode.record_spans([record_from_sdk(span)])
 
     def on_end(self, span: Any) -> None:
-        self._route(span)
+        context = span.get_span_context()
+        route = self._episodes.get(context.trace_id)
+        if route is not None and context.span_id in route.started:
+            route.started.discard(context.span_id)
+            route.episode.record_spans([record_from_sdk(span)])
 
     def shutdown(self) -> None:
         with self._lock:
@@ -98,11 +133,6 @@ class EpisodeSpanProcessor(SpanProcessor):  # type: ignore[misc,valid-type]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
-
-    def _route(self, span: Any) -> None:
-        episode = self._episodes.get(span.get_span_context().trace_id)
-        if episode is not None:
-            episode.record_spans([record_from_sdk(span)])
 
     def install(self) -> bool:
         """Put this processor on the process's tracer provider (once); False if it cannot be."""
@@ -151,7 +181,9 @@ def episode_trace(episode: TracedEpisode) -> Iterator[None]:
         )
     )
     PROCESSOR.add(episode)
-    token = otel_context.attach(trace.set_span_in_context(root))
+    # The agent's context: the episode's root span, and the mark the processor accepts its spans by.
+    agent_context = otel_context.set_value(_AGENT_OF, episode.episode_id, trace.set_span_in_context(root))
+    token = otel_context.attach(agent_context)
     try:
         yield
     finally:

@@ -179,3 +179,15 @@ def test_compact_tools_prompt_is_one_sentence_per_tool():
     ]
     with pytest.raises(ValueError, match="full, compact"):
         render_tools_system_prompt(tools, style="short")
+
+
+def test_tool_call_arguments_that_are_not_strict_json_are_reported_never_raised():
+    """A policy's own output: NaN, Infinity, 1e999 and nesting past the JSON decoder's recursion
+    limit are malformed calls (kept as text, reported), never non-JSON for the agent nor a raise."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for args in ("NaN", '{"a": NaN}', '{"a": Infinity}', '{"a": 1e999}', '{"a": ' + deep + "}", json.dumps('{"a": NaN}')):
+        text = f'<tool_call>{{"name": "f", "arguments": {args}}}</tool_call>'
+        parsed = parse_tool_calls(text)
+        assert parsed.tool_calls == [] and len(parsed.errors) == 1, args[:40]
+        assert "not valid JSON" in parsed.errors[0] or "nested too deep" in parsed.errors[0]
+    assert parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1.5e300}}</tool_call>').tool_calls

@@ -7,6 +7,7 @@ episode goes on), keep memory bounded while the body streams in, and leave no so
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import socket
@@ -474,3 +475,161 @@ def test_only_the_culprit_fails_in_a_batch_with_a_real_backend(gateway, hf_polic
     culprit = next(t for t in out if t.task["culprit"])
     assert culprit.result == [400] * len(POISONS) and len(culprit.steps) == 1
     assert all(isinstance(s.completion, Completion) for t in out for s in t.steps)
+
+
+# ------------------------------------ issue 37 item 12: the work a request may cause is bounded
+
+@pytest.fixture
+def bounded() -> Iterator[Gateway]:
+    gw = Gateway(limits=dataclasses.replace(SMALL, max_json_values=2_000, max_messages=50, max_tools=20, max_object_keys=30))
+    gw.start()
+    yield gw
+    gw.close()
+
+
+@pytest.mark.parametrize("transport", ["http", "inproc"])
+def test_too_many_items_or_values_are_refused_before_any_is_checked(bounded, transport):
+    """The issue's payloads, scaled to the test's limits: a 413 naming the limit, in the wire's
+    shape, no step, and the episode's next call works (blocked_episode)."""
+    cases = [
+        ("responses", {"input": [{}] * 51}, "max_messages"),
+        ("responses", {"input": [{"type": "function_call", "call_id": 1}] * 51}, "max_messages"),
+        ("chat/completions", {"messages": [USER] * 51}, "max_messages"),
+        ("chat/completions", {"messages": [USER], "tools": [{}] * 21}, "max_tools"),
+        ("messages", {"max_tokens": 5, "messages": [USER] * 51}, "max_messages"),
+        ("chat/completions", {"messages": [USER], "metadata": {"a": [[]] * 1_000}, "x": [0] * 1_000}, "max_json_values"),
+        ("chat/completions", {"messages": [USER], "metadata": {str(i): i for i in range(31)}}, "max_object_keys"),
+        ("responses", {"input": "x", "prompt": {"id": "p", "variables": {str(i): i for i in range(31)}}}, "max_object_keys"),
+    ]
+    with blocked_episode(bounded) as env:
+        base = bounded.client_base_url(env.episode_id, transport)
+        with bounded.http_client(transport) as client:
+            for path, body, limit in cases:
+                r = client.post(f"{base}/{path}", json=body)
+                assert r.status_code == 413, (path, limit, r.text[:300])
+                message = r.json()["error"]["message"]
+                assert limit in message and len(message) < 400, message
+                if path == "messages":
+                    assert r.json()["type"] == "error"  # Anthropic's shape
+
+
+def test_a_list_of_bad_items_stops_at_the_first_so_its_error_does_not_grow():
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+    from pydantic import ValidationError
+
+    from agentgym_lightning.gateway.validation import _params_validator
+
+    validator = _params_validator(ResponseCreateParamsBase)
+    errors = []
+    for n in (1, 30):
+        with pytest.raises(ValidationError) as err:
+            validator.validate_python({"model": "m", "input": [{}] * n}, strict=True)
+        errors.append(err.value.error_count())
+    assert errors[1] == errors[0]  # 30 bad items: the first one's errors, not 30 times as many
+
+
+def test_a_large_body_is_checked_off_the_event_loop(gateway, monkeypatch):
+    """Checking a body holds the GIL in pydantic-core: a large one is checked on a worker
+    thread, never on the loop that serves every other episode's calls."""
+    import asyncio
+
+    on_loop = []
+    submit = gateway.submit
+
+    def recording_submit(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(gateway, "submit", recording_submit)
+    with blocked_episode(gateway) as env:
+        base = gateway.client_base_url(env.episode_id, "http")
+        with gateway.http_client("http") as client:
+            small = client.post(f"{base}/chat/completions", json={"messages": [USER], "seed": "x"})
+            large = client.post(f"{base}/chat/completions", json={"messages": [USER], "seed": "x" * 100_000})
+        assert small.status_code == large.status_code == 400
+        assert on_loop == [True, False]
+
+
+# --------------------------------------------- issue 37 item 14: 4xx (never 500) in the wire's shape
+
+
+def test_an_anthropic_tool_use_id_that_is_not_a_string_is_a_400_in_anthropics_shape(gateway):
+    with blocked_episode(gateway) as env:
+        base = gateway.client_base_url(env.episode_id, "http")
+        with gateway.http_client("http") as client:
+            for bad_id in (["a"], {"a": 1}):
+                use = {"type": "tool_use", "id": bad_id, "name": "f", "input": {}}
+                body = {"max_tokens": 5, "messages": [USER, {"role": "assistant", "content": [use]}, USER]}
+                r = client.post(f"{base}/messages", json=body)
+                assert r.status_code == 400, r.text
+                assert r.json()["type"] == "error" and ".id" in r.json()["error"]["message"]
+
+
+def test_a_413_on_the_anthropic_route_comes_in_anthropics_shape(gateway):
+    with blocked_episode(gateway) as env:
+        for path, anthropic_shape in (("messages", True), ("chat/completions", False)):
+            sock = socket.create_connection((gateway.host, gateway.port), timeout=5)
+            head = f"POST /episodes/{env.episode_id}/v1/{path} HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+            sock.sendall(head.encode())
+            status, headers, body = read_response(sock)
+            sock.close()
+            assert status == 413
+            data = json.loads(body)
+            if anthropic_shape:
+                assert data["type"] == "error" and data["error"]["type"] == "request_too_large"
+            else:
+                assert_openai_error(status, headers, body, 413)
+
+
+def _strict(body: bytes):
+    def refuse(name):
+        raise ValueError(f"{name} in a response body")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def test_a_policys_deep_or_non_finite_tool_arguments_never_fail_the_answer():
+    """Tool-call arguments past the JSON decoder's recursion limit, or holding NaN/1e999: the
+    Anthropic agent gets a 200 whose body is strict JSON (the input it cannot hold is ``{}``)."""
+    deep = '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}"
+    answers = [
+        Completion(text="", tool_calls=[{"id": f"call_{i}", "name": "f", "arguments": args}], finish_reason="tool_calls")
+        for i, args in enumerate((deep, '{"a": NaN}', '{"a": 1e999}'))
+    ]
+
+    def agent(task, ctx):
+        out = []
+        with ctx.http_client() as http:
+            for _ in answers:
+                r = http.post(f"{ctx.anthropic_base_url}/v1/messages", json={"max_tokens": 5, "messages": [USER]})
+                out.append((r.status_code, _strict(r.content)["content"][0]["input"]))
+        return out
+
+    env = AgentEnv(agent, [{}], lambda t, r: 0.0, transport="http")
+    env.reset(seed=0)
+    for answer in answers[:-1]:
+        env.step(answer)
+    *_, info = env.step(answers[-1])
+    assert info["status"] == "succeeded", info.get("error")
+    assert info["trajectory"].result == [(200, {}), (200, {}), (200, {})]
+
+
+def test_a_call_asking_for_a_billion_tokens_is_capped_and_says_so():
+    gw = Gateway(limits=GatewayLimits(max_completion_tokens=64))
+
+    def agent(task, ctx):
+        with ctx.http_client() as http:
+            r = http.post(f"{ctx.base_url_for_clients}/completions", json={"prompt": "x", "max_tokens": 1_000_000_000})
+        return r.json()["choices"][0]["finish_reason"], r.json()["usage"]["completion_tokens"]
+
+    env = AgentEnv(agent, [{}], lambda t, r: 0.0, gateway=gw)
+    obs, _ = env.reset(seed=0)
+    assert obs.request.sampling.max_tokens == 64  # what the policy is asked for: at most the cap
+    # The policy generates up to the cap, and the agent reads it as OpenAI's "length".
+    *_, info = env.step(Completion(text="y" * 64, completion_token_ids=list(range(64)), finish_reason="length"))
+    assert info["trajectory"].result == ("length", 64)
+    gw.close()

@@ -22,6 +22,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentgym_lightning.gateway.validation import parse_json
 from agentgym_lightning.gateway.wires.base import Wire, sse, usage_counts
 from agentgym_lightning.gateway.wires.chat import ChatWire
 from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
@@ -51,10 +52,11 @@ def _arguments(episode: Episode) -> dict[str, str]:
 
 def _input(arguments: str) -> dict[str, Any]:
     """A tool call's arguments as a ``tool_use`` block's ``input`` object (``{}`` when the text
-    is no JSON object: the episode keeps the text itself)."""
+    is no strict JSON object: not JSON, ``NaN``, a number that overflows, nested past the strict
+    parser's depth; the episode keeps the text itself). A policy's output never fails the answer."""
     try:
-        value = json.loads(arguments)
-    except ValueError:
+        value = parse_json(arguments, "tool call arguments")
+    except GatewayError:
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -101,7 +103,11 @@ def messages_to_chat(
                 if block["type"] == "text":
                     text.append(str(block.get("text", "")))
                 elif block["type"] == "tool_use":
-                    known = (arguments or {}).get(block.get("id", ""))
+                    if not isinstance(block.get("id"), str):
+                        raise GatewayError(
+                            400, f"{where}.content[{j}].id: a tool_use block needs a string id, got {block.get('id')!r:.40}"
+                        )
+                    known = (arguments or {}).get(block["id"])
                     raw = (
                         known
                         if known is not None and _input(known) == block.get("input")
@@ -266,7 +272,7 @@ class MessagesWire(Wire):
             else:
                 raw = completion.tool_calls[index - texts].arguments
                 # The exact text when it is the object sent as ``input``; the client parses it back.
-                partial = raw if block["input"] and json.loads(raw) == block["input"] else json.dumps(block["input"])
+                partial = raw if block["input"] and _input(raw) == block["input"] else json.dumps(block["input"])
                 out.append({"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}})
                 out.append(
                     {
