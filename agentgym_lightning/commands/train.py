@@ -36,6 +36,7 @@ _DIRECT = {
     "env": "env",
     "model": "model",
     "backend": "backend",
+    "generator_url": "generator_url",
     "steps": "max_steps",
     "tasks_per_step": "tasks_per_step",
     "group_size": "num_generations",
@@ -70,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its last checkpoint) or from one checkpoint folder")
     p.add_argument("--env", help=h("env"))
     p.add_argument("--model", help=h("model"))
-    p.add_argument("--backend", choices=["hf", "vllm"], help=h("backend"))
+    p.add_argument("--backend", choices=["hf", "vllm", "vllm-server"], help=h("backend"))
+    p.add_argument("--generator-url", metavar="URL", help=h("generator_url"))
     p.add_argument("--steps", type=int, help=h("max_steps"))
     p.add_argument("--tasks-per-step", type=int, help=h("tasks_per_step"))
     p.add_argument("--group-size", type=int, help=h("num_generations"))

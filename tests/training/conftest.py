@@ -23,3 +23,22 @@ def smol_path():
     return resolve_model("smollm2-135m")
 
 # tiny_model_dir lives in tests/conftest.py (the Ray tests in tests/rollouts use it too).
+
+
+@pytest.fixture
+def trained_logps():
+    """``fn(trainer, prompt_ids, completion_ids)``: the trained model's logprob of each completion
+    token (temperature 1), to compare a generator's logprobs with after a weight sync."""
+
+    def logps(trainer, prompt, completion):
+        import torch
+
+        from agentgym_lightning.training.loss import pad_samples, per_token_logps
+        from agentgym_lightning.training.samples import Sample
+
+        n = len(completion)
+        batch = pad_samples([Sample(prompt, completion, [1] * n, [0.0] * n, [0.0] * n, 1.0, "x", None)], 0)
+        with torch.no_grad():
+            return per_token_logps(trainer.model, batch.to(trainer.device), 1.0, compute_entropy=False)[0][0].tolist()
+
+    return logps

@@ -37,18 +37,7 @@ def _trainer(policy, tmp_path, **overrides):
     return LightningRLTrainer(config, policy=policy)
 
 
-def _trained_logps(trainer, prompt, completion):
-    import torch
-
-    from agentgym_lightning.training.loss import pad_samples, per_token_logps
-    from agentgym_lightning.training.samples import Sample
-
-    batch = pad_samples([Sample(prompt, completion, [1] * len(completion), [0.0] * len(completion), [0.0] * len(completion), 1.0, "x", None)], 0)
-    with torch.no_grad():
-        return per_token_logps(trainer.model, batch.to(trainer.device), 1.0, compute_entropy=False)[0][0].tolist()
-
-
-def test_after_a_sync_the_engine_scores_like_the_trained_model(vllm_policy, tmp_path):
+def test_after_a_sync_the_engine_scores_like_the_trained_model(vllm_policy, tmp_path, trained_logps):
     from agentgym_lightning.training import build_samples
     from agentgym_lightning.training.generation import sync_weights
 
@@ -59,7 +48,7 @@ def test_after_a_sync_the_engine_scores_like_the_trained_model(vllm_policy, tmp_
     good = tok.encode("Yes, it is.", add_special_tokens=False)
     bad = tok.encode("No, never.", add_special_tokens=False)
 
-    before_engine, before_model = vllm_policy.score(prompt, good), _trained_logps(trainer, prompt, good)
+    before_engine, before_model = vllm_policy.score(prompt, good), trained_logps(trainer, prompt, good)
     assert before_engine == pytest.approx(before_model, abs=2e-3)  # same weights to start with
 
     def episode(eid, ids, reward):
@@ -67,7 +56,7 @@ def test_after_a_sync_the_engine_scores_like_the_trained_model(vllm_policy, tmp_
         return Trajectory(episode_id=eid, group_id="g", steps=[Step(index=0, request=request, completion=c)], final_reward=reward, status=Status.SUCCEEDED)
 
     trainer.update(build_samples([episode("good", good, 1.0), episode("bad", bad, 0.0)]))
-    after_model = _trained_logps(trainer, prompt, good)
+    after_model = trained_logps(trainer, prompt, good)
     assert sum(after_model) > sum(before_model) + 0.05  # the update moved the trained model
     assert vllm_policy.score(prompt, good) == pytest.approx(before_engine, abs=1e-5)  # the engine not yet
 
