@@ -237,7 +237,7 @@ class PolicyServer:
                 check(request)
             except GatewayError as exc:
                 return error(exc)
-            return Response(status_code=200)
+            return JSONResponse({"success": True})
 
         async def models(request: Request) -> Response:
             try:

@@ -40,6 +40,7 @@ __all__ = [
     "WeightSyncExtension",
     "WeightsVersionMiddleware",
     "write_weights",
+    "unique_tensors",
     "read_weights",
 ]
 
@@ -55,20 +56,26 @@ RELOAD_METHOD = "agentgym_reload_weights"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def write_weights(weights: Iterable[tuple[str, Any]], folder: str | Path) -> Path:
-    """Write ``(name, tensor)`` pairs as one safetensors file in ``folder``, atomically (a reader
-    never sees half a file): to a temporary name, then renamed. A tensor seen twice (tied
-    embeddings and LM head) is written once under its first name; the engines tie it again."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, Any] = {}
+def unique_tensors(weights: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``(name, tensor)`` pairs, detached, each tensor once under its first name: a weight tied to
+    another (the LM head to the embeddings) is left out, since vLLM and transformers tie it again."""
+    out: list[tuple[str, Any]] = []
     seen: set[int] = set()
     for name, tensor in weights:
         ptr = tensor.data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        tensors[name] = tensor.detach().to("cpu").contiguous()
+        if ptr not in seen:
+            seen.add(ptr)
+            out.append((name, tensor.detach()))
+    return out
+
+
+def write_weights(weights: Iterable[tuple[str, Any]], folder: str | Path) -> Path:
+    """Write ``(name, tensor)`` pairs as one safetensors file in ``folder``, atomically (a reader
+    never sees half a file): to a temporary name, then renamed. Tied weights are written once
+    (:func:`unique_tensors`)."""
+    from safetensors.torch import save_file
+
+    tensors = {name: tensor.to("cpu").contiguous() for name, tensor in unique_tensors(weights)}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / WEIGHTS_FILE

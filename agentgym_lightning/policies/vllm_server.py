@@ -50,6 +50,7 @@ from agentgym_lightning.policies.served_weights import (
     RELOAD_METHOD,
     VERSION_HEADER,
     VERSION_PATH,
+    unique_tensors,
     write_weights,
 )
 
@@ -228,7 +229,7 @@ class VLLMServerPolicy(OpenAIPolicy):
                 for root in self.roots:
                     self._post(root, "/collective_rpc", {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(folder)}})
             for root in self.roots:
-                self._post(root, "/reset_prefix_cache", None)
+                self._reset_prefix_cache(root)
             self._bump()
 
     def load_adapter(self, name: str, folder: str | Path) -> None:
@@ -268,6 +269,15 @@ class VLLMServerPolicy(OpenAIPolicy):
             self._post(root, VERSION_PATH, {"version": version})
         self.weights_version += 1
         self.expected_version = version
+
+    def _reset_prefix_cache(self, root: str, attempts: int = 50) -> None:
+        # vLLM answers {"success": false} while blocks are still held (a request finishing).
+        for _ in range(attempts):
+            answer = self._post(root, "/reset_prefix_cache", None)
+            if not isinstance(answer, dict) or answer.get("success", True):
+                return
+            time.sleep(0.1)
+        raise PolicyBackendError(f"{root}/reset_prefix_cache kept answering success=false: requests still hold cached blocks of the old weights")
 
     def _folder(self) -> Path:
         # One folder for the policy's life: vLLM re-points the model's config at it.
@@ -318,4 +328,51 @@ class VLLMServerPolicy(OpenAIPolicy):
             return response.text
 
     def _send_nccl(self, weights: Iterable[tuple[str, Any]]) -> None:
-        raise NotImplementedError  # filled in below, once the vLLM 0.32 API is checked
+        """One round of vLLM's weight-transfer API over NCCL (vLLM's own trainer-side engine:
+        ``WeightTransferTrainerFactory.trainer_init`` once per replica, then ``send_weights``,
+        which drives ``/start_weight_update``, ``/update_weights`` and ``/finish_weight_update``).
+        The tensors must be on the trainer's GPU. Written against vLLM 0.32's documented API;
+        not run here (no GPUs)."""
+        pairs = unique_tensors(weights)
+        if self._nccl is None:
+            self._nccl = _nccl_senders(self.roots, self.nccl_init, self._admin)
+        for source, engine in self._nccl:
+            source.pairs = pairs
+            engine.send_weights()
+
+
+def _nccl_senders(roots: Sequence[str], nccl_init: Mapping[str, Any], admin: httpx.Client) -> list[tuple[Any, Any]]:
+    """A (weight source, vLLM trainer engine) pair per replica, each rendezvoused with that
+    server's workers (NCCL rank 0 here, the server's workers after it; replica ``i`` on
+    ``master_port + i``). Needs vLLM installed next to the trainer and ``vllm serve
+    --weight-transfer-config '{"backend": "nccl"}'``."""
+    try:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+    except ImportError as exc:
+        raise ImportError(f"weight_transfer='nccl' uses vLLM's weight-transfer API on the trainer's side: pip install vllm ({exc})") from exc
+    missing = {"master_address", "master_port"} - set(nccl_init)
+    if missing:
+        raise ValueError(f"weight_transfer='nccl' needs nccl_init with {sorted(missing)}: where the server's workers meet the trainer")
+
+    class PairsSource(WeightSource):  # the pairs of the current sync, replayed to vLLM's engine
+        pairs: list[tuple[str, Any]] = []
+
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(name=n, dtype=t.dtype, shape=tuple(t.shape)) for n, t in self.pairs]
+
+        def __iter__(self) -> Any:
+            return iter(self.pairs)
+
+    senders = []
+    for i, root in enumerate(roots):
+        world = admin.get(f"{root}/get_world_size").json()["world_size"]
+        source = PairsSource()
+        info = NCCLTrainerInitInfo(
+            master_address=str(nccl_init["master_address"]), master_port=int(nccl_init["master_port"]) + i,
+            world_size=1 + int(world), rank=0,
+        )
+        senders.append((source, WeightTransferTrainerFactory.trainer_init(info, client=HTTPVLLMWeightSyncClient(root), source=source)))
+    return senders

