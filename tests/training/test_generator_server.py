@@ -117,9 +117,14 @@ def test_a_training_step_with_the_vllm_server_backend_syncs_the_server(served, t
         trainer.policy.close()
 
 
-def test_the_vllm_server_backend_needs_a_generator_url(tmp_path):
+def test_the_train_command_takes_the_backend_and_its_url_and_needs_the_url(tmp_path):
+    from agentgym_lightning.cli import build_parser
+    from agentgym_lightning.commands.train import build_config
     from agentgym_lightning.training import LightningRLConfig
 
+    args = build_parser().parse_args(["train", "--backend", "vllm-server", "--generator-url", "http://gpu-1:8000"])
+    config = build_config(args)
+    assert config.backend == "vllm-server" and config.generator_url == "http://gpu-1:8000"
     with pytest.raises(ValueError, match="generator_url"):
         LightningRLConfig(env="lightning/GuessNumber-v0", backend="vllm-server", output_dir=str(tmp_path)).validate()
 

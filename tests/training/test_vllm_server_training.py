@@ -10,13 +10,6 @@ full-weight test changes the served base weights.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -31,63 +24,10 @@ from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_vllm_serve(model_path: str, log_path: Path, *, startup_timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
-    """``vllm serve`` as the vllm-server backend needs it (docs/scaling.md), niced, in a process
-    group of its own (the engine runs in a child); returns the process and its URL."""
-    from agentgym_lightning.policies.vllm_server import SERVER_FLAGS
-
-    port = _free_port()
-    env = {
-        **os.environ,
-        "VLLM_SERVER_DEV_MODE": "1",
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-    }
-    cmd = [
-        # = `vllm serve MODEL ...`, whose CLI fails on vllm-cpu 0.32 (it asks for the version of a
-        # package named "vllm"; this one is "vllm-cpu"): the same server and flags.
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
-        "--served-model-name", "policy", "--dtype", "float32", "--enforce-eager", "--seed", "0", "--max-model-len", "2048",
-        "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", *SERVER_FLAGS.split(),
-    ]
-    log = open(log_path, "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(["nice", "-n", "10", *cmd], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}; its log:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    stop_vllm_serve(proc)
-    raise RuntimeError(f"vllm serve did not come up in {startup_timeout:.0f} s; its log:\n{log_path.read_text()[-4000:]}")
-
-
-def stop_vllm_serve(proc: subprocess.Popen) -> None:
-    """Stop the server and its engine process (their process group, which this module started)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from agentgym_lightning.policies.models import resolve_model
+    from agentgym_lightning.testing.vllm_serve import start_vllm_serve, stop_vllm_serve
 
     proc, url = start_vllm_serve(str(resolve_model("smollm2-135m")), tmp_path_factory.mktemp("vllm-serve") / "server.log")
     yield url
