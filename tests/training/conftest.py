@@ -42,3 +42,42 @@ def trained_logps():
             return per_token_logps(trainer.model, batch.to(trainer.device), 1.0, compute_entropy=False)[0][0].tolist()
 
     return logps
+
+
+@pytest.fixture
+def check_sync_scores(trained_logps):
+    """``fn(trainer, policy) -> (request, prompt_ids)``: the weight-sync check of a generator with
+    ``score`` (in-process vLLM, a vLLM server). Its logprobs for a fixed completion equal the
+    trained model's to start with; one update moves the trained model but not the generator;
+    after ``sync_weights`` the generator's equal the trained model's again (within 2e-3)."""
+
+    def check(trainer, policy):
+        from agentgym_lightning import ChatRequest, Completion, Status, Step, Trajectory
+        from agentgym_lightning.policies.chat import render_prompt_ids
+        from agentgym_lightning.training import build_samples
+        from agentgym_lightning.training.generation import sync_weights
+
+        tok = policy.tokenizer
+        request = ChatRequest(messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
+        prompt = render_prompt_ids(tok, request)
+        good = tok.encode("Yes, it is.", add_special_tokens=False)
+        bad = tok.encode("No, never.", add_special_tokens=False)
+        before_generator, before_model = policy.score(prompt, good), trained_logps(trainer, prompt, good)
+        assert before_generator == pytest.approx(before_model, abs=2e-3)  # the same weights to start with
+
+        def episode(eid, ids, reward):
+            c = Completion(prompt_token_ids=prompt, completion_token_ids=ids, logprobs=policy.score(prompt, ids))
+            return Trajectory(episode_id=eid, group_id="g", steps=[Step(index=0, request=request, completion=c)], final_reward=reward, status=Status.SUCCEEDED)
+
+        trainer.update(build_samples([episode("good", good, 1.0), episode("bad", bad, 0.0)]))
+        after_model = trained_logps(trainer, prompt, good)
+        assert sum(after_model) > sum(before_model) + 0.05  # the update moved the trained model
+        assert policy.score(prompt, good) == pytest.approx(before_generator, abs=1e-5)  # the generator not yet
+
+        version = policy.weights_version
+        seconds = sync_weights(policy, trainer.model, peft=False)
+        assert seconds > 0 and policy.weights_version == version + 1
+        assert policy.score(prompt, good) == pytest.approx(after_model, abs=2e-3)
+        return request, prompt
+
+    return check

@@ -18,8 +18,7 @@ pytest.importorskip("trl")
 
 import httpx  # noqa: E402
 
-from agentgym_lightning import ChatRequest, Completion, SamplingParams, Status, Step, Trajectory  # noqa: E402
-from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
+from agentgym_lightning import ChatRequest, SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -82,33 +81,11 @@ def test_each_lora_version_loads_under_a_new_name_and_the_next_call_uses_it(serv
         policy.close()
 
 
-def test_after_a_sync_the_server_scores_like_the_trained_model(server, tmp_path, trained_logps):
-    from agentgym_lightning.training import build_samples
-    from agentgym_lightning.training.generation import sync_weights
-
+def test_after_a_sync_the_server_scores_like_the_trained_model(server, tmp_path, trained_logps, check_sync_scores):
     trainer = _trainer(server, tmp_path)
     policy = trainer.policy
     try:
-        tok = policy.tokenizer
-        request = ChatRequest(messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
-        prompt = render_prompt_ids(tok, request)
-        good = tok.encode("Yes, it is.", add_special_tokens=False)
-        bad = tok.encode("No, never.", add_special_tokens=False)
-        before_server, before_model = policy.score(prompt, good), trained_logps(trainer, prompt, good)
-        assert before_server == pytest.approx(before_model, abs=2e-3)  # the same weights to start with
-
-        def episode(eid, ids, reward):
-            c = Completion(prompt_token_ids=prompt, completion_token_ids=ids, logprobs=policy.score(prompt, ids))
-            return Trajectory(episode_id=eid, group_id="g", steps=[Step(index=0, request=request, completion=c)], final_reward=reward, status=Status.SUCCEEDED)
-
-        trainer.update(build_samples([episode("good", good, 1.0), episode("bad", bad, 0.0)]))
-        after_model = trained_logps(trainer, prompt, good)
-        assert sum(after_model) > sum(before_model) + 0.05  # the update moved the trained model
-        assert policy.score(prompt, good) == pytest.approx(before_server, abs=1e-5)  # the server not yet
-
-        seconds = sync_weights(policy, trainer.model, peft=False)
-        assert seconds > 0 and policy.weights_version == 1
-        assert policy.score(prompt, good) == pytest.approx(after_model, abs=2e-3)
+        request, prompt = check_sync_scores(trainer, policy)
         # a generated answer: token-exact, stamped with the version just pushed, its logprobs the trained model's
         answer = policy.generate([ChatRequest(messages=request.messages, sampling=SamplingParams(temperature=0.0, max_tokens=8))])[0]
         assert answer.prompt_token_ids == prompt
