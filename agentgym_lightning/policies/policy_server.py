@@ -255,7 +255,7 @@ class PolicyServer:
                 Route("/collective_rpc", collective_rpc, methods=["POST"]),
                 Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
             ],
-            middleware=[Middleware(WeightsVersionMiddleware)],
+            middleware=[Middleware(WeightsVersionMiddleware, token=self.token or "")],
         )
 
 

@@ -123,11 +123,15 @@ class WeightsVersionMiddleware:
 
     One version per server process: with ``vllm serve --api-server-count N > 1`` each API process
     would keep its own, so run one (the default).
+
+    Setting the version takes the server's bearer token when it has one: ``token``, by default
+    ``$VLLM_API_KEY`` (``vllm serve --api-key`` is not visible to a middleware: set the variable).
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, token: str | None = None) -> None:
         self.app = app
         self.version = INITIAL_VERSION
+        self.token = token if token is not None else os.environ.get("VLLM_API_KEY") or None
 
     async def __call__(self, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -150,7 +154,10 @@ class WeightsVersionMiddleware:
     async def _version_route(self, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         method = scope.get("method", "GET")
         status = 200
-        if method == "POST":
+        headers = dict(scope.get("headers") or [])
+        if method == "POST" and self.token and headers.get(b"authorization", b"").decode() != f"Bearer {self.token}":
+            status = 401
+        elif method == "POST":
             body = b""
             while True:
                 message = await receive()
@@ -166,9 +173,8 @@ class WeightsVersionMiddleware:
                 status = 400
         elif method != "GET":
             status = 405
-        payload: dict[str, Any] = (
-            {"version": self.version} if status == 200 else {"error": 'POST {"version": "<non-empty string>"} or GET'}
-        )
+        problem = {401: "a bearer token is required to set the version", 405: "GET or POST"}.get(status, 'POST {"version": "<non-empty string>"}')
+        payload: dict[str, Any] = {"version": self.version} if status == 200 else {"error": problem}
         raw = json.dumps(payload).encode()
         await send(
             {

@@ -144,3 +144,14 @@ def test_a_server_without_the_version_route_is_refused_with_the_flags_to_start_i
             VLLMServerPolicy(str(tiny_model_dir), generator_url=plain.url + "/v1")
     finally:
         plain.stop()
+
+
+def test_only_the_token_holder_sets_a_servers_weights_version():
+    from agentgym_lightning.policies.policy_server import PolicyServer
+
+    with PolicyServer(lambda requests: [], token="s3cret") as server:
+        assert httpx.post(server.url + VERSION_PATH, json={"version": "x"}).status_code == 401
+        assert httpx.get(server.url + VERSION_PATH).json() == {"version": "0"}
+        auth = {"authorization": "Bearer s3cret"}
+        assert httpx.post(server.url + VERSION_PATH, json={"version": "x"}, headers=auth).json() == {"version": "x"}
+        assert httpx.post(server.url + VERSION_PATH, json={"version": ""}, headers=auth).status_code == 400
