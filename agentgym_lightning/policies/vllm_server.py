@@ -155,8 +155,12 @@ class VLLMServerPolicy(OpenAIPolicy):
         #: adapter name -> the name its current version is served under.
         self.adapters: dict[str, str] = {}
         self._adapter_dirs: dict[str, Path] = {}
-        for root in self.roots:
-            version = self._server_version(root)
+        try:
+            versions = self.server_version()
+        except BaseException:
+            self.close()  # the I/O thread and connections already made
+            raise
+        for root, version in zip(self.roots, versions):
             if version != INITIAL_VERSION:
                 log.warning(
                     "the generator at %s serves weights pushed earlier (version %r), not %s's: its answers are refused "
