@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -288,6 +289,9 @@ class VLLMServerPolicy(OpenAIPolicy):
         if self._sync_dir is None:
             shm = Path("/dev/shm")
             self._sync_dir = Path(tempfile.mkdtemp(prefix="agentgym-generator-", dir=shm if shm.is_dir() else None))
+            # A whole model in memory: removed at close, or when the policy is dropped unclosed
+            # (the train command does not close the policy the trainer built).
+            weakref.finalize(self, shutil.rmtree, self._sync_dir, ignore_errors=True)
         self._sync_dir.mkdir(parents=True, exist_ok=True)
         return self._sync_dir
 
