@@ -69,11 +69,11 @@ EOF
 [ "$INSTALL_ONLY" = 1 ] && exit 0
 
 export VLLM_CPU_NUM_OF_RESERVED_CPU=${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}
-log "running tests/policies/test_vllm.py tests/training/test_vllm_training.py"
+log "running tests/policies/test_vllm.py tests/training/test_vllm_training.py tests/training/test_vllm_server_training.py"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 set +e
-"$BIN/python" -m pytest tests/policies/test_vllm.py tests/training/test_vllm_training.py -q -rs -p no:cacheprovider 2>&1 | tee "$out"
+"$BIN/python" -m pytest tests/policies/test_vllm.py tests/training/test_vllm_training.py tests/training/test_vllm_server_training.py -q -rs -p no:cacheprovider 2>&1 | tee "$out"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ]; then

@@ -43,6 +43,7 @@ _DIRECT = {
     "env": "env",
     "model": "model",
     "backend": "backend",
+    "generator_url": "generator_url",
     "steps": "max_steps",
     "tasks_per_step": "tasks_per_step",
     "group_size": "num_generations",
@@ -90,7 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help=f"start over in an --output-dir that holds a run: deletes its run files ({', '.join(RUN_FILES)}), nothing else")
     p.add_argument("--env", help=h("env"))
     p.add_argument("--model", help=h("model"))
-    p.add_argument("--backend", choices=["hf", "vllm"], help=h("backend"))
+    p.add_argument("--backend", choices=["hf", "vllm", "vllm-server"], help=h("backend"))
+    p.add_argument("--generator-url", metavar="URL", help=h("generator_url"))
     p.add_argument("--steps", type=int, help=h("max_steps"))
     p.add_argument("--tasks-per-step", type=int, help=h("tasks_per_step"))
     p.add_argument("--group-size", type=int, help=h("num_generations"))

@@ -1,8 +1,9 @@
 """Policy backends: what answers an environment's LLM calls.
 
 ``make_policy("hf")`` runs the embedded SmolLM2-135M-Instruct with transformers (CPU or GPU);
-``make_policy("vllm", model)`` uses vLLM; ``make_policy("openai", model, base_url=...)`` talks to
-any OpenAI-compatible server (no token ids from those that do not expose them). Backend modules
+``make_policy("vllm", model)`` uses vLLM; ``make_policy("vllm-server", model, generator_url=...)`` a
+running ``vllm serve`` whose weights the trainer replaces; ``make_policy("openai", model,
+base_url=...)`` talks to any OpenAI-compatible server (no token ids from those that do not expose them). Backend modules
 are imported lazily so that ``import agentgym_lightning`` never pulls in torch or vllm.
 """
 
@@ -36,6 +37,12 @@ BACKENDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
         ("vllm",),
         "run `make setup-vllm`",
     ),
+    "vllm-server": (
+        "agentgym_lightning.policies.vllm_server",
+        "VLLMServerPolicy",
+        ("transformers",),
+        "pip install 'agentgym-lightning[hf]'; the server itself: `vllm serve` (docs/scaling.md)",
+    ),
     "openai": (
         "agentgym_lightning.policies.openai",
         "OpenAIPolicy",
@@ -46,7 +53,7 @@ BACKENDS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
 
 
 def make_policy(backend: str, model: str = DEFAULT_MODEL, **kwargs: Any) -> Policy:
-    """Build a policy: ``backend`` is ``hf``, ``vllm`` or ``openai``; ``kwargs`` go to its class.
+    """Build a policy: ``backend`` is ``hf``, ``vllm``, ``vllm-server`` or ``openai``; ``kwargs`` go to its class.
 
     Raises :class:`ValueError` for an unknown backend and :class:`ImportError` naming the install
     command when the backend's dependencies are missing.

@@ -30,12 +30,15 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from agentgym_lightning.policies.served_weights import VERSION_HEADER
+
 __all__ = [
     "TransportFailure",
     "AiohttpTransport",
     "SyncHTTP",
     "HttpxTransport",
     "POOL_SHARD_SIZE",
+    "KEPT_HEADERS",
     "Response",
     "pick_transport",
     "env_proxy",
@@ -52,10 +55,14 @@ class TransportFailure(Exception):
     """No HTTP response: the connection failed, timed out, or the answer was not HTTP."""
 
 
+#: The response headers the policy reads: Retry-After, and the weights version a generator server
+#: stamps on its answers (:mod:`~agentgym_lightning.policies.served_weights`).
+KEPT_HEADERS = ("retry-after", VERSION_HEADER)
+
+
 def _headers_of_interest(headers: Mapping[str, str]) -> dict[str, str]:
-    # The policy only reads Retry-After; copying every header costs more than the rest.
-    value = headers.get("retry-after")
-    return {"retry-after": value} if value is not None else {}
+    # Only these are read; copying every header costs more than the rest.
+    return {name: value for name in KEPT_HEADERS if (value := headers.get(name)) is not None}
 
 
 class AiohttpTransport:
@@ -185,8 +192,7 @@ class SyncHTTP:
             else:
                 with self._lock:
                     self._idle.append(conn)
-            retry_after = response.getheader("retry-after")
-            return response.status, ({"retry-after": retry_after} if retry_after is not None else {}), body
+            return response.status, _headers_of_interest(response.headers), body
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -59,6 +59,7 @@ from agentgym_lightning.background_loop import BackgroundLoop
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, EPISODE_KEY, ChatRequest, Completion, ToolCall
 from agentgym_lightning.policies._http import AiohttpTransport, SyncHTTP, TransportFailure, env_proxy, pick_transport
 from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policies.served_weights import VERSION_HEADER
 
 __all__ = ["OpenAIPolicy", "PolicyBackendError", "DEFAULT_CONCURRENCY", "RETRY_STATUSES", "EPISODE_KEY"]
 
@@ -613,7 +614,7 @@ class OpenAIPolicy(Policy):
             status, headers, raw = outcome
             if status < 400:
                 try:
-                    return True, json.loads(raw)
+                    data = json.loads(raw)
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     snippet = _snippet(raw.decode("utf-8", "replace"))
                     raise PolicyBackendError(
@@ -622,6 +623,11 @@ class OpenAIPolicy(Policy):
                         body=snippet,
                         attempts=attempt,
                     ) from exc
+                if isinstance(data, dict) and VERSION_HEADER in headers:
+                    # The weights version that answered (a generator server's stamp; the
+                    # vllm-server backend checks it): carried with the body to _completion.
+                    data[VERSION_HEADER] = headers[VERSION_HEADER]
+                return True, data
             text = _snippet(raw.decode("utf-8", "replace"))
             retryable = status in RETRY_STATUSES
             retry_after = _retry_after(headers.get("retry-after"))

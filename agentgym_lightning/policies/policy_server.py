@@ -8,6 +8,13 @@ workers' trajectories are token-exact. Requests that arrive together are batched
 waits at most ``max_batch_wait`` seconds for company. A request the policy rejects gets a 400; a
 policy that fails altogether answers 503 (the client's retries and then ``infra_failed``).
 
+It also takes the weight sync of the ``vllm-server`` backend (the same routes ``vllm serve``
+offers, :mod:`~agentgym_lightning.policies.served_weights`): ``POST /collective_rpc`` with the
+method ``agentgym_reload_weights`` loads the safetensors of a shared folder into the policy's
+model (an ``hf`` policy's own, or through ``load_weights``), between batches;
+``/reset_prefix_cache`` has nothing to drop (``hf`` caches prefixes within a batch); and every
+answer carries the weights version (``/agentgym/weights_version``).
+
 ::
 
     with PolicyServer(policy) as server:           # 127.0.0.1, a free port
@@ -35,7 +42,9 @@ from agentgym_lightning.gateway.openai_wire import (
     new_call_id,
 )
 from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.policies.base import ModelSharingPolicy, WeightLoadingPolicy
 from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
+from agentgym_lightning.policies.served_weights import RELOAD_METHOD, WeightsVersionMiddleware, read_weights
 
 __all__ = ["PolicyServer"]
 
@@ -71,7 +80,10 @@ class PolicyServer:
         self.model_name = model_name
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
+        self.policy = policy
         self._batcher = FailureIsolator(policy)
+        # A weight reload waits for the batch being generated, and the next batch for it.
+        self._policy_lock = threading.Lock()
         self._queue: queue.SimpleQueue[tuple[ChatRequest, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         self._host, self._port = host, port
         self._server: Any = None
@@ -138,7 +150,8 @@ class PolicyServer:
             self.batches += 1
             self.requests += len(batch)
             try:
-                answers = self._batcher.answer([request for request, _ in batch])
+                with self._policy_lock:
+                    answers = self._batcher.answer([request for request, _ in batch])
             except PolicyDown as exc:
                 error = GatewayError(503, f"the policy failed: {exc.__cause__ or exc}", "server_error")
                 for _, fut in batch:
@@ -151,6 +164,20 @@ class PolicyServer:
                 continue
             for (_, fut), answer in zip(batch, answers):
                 fut.set_result(answer)
+
+    # ------------------------------------------------------------------ weight sync
+
+    def reload_weights(self, weights_path: str) -> None:
+        """Replace the policy's weights with the safetensors in ``weights_path`` (what ``POST
+        /collective_rpc`` with ``agentgym_reload_weights`` does), between two batches."""
+        tensors = read_weights(weights_path)
+        with self._policy_lock:
+            if isinstance(self.policy, WeightLoadingPolicy):
+                self.policy.load_weights(tensors.items())
+            elif isinstance(self.policy, ModelSharingPolicy):
+                _load_into(self.policy.hf_model, tensors)
+            else:
+                raise TypeError(f"the {getattr(self.policy, 'backend', type(self.policy).__name__)!r} policy holds no weights to replace")
 
     # ------------------------------------------------------------------ HTTP
 
@@ -187,6 +214,31 @@ class PolicyServer:
             except GatewayError as exc:
                 return error(exc)
 
+        async def collective_rpc(request: Request) -> Response:
+            try:
+                check(request)
+                try:
+                    body = json.loads(await request.body() or b"null")
+                    method, kwargs = body["method"], dict(body.get("kwargs") or {})
+                except (json.JSONDecodeError, ValueError, KeyError, TypeError):
+                    raise GatewayError(400, 'expected {"method": ..., "kwargs": {...}}') from None
+                if method != RELOAD_METHOD or set(kwargs) != {"weights_path"}:
+                    raise GatewayError(400, f"the policy server runs only {RELOAD_METHOD}(weights_path=...)")
+                try:
+                    await asyncio.to_thread(self.reload_weights, str(kwargs["weights_path"]))
+                except (OSError, TypeError, ValueError, RuntimeError) as exc:
+                    raise GatewayError(400, f"{type(exc).__name__}: {exc}") from None
+                return JSONResponse({"results": [True]})
+            except GatewayError as exc:
+                return error(exc)
+
+        async def reset_prefix_cache(request: Request) -> Response:
+            try:
+                check(request)
+            except GatewayError as exc:
+                return error(exc)
+            return JSONResponse({"success": True})
+
         async def models(request: Request) -> Response:
             try:
                 check(request)
@@ -194,9 +246,29 @@ class PolicyServer:
                 return error(exc)
             return JSONResponse(models_body(self.model_name))
 
+        from starlette.middleware import Middleware
+
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", chat, methods=["POST"]),
                 Route("/v1/models", models, methods=["GET"]),
-            ]
+                Route("/collective_rpc", collective_rpc, methods=["POST"]),
+                Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+            ],
+            middleware=[Middleware(WeightsVersionMiddleware, token=self.token or "")],
+        )
+
+
+def _load_into(model: Any, tensors: dict[str, Any]) -> None:
+    """Copy ``tensors`` (a whole checkpoint) into ``model``'s parameters in place. Only a weight
+    tied to another one (the LM head to the embeddings) may be absent: it follows its twin."""
+    import torch
+
+    owned = {name for name, _ in model.named_parameters()}  # a tied weight is listed once
+    with torch.no_grad():
+        result = model.load_state_dict(tensors, strict=False)
+    missing = [name for name in result.missing_keys if name in owned]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"the pushed weights do not match the served model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
         )

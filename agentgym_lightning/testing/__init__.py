@@ -5,4 +5,6 @@
 - :mod:`.pytest_plugin`: its ``agent_conformance`` fixture (``pytest_plugins =
   ["agentgym_lightning.testing.pytest_plugin"]``).
 - :mod:`.mock_openai_server`: an instant OpenAI-compatible server for tests and benchmarks.
+- :mod:`.vllm_serve`: a ``vllm serve`` started and stopped from Python, set up as the
+  ``vllm-server`` backend's generator (tests and benchmarks in ``.venv-vllm``).
 """

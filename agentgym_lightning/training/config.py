@@ -35,7 +35,7 @@ _EPISODE_WEIGHTING = ("equal", "per_call")
 _IS_LEVELS = ("token", "sequence")
 _SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _OPTIMIZERS = ("adamw", "adafactor")
-_BACKENDS = ("hf", "vllm")
+_BACKENDS = ("hf", "vllm", "vllm-server")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
 
@@ -65,9 +65,14 @@ class LightningRLConfig:
     backend: str = field(
         default="hf",
         metadata={
-            "help": "Generator: `hf` (transformers; shares the trained model, no copy) or `vllm` (in-process "
-            "engine, receives the new weights after every update)."
+            "help": "Generator: `hf` (transformers; shares the trained model, no copy), `vllm` (in-process "
+            "engine, receives the new weights after every update) or `vllm-server` (a running `vllm serve` at "
+            "`generator_url`, its weights replaced over HTTP after every update; docs/scaling.md)."
         },
+    )
+    generator_url: str | None = field(
+        default=None,
+        metadata={"help": "The generator server's URL for backend `vllm-server` (`http://host:8000`)."},
     )
     policy_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Extra keyword arguments for the policy backend (`device`, `max_batch_size`...)."}
@@ -329,6 +334,8 @@ class LightningRLConfig:
                 raise ValueError(f"{name} must be a number >= {low}; got {value!r}")
 
         choice("backend", _BACKENDS)
+        if self.backend == "vllm-server" and not (self.generator_url or dict(self.policy_kwargs or {}).get("generator_url")):
+            raise ValueError("backend 'vllm-server' needs generator_url: the running generator's URL (--generator-url http://host:8000; docs/scaling.md)")
         choice("aggregation", AGGREGATIONS)
         choice("loss_type", LOSS_TYPES)
         choice("scale_rewards", _SCALE_REWARDS)

@@ -8,7 +8,10 @@
 * :func:`sync_weights` pushes the trained weights to the generator after an update: nothing to
   do when the ``hf`` backend shares the trained model; a full push (LoRA merged in) for a backend
   with ``load_weights`` (``vllm``); with an adapter per agent (``lora_per_agent``), each adapter
-  (the base weights never change) to a backend with ``load_adapter`` (``vllm`` multi-LoRA).
+  (the base weights never change) to a backend with ``load_adapter`` (``vllm`` multi-LoRA,
+  ``vllm-server``: a running ``vllm serve``, through a shared folder and its reload routes).
+* :func:`generator_metrics`: what the generator counts per step (``generator/stale_answers``: answers a
+  served generator wrote with other weights than the last pushed, refused).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, Policy, WeightLoadingPolicy
 from agentgym_lightning.policy_request import resampled
 
-__all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights"]
+__all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights", "generator_metrics"]
 
 
 class SamplingOverride(Policy):
@@ -91,9 +94,17 @@ def sync_weights(policy: Any, model: Any, *, peft: bool, adapters: Sequence[str]
     if not isinstance(policy, WeightLoadingPolicy):
         raise TypeError(
             f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy can neither share the trained "
-            "model nor receive weights (no load_weights): train with the hf or vllm backend"
+            "model nor receive weights (no load_weights): train with the hf, vllm or vllm-server backend"
         )
     start = time.perf_counter()
     with merged_weights(model, peft) as weights:
         policy.load_weights(weights)
     return time.perf_counter() - start
+
+
+def generator_metrics(policy: Any) -> dict[str, float]:
+    """The generator's own counters for a step's metrics: ``generator/stale_answers`` (answers of a
+    served generator written by other weights than the last pushed, refused) for a backend that
+    checks versions (``vllm-server``); nothing for the others."""
+    stale = getattr(policy, "stale_answers", None)
+    return {} if stale is None else {"generator/stale_answers": float(stale)}

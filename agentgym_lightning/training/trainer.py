@@ -90,7 +90,7 @@ from agentgym_lightning.training.checkpoint import (
     save_final_model,
 )
 from agentgym_lightning.training.config import LightningRLConfig
-from agentgym_lightning.training.generation import SamplingOverride, shares_model, sync_weights
+from agentgym_lightning.training.generation import SamplingOverride, generator_metrics, shares_model, sync_weights
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.loss import loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
@@ -425,6 +425,7 @@ class LightningRLTrainer:
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
+                **generator_metrics(self.policy),
                 "time/step_s": time.perf_counter() - step_start,
                 "epoch": self.schedule.epoch_of(self.step),
             }
@@ -800,6 +801,9 @@ def _build_policy(cfg: LightningRLConfig) -> Any:
         kwargs.setdefault("seed", cfg.seed)
         if cfg.num_threads is not None:
             kwargs.setdefault("num_threads", cfg.num_threads)
+    elif cfg.backend == "vllm-server":  # its LoRA slots are the server's (--max-loras)
+        kwargs.setdefault("seed", cfg.seed)
+        kwargs.setdefault("generator_url", cfg.generator_url)
     else:
         kwargs.setdefault("seed", cfg.seed)
         if cfg.lora_per_agent is not False:  # vLLM multi-LoRA: one adapter per trained agent in a batch

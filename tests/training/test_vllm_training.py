@@ -11,8 +11,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("trl")
 
-from agentgym_lightning import ChatRequest, Completion, Status, Step, Trajectory  # noqa: E402
-from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
+from agentgym_lightning import ChatRequest  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -37,43 +36,8 @@ def _trainer(policy, tmp_path, **overrides):
     return LightningRLTrainer(config, policy=policy)
 
 
-def _trained_logps(trainer, prompt, completion):
-    import torch
-
-    from agentgym_lightning.training.loss import pad_samples, per_token_logps
-    from agentgym_lightning.training.samples import Sample
-
-    batch = pad_samples([Sample(prompt, completion, [1] * len(completion), [0.0] * len(completion), [0.0] * len(completion), 1.0, "x", None)], 0)
-    with torch.no_grad():
-        return per_token_logps(trainer.model, batch.to(trainer.device), 1.0, compute_entropy=False)[0][0].tolist()
-
-
-def test_after_a_sync_the_engine_scores_like_the_trained_model(vllm_policy, tmp_path):
-    from agentgym_lightning.training import build_samples
-    from agentgym_lightning.training.generation import sync_weights
-
-    trainer = _trainer(vllm_policy, tmp_path)
-    tok = vllm_policy.tokenizer
-    request = ChatRequest(messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
-    prompt = render_prompt_ids(tok, request)
-    good = tok.encode("Yes, it is.", add_special_tokens=False)
-    bad = tok.encode("No, never.", add_special_tokens=False)
-
-    before_engine, before_model = vllm_policy.score(prompt, good), _trained_logps(trainer, prompt, good)
-    assert before_engine == pytest.approx(before_model, abs=2e-3)  # same weights to start with
-
-    def episode(eid, ids, reward):
-        c = Completion(prompt_token_ids=prompt, completion_token_ids=ids, logprobs=vllm_policy.score(prompt, ids))
-        return Trajectory(episode_id=eid, group_id="g", steps=[Step(index=0, request=request, completion=c)], final_reward=reward, status=Status.SUCCEEDED)
-
-    trainer.update(build_samples([episode("good", good, 1.0), episode("bad", bad, 0.0)]))
-    after_model = _trained_logps(trainer, prompt, good)
-    assert sum(after_model) > sum(before_model) + 0.05  # the update moved the trained model
-    assert vllm_policy.score(prompt, good) == pytest.approx(before_engine, abs=1e-5)  # the engine not yet
-
-    seconds = sync_weights(vllm_policy, trainer.model, peft=False)
-    assert seconds > 0 and vllm_policy.weights_version == 1
-    assert vllm_policy.score(prompt, good) == pytest.approx(after_model, abs=2e-3)
+def test_after_a_sync_the_engine_scores_like_the_trained_model(vllm_policy, tmp_path, check_sync_scores):
+    check_sync_scores(_trainer(vllm_policy, tmp_path), vllm_policy)
 
 
 def test_a_training_step_through_the_engine_syncs_and_logs_the_time(vllm_policy, tmp_path):

