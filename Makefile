@@ -13,6 +13,13 @@ RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg e
 	--eval-episodes 32 --set gradient_checkpointing=true --set micro_batch_tokens=1024 --set optim=adafactor \
 	--seed 0 --output-dir runs/main
 
+# The paper's experiments (issue 33, docs/experiments.md): one recipe each, held-out eval every
+# few steps. `make learn-spider SEED=1 LEARN_DIR=/elsewhere` picks the seed and where runs go
+# (runs/<task>-s<seed>); continue a stopped run with `agentgym-lightning train --resume DIR`.
+SEED ?= 0
+LEARN_DIR ?= runs
+
+.PHONY: learn-spider learn-rag learn-math
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
 
 setup: $(STAMP)
@@ -39,6 +46,15 @@ $(STAMP): pyproject.toml
 
 run: setup
 	$(BIN)/agentgym-lightning train $(RUN_ARGS)
+
+learn-spider: setup
+	$(BIN)/agentgym-lightning train --config recipes/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-s$(SEED)
+
+learn-rag: setup
+	$(BIN)/agentgym-lightning train --config recipes/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-s$(SEED)
+
+learn-math: setup
+	$(BIN)/agentgym-lightning train --config recipes/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-s$(SEED)
 
 test: setup browser
 	$(BIN)/python -m pytest -q

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentgym_lightning.envs.tasks import slice_tasks
+from agentgym_lightning.envs.tasks import shuffle_tasks, slice_tasks
 
 
 def test_slices_and_refuses_what_would_leave_no_tasks():
@@ -16,3 +16,13 @@ def test_slices_and_refuses_what_would_leave_no_tasks():
             slice_tasks(tasks, "dev", offset=offset)
     with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
         slice_tasks(tasks, "dev", limit=0)
+
+
+def test_shuffle_is_a_fixed_permutation_per_seed():
+    tasks = list(range(50))
+    assert shuffle_tasks(tasks, None) == tasks
+    once = shuffle_tasks(tasks, 0)
+    assert sorted(once) == tasks and once != tasks
+    assert shuffle_tasks(tasks, 0) == once  # the same on every call (and machine: numpy's PCG64)
+    assert shuffle_tasks(tasks, 1) != once
+    assert shuffle_tasks([], 0) == []

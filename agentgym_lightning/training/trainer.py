@@ -357,6 +357,8 @@ class LightningRLTrainer:
             result.eval_before = self.evaluate()
             postfix["eval"] = f"{result.eval_before['eval/reward/mean']:.3f}"
             bar.set_postfix(postfix)
+        elif self.eval_factory is not None and self._due_eval_unfinished():
+            postfix["eval"] = f"{self.evaluate()['eval/reward/mean']:.3f}"  # killed during it: run it again
         while self.step < cfg.max_steps:
             metrics = self.train_step()
             bar.update(1)
@@ -368,6 +370,14 @@ class LightningRLTrainer:
             result.eval_after = self.evaluate()
             postfix["eval"] = f"{result.eval_after['eval/reward/mean']:.3f}"  # the bar ends on the latest eval
             bar.set_postfix(postfix)
+
+    def _due_eval_unfinished(self) -> bool:
+        """A resumed run's step was due an evaluation (``eval_steps``) that was not finished:
+        the run was killed during it, after the step's checkpoint."""
+        cfg, written = self.config, self.output_dir / "eval" / f"step-{self.step:06d}.jsonl"
+        if not cfg.eval_steps or self.step % cfg.eval_steps or self.step >= cfg.max_steps:
+            return False
+        return not written.is_file() or len(written.read_text(encoding="utf-8").splitlines()) < cfg.eval_episodes
 
     def train_step(self) -> dict[str, float]:
         """One training step (the six moves of the module docstring); returns its metrics."""

@@ -30,7 +30,7 @@ from typing import Any
 
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.envs.tasks import slice_tasks
+from agentgym_lightning.envs.tasks import shuffle_tasks, slice_tasks
 from agentgym_lightning.llm import Completion, ToolCall
 from agentgym_lightning.policies.tool_calls import new_tool_call_id
 
@@ -187,10 +187,25 @@ def _build(
     return AgentEnv(agent, tasks, MathReward(rel_tol), air_weights=weights, **kwargs)
 
 
-def _dataset_env(name: str, split: str, data_dir: str | None, limit: int | None, **build: Any) -> AgentEnv:
+def calculation_steps(solution: str) -> int:
+    """The calculator annotations (``<<48/2=24>>``) of a GSM8K gold solution: its calculations."""
+    return solution.count("<<")
+
+
+def _dataset_env(
+    name: str, split: str, data_dir: str | None, limit: int | None, *, max_calc_steps: int | None = None,
+    shuffle_seed: int | None = None, **build: Any,
+) -> AgentEnv:
     """An env over the tasks of a loaded data set (``env.math_dataset`` says which)."""
     dataset = load_math(name, split, data_dir)
-    tasks = slice_tasks(dataset.tasks(), split, limit=limit)
+    tasks = dataset.tasks()
+    if max_calc_steps is not None:
+        if isinstance(max_calc_steps, bool) or not isinstance(max_calc_steps, int) or max_calc_steps < 0:
+            raise ValueError(f"max_calc_steps must be an integer >= 0 or None; got {max_calc_steps!r}")
+        tasks = [t for t in tasks if calculation_steps(t["solution"]) <= max_calc_steps]
+        if not tasks:
+            raise ValueError(f"no {name} {split} problem has at most {max_calc_steps} calculations")
+    tasks = slice_tasks(shuffle_tasks(tasks, shuffle_seed), split, limit=limit)
     env = _build(tasks, **build)
     env.math_dataset = dataset  # type: ignore[attr-defined]
     return env
@@ -205,6 +220,8 @@ def make_gsm8k_env(
     *,
     limit: int | None = None,
     max_tokens: int | None = 256,
+    max_calc_steps: int | None = None,
+    shuffle_seed: int | None = None,
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/GSM8K-v0``.
@@ -217,8 +234,13 @@ def make_gsm8k_env(
         air_weights: AIR weights (sources in ``envs/math/plugin.py``), merged over
             :data:`DEFAULT_AIR_WEIGHTS`.
         max_turns: Most LLM calls per episode.
-        limit: Keep only the first ``limit`` problems.
+        limit: Keep only the first ``limit`` problems (after ``max_calc_steps`` and ``shuffle_seed``).
         max_tokens: ``max_tokens`` of each call.
+        max_calc_steps: Keep only problems whose gold solution makes at most this many
+            calculations (its ``<<a*b=c>>`` annotations, :func:`calculation_steps`): a rule on the
+            data that picks easier problems the same way in every split.
+        shuffle_seed: Put the (kept) problems in a fixed order drawn from this seed before
+            ``limit`` (None: file order).
         **kwargs: ``agent``: ``"scratch"`` (default, :class:`~.agent.MathAgent`) or ``"autogen"``
             (the solver as an AutoGen ``AssistantAgent``, :mod:`.autogen_agent`; needs the
             ``[autogen]`` extra), or ``"solver-verifier"`` (the from-scratch solver, then a verifier
@@ -227,8 +249,9 @@ def make_gsm8k_env(
             ``temperature``, ``system_prompt``...), then :class:`~agentgym_lightning.env.AgentEnv`
             options (``time_limit``, ``transport``, ``model_name``...).
     """
-    return _dataset_env("gsm8k", split, data_dir, limit, env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights,
-                        max_turns=max_turns, max_tokens=max_tokens, kwargs=kwargs)
+    return _dataset_env("gsm8k", split, data_dir, limit, max_calc_steps=max_calc_steps, shuffle_seed=shuffle_seed,
+                        env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights, max_turns=max_turns,
+                        max_tokens=max_tokens, kwargs=kwargs)
 
 
 def make_calcx_env(

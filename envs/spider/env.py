@@ -27,13 +27,14 @@ from typing import Any
 
 from agentgym_lightning.agent import AgentContext
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.envs.tasks import slice_tasks
+from agentgym_lightning.envs.tasks import shuffle_tasks, slice_tasks
 
 from .agent import SpiderAgent, SpiderAgentConfig, SpiderAnswer
 from .data import load_spider
 from .evaluation import VARIANTS, GoldQueryError, SpiderEvaluator
 from .langgraph_agent import TRAINED_NODES, LangGraphSpiderAgent
 from .sandbox import ExecResult, SandboxLimits, SQLSandbox
+from .subset import select_tasks
 
 __all__ = ["ENV_ID", "AGENTS", "make_env", "SpiderEpisodeAgent", "LangGraphSpiderEpisodeAgent", "SpiderReward", "gold_policy", "describe_result"]
 
@@ -183,6 +184,9 @@ def make_env(
     *,
     limit: int | None = None,
     offset: int = 0,
+    single_table: bool = False,
+    max_tables: int | None = None,
+    shuffle_seed: int | None = None,
     sql_timeout_s: float = 5.0,
     max_rows: int = 100_000,
     sql_limits: Mapping[str, Any] | None = None,
@@ -204,6 +208,11 @@ def make_env(
         offset: Skip the split's first ``offset`` questions, e.g. to train on one database's
             questions (Spider's train split is grouped by database: ``offset=16, limit=18`` is
             ``farm``'s).
+        single_table: Keep only questions whose gold query is one ``SELECT`` over one table
+            (:mod:`.subset`; applied before ``shuffle_seed``, ``offset`` and ``limit``).
+        max_tables: Keep only questions on databases of at most this many tables (:mod:`.subset`).
+        shuffle_seed: Put the (kept) questions in a fixed order drawn from this seed before
+            ``offset``/``limit``, so the first N are a sample across databases (None: file order).
         sql_timeout_s: Time limit of each predicted query.
         max_rows: Rows a query may return before it fails.
         sql_limits: Any other :class:`~.sandbox.SandboxLimits` field, e.g.
@@ -225,7 +234,10 @@ def make_env(
 
         LangChainAgent.check_installed()
     dataset = load_spider(split, data_dir)
-    tasks = slice_tasks(dataset.tasks(), split, offset, limit)
+    kept = select_tasks(dataset.tasks(), single_table=single_table, max_tables=max_tables)
+    if not kept:
+        raise ValueError(f"no Spider {split} question passes single_table={single_table}, max_tables={max_tables}")
+    tasks = slice_tasks(shuffle_tasks(kept, shuffle_seed), split, offset, limit)
     agent_options = {k: kwargs.pop(k) for k in list(kwargs) if k in _AGENT_FIELDS}
     config = SpiderAgentConfig(max_turns=max_turns, sql_timeout_s=sql_timeout_s, **agent_options)
     try:

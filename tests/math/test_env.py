@@ -289,3 +289,34 @@ def test_gsm8k_sample_through_gym_make_announces_itself():
         env.close()
     assert total == 1.0 and trajectory.env_id == "lightning/GSM8K-v0"
     assert json.loads(json.dumps(trajectory.task)) == trajectory.task  # tasks stay JSON (trajectories are saved as JSONL)
+
+
+def test_gsm8k_max_calc_steps_keeps_problems_with_few_calculations_and_shuffle_seed_orders_them(tmp_path: Path):
+    """The recipe's subset rule: the gold solution's ``<<a*b=c>>`` annotations counted, the same
+    rule for every split; then a fixed order drawn from ``shuffle_seed``, then ``limit``."""
+    from agentgym_lightning.envs.math.env import calculation_steps, make_gsm8k_env
+
+    steps = [0, 1, 2, 3, 1, 2, 4, 2]
+    lines = []
+    for i, n in enumerate(steps):
+        work = " ".join(f"<<{i}+{k}={i + k}>>{i + k}." for k in range(n))
+        lines.append(json.dumps({"question": f"Problem {i}?", "answer": f"{work}\n#### {i}"}))
+    (tmp_path / "test.jsonl").write_text("\n".join(lines) + "\n")
+
+    def questions(**kwargs):
+        env = make_gsm8k_env(split="test", data_dir=str(tmp_path), **kwargs)
+        try:
+            return [t["question"] for t in env.tasks]
+        finally:
+            env.close()
+
+    assert calculation_steps("a <<1+2=3>>3 b <<3*2=6>>6") == 2
+    assert questions() == [f"Problem {i}?" for i in range(len(steps))]
+    kept = [f"Problem {i}?" for i, n in enumerate(steps) if n <= 2]
+    assert questions(max_calc_steps=2) == kept
+    assert questions(max_calc_steps=0) == ["Problem 0?"]
+    shuffled = questions(max_calc_steps=2, shuffle_seed=0)
+    assert sorted(shuffled) == sorted(kept) and shuffled != kept
+    assert questions(max_calc_steps=2, shuffle_seed=0, limit=3) == shuffled[:3]
+    with pytest.raises(ValueError, match="max_calc_steps must be an integer >= 0 or None"):
+        questions(max_calc_steps=-1)

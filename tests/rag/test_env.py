@@ -208,3 +208,27 @@ def test_offset_holds_out_the_tail_of_a_one_split_data_set(hash_embedder):
     finally:
         for env in (whole, train, held_out):
             env.close()
+
+
+def test_shuffle_seed_orders_the_questions_before_the_slice(hash_embedder):
+    import warnings
+
+    from agentgym_lightning.envs.rag.data import RagDataWarning
+
+    envs = []
+
+    def ids(**kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RagDataWarning)
+            envs.append(make_env("musique", embedding_model=hash_embedder, **kwargs))
+        return [t["id"] for t in envs[-1].tasks]
+
+    try:
+        whole = ids()
+        shuffled = ids(shuffle_seed=0)
+        assert sorted(shuffled) == sorted(whole) and shuffled != whole
+        assert ids(shuffle_seed=0) == shuffled  # a fixed order
+        assert ids(shuffle_seed=0, limit=4) + ids(shuffle_seed=0, offset=4) == shuffled  # halves of one order
+    finally:
+        for env in envs:
+            env.close()
