@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
     from agentgym_lightning.training import LightningRLTrainer
-    from agentgym_lightning.training.trainer import EpisodesFailedError, TrainingStopped
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.training.result import TrainingStopped
 
     started = time.perf_counter()
     try:
