@@ -1,14 +1,15 @@
 """The ``agentgym-lightning`` command (also ``python -m agentgym_lightning``).
 
 Each subcommand lives in its own module exposing ``register(subparsers)``, which adds its
-parser and sets ``func`` to a callable ``func(args) -> int``.
+parser and sets ``func`` to a callable ``func(args) -> int``. Torch's idle threads sleep
+(``OMP_WAIT_POLICY=PASSIVE``): the package's import, which runs before this module, sets it
+(:mod:`agentgym_lightning.cpu_threads`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
@@ -39,24 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def sleeping_cpu_threads() -> bool:
-    """Make idle OpenMP threads sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``), unless the
-    user chose a policy; returns whether it was set. Only before torch is first imported: OpenMP
-    reads it once, when torch loads it.
-
-    Why: a command runs torch's threads next to its own (the gateway, the agents, the driver),
-    and torch's OpenMP threads spin at the end of every parallel region waiting for the others.
-    On a 2-core machine with anything else running, a spinning thread keeps the core its sibling
-    needs: a 4-row, 40-token greedy decode of SmolLM2 with two threads took 49 CPU-seconds
-    spinning and 4.8 sleeping (3.6 on one thread), on the same machine at the same load."""
-    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    sleeping_cpu_threads()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentgym_lightning.cpu_threads import warn_if_threads_spin
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import EpisodesFailedError, check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
@@ -125,6 +126,7 @@ class LightningRLTrainer:
         torch.manual_seed(cfg.seed)
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
+        warn_if_threads_spin(torch.get_num_threads())  # torch imported before this package: no OMP_WAIT_POLICY
         self._hook = get_plugin_manager().hook
 
         # The envs: every call of a training episode is seeded from its episode (reproducible).
