@@ -154,7 +154,7 @@ class MicroBatches:
     def token_logps(self, model: Any, i: int, compute_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Micro-batch ``i``'s completion logprobs (and entropy) under ``model``, its adapter active."""
         if self.adapters is not None and self.owners[i] is not None:
-            # Adapters are LoRA: the reference is the trained model itself, its adapters switched off.
+            # On the model given: adapters are LoRA, so the KL reference is this same model, adapters off.
             activate(model, self.owners[i], self.adapters.names)
         if self.trees is not None:
             return tree_token_logps(model, self.trees[i], self.padded[i], self.config.temperature, compute_entropy=compute_entropy)

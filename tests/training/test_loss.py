@@ -180,3 +180,20 @@ def test_loss_equals_trl_grpo_trainer_compute_loss(trl_trainer, loss_type):
                           epsilon_high=5.0 if loss_type == "cispo" else 0.2, sampling_correction=False)
     ours = policy_loss(logps, batch, options, normalizer=loss_normalizer(samples, loss_type, 8), old_logps=old, ref_logps=ref)
     assert float(ours.loss) == pytest.approx(float(theirs), rel=1e-4, abs=1e-6)
+
+
+def test_the_loss_options_are_the_configs_own():
+    """The trainer calls the loss with ``LossOptions.from_config``: every option is the config's
+    field of the same name (``epsilon_high``: the config's resolved upper bound)."""
+    import dataclasses
+
+    from agentgym_lightning.training import LightningRLConfig
+
+    config = LightningRLConfig(loss_type="grpo", beta=0.04, use_bias_correction_kl=False, epsilon=0.1, epsilon_high=0.3, delta=2.0,
+                               importance_sampling_level="sequence", sampling_correction=False, sampling_correction_mode="sequence_mask",
+                               sampling_correction_clip_min=0.5, sampling_correction_clip_max=4.0, report_to=[])
+    options = LossOptions.from_config(config)
+    for f in dataclasses.fields(LossOptions):
+        expected = {"epsilon_low": config.epsilon, "epsilon_high": config.epsilon_high}.get(f.name, getattr(config, f.name, None))
+        assert getattr(options, f.name) == expected, f.name
+    assert LossOptions.from_config(LightningRLConfig(epsilon=0.25, report_to=[])).epsilon_high == 0.25  # defaults to epsilon
