@@ -7,11 +7,19 @@ Every agent becomes a Gymnasium environment whose ``step(action)`` is exactly on
 
     env = gym.make("lightning/GuessNumber-v0")
     obs, info = env.reset(seed=0)
+
+Importing it before torch makes torch's idle OpenMP threads sleep rather than spin
+(``OMP_WAIT_POLICY=PASSIVE``, unless set already: :mod:`agentgym_lightning.cpu_threads`).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+# Before anything here can import torch: OpenMP reads its wait policy once, when torch loads it.
+from agentgym_lightning.cpu_threads import sleeping_cpu_threads as _sleeping_cpu_threads
+
+_sleeping_cpu_threads()
 
 from agentgym_lightning.agent import AgentContext, emit_reward, emit_variable
 from agentgym_lightning.hookspecs import hookimpl

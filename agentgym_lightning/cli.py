@@ -5,13 +5,14 @@ parser and sets ``func`` to a callable ``func(args) -> int``, and ``COMMAND`` / 
 name and its line in the help screen. A command line registers only the command it runs (its
 options import what the command needs: the trainer's config, the data sets' modules); the others
 are listed by ``HELP`` alone, so ``agentgym-lightning --help`` imports none of them.
+Torch's idle threads sleep (``OMP_WAIT_POLICY=PASSIVE``): the package's import, which runs
+before this module, sets it (:mod:`agentgym_lightning.cpu_threads`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
@@ -54,24 +55,7 @@ def _command_in(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
-def sleeping_cpu_threads() -> bool:
-    """Make idle OpenMP threads sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``), unless the
-    user chose a policy; returns whether it was set. Only before torch is first imported: OpenMP
-    reads it once, when torch loads it.
-
-    Why: a command runs torch's threads next to its own (the gateway, the agents, the driver),
-    and torch's OpenMP threads spin at the end of every parallel region waiting for the others.
-    On a 2-core machine with anything else running, a spinning thread keeps the core its sibling
-    needs: a 4-row, 40-token greedy decode of SmolLM2 with two threads took 49 CPU-seconds
-    spinning and 4.8 sleeping (3.6 on one thread), on the same machine at the same load."""
-    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    sleeping_cpu_threads()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)

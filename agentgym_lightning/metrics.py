@@ -20,6 +20,9 @@ rollouts and held-out evals):
   prompt+completion ids (chat-template drift); ``chat_template/rebuilt_prompts`` — calls for which
   the agent started a new conversation (their ids cannot extend; expected, e.g. Spider's checker).
 
+The trainer's rollouts add, with :func:`episode_metrics`, the mean per-episode reward of every
+source (``reward/<source>``) and the return they sum to (``reward/total``).
+
 Metric values in JSON (:func:`json_metrics`): a NaN or infinite metric (a loss of a skipped
 update, a mean over no episodes) is written as ``null``, never as the invalid JSON tokens ``NaN``
 / ``Infinity``. One rule for every writer of metrics: ``metrics.jsonl``, checkpoints'
@@ -29,13 +32,13 @@ update, a mean over no episodes) is written as ``null``, never as the invalid JS
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["summarize", "finite_or_none", "json_metrics"]
+__all__ = ["summarize", "episode_metrics", "finite_or_none", "json_metrics"]
 
 
 def finite_or_none(value: Any) -> Any:
@@ -88,6 +91,22 @@ def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str,
                     per_variant.setdefault(str(name), []).append(float(value))
     for name, values in sorted(per_variant.items()):
         metrics[f"metrics/{name}"] = _mean(values)
+    return metrics
+
+
+def episode_metrics(trajectories: Sequence[Trajectory], wall_s: float, prefix: str = "") -> dict[str, float]:
+    """The trainer's rollout metrics: :func:`summarize`, plus the mean per-episode reward of every
+    source (``reward/<source>``, ``reward/final``) and their sum (``reward/total``, the return)."""
+    metrics = {f"{prefix}{k}": v for k, v in summarize(trajectories, wall_s).items()}
+    scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED]
+    by_source: dict[str, float] = defaultdict(float)
+    for t in scored:
+        for r in [r for s in t.steps for r in s.rewards] + list(t.rewards):
+            by_source[r.source] += r.value
+        by_source["final"] += t.final_reward or 0.0
+    for source, total in sorted(by_source.items()):
+        metrics[f"{prefix}reward/{source}"] = total / max(len(scored), 1)
+    metrics[f"{prefix}reward/total"] = metrics.pop(f"{prefix}return/mean", 0.0)
     return metrics
 
 

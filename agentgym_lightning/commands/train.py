@@ -290,7 +290,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from agentgym_lightning.training import LightningRLTrainer
     from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
-    from agentgym_lightning.training.trainer import EpisodesFailedError, TrainingStopped
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.training.result import TrainingStopped
 
     started = time.perf_counter()
     try:

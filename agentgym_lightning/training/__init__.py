@@ -7,8 +7,9 @@
     result = LightningRLTrainer(LightningRLConfig(env="lightning/Arithmetic-v0", max_steps=20)).train()
 
 The loop is :mod:`agentgym_lightning.training.trainer` (read it top to bottom); the config is
-:class:`LightningRLConfig`; episodes become rows in :mod:`.samples`, the loss is :mod:`.loss`, and
-:mod:`.token_tree` runs a micro-batch's rows as one token tree (shared prefixes computed once).
+:class:`LightningRLConfig`; episodes become rows in :mod:`.samples`, the update's micro-batches and
+statistics are :mod:`.update`, the loss is :mod:`.loss`, and :mod:`.token_tree` runs a
+micro-batch's rows as one token tree (shared prefixes computed once).
 Importing the config is light; the trainer and samples import torch when first used.
 """
 
@@ -20,14 +21,15 @@ from agentgym_lightning.training.config import LightningRLConfig
 
 if TYPE_CHECKING:
     from agentgym_lightning.training.samples import Sample, SampleBatch, build_samples
-    from agentgym_lightning.training.trainer import LightningRLTrainer, TrainResult
+    from agentgym_lightning.training.result import TrainResult
+    from agentgym_lightning.training.trainer import LightningRLTrainer
 
 __all__ = ["LightningRLConfig", "LightningRLTrainer", "TrainResult", "Sample", "SampleBatch", "build_samples"]
 
 # The config is light (the CLI builds its parser from it); the rest needs torch, so it loads on first use.
 _LAZY = {
     "LightningRLTrainer": "agentgym_lightning.training.trainer",
-    "TrainResult": "agentgym_lightning.training.trainer",
+    "TrainResult": "agentgym_lightning.training.result",
     "Sample": "agentgym_lightning.training.samples",
     "SampleBatch": "agentgym_lightning.training.samples",
     "build_samples": "agentgym_lightning.training.samples",

@@ -13,7 +13,7 @@ model (or agents share one, by mapping them to the same adapter name):
   per call; ``openai``: the adapter sent as the request's ``model``). A request that names no
   agent but names an adapter as its ``model`` keeps it: that is how a request routed on a Ray
   worker reaches the trainer's generator.
-* **The update** (:mod:`.trainer`) runs each adapter's rows with that adapter active
+* **The update** (:mod:`.update`) runs each adapter's rows with that adapter active
   (:func:`activate`), one optimizer step for all of them; :func:`adapter_parameters` gives each
   adapter's parameters (clipped and reported per adapter).
 
@@ -25,6 +25,7 @@ The agents to give adapters are named, not matched: ``lora_per_agent=True`` take
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,7 @@ from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = [
     "AgentAdapters", "AdapterRouting", "agent_routes", "add_agent_adapters", "activate", "adapter_parameters",
-    "adapter_rollout_metrics", "lora_config", "BASE_ADAPTER",
+    "adapter_rollout_metrics", "lora_config", "warn_if_air_reaches_every_adapter", "BASE_ADAPTER",
 ]
 
 #: What an adapter may be called: it becomes a folder name (``final/adapters/<name>/``) and a
@@ -217,3 +218,19 @@ def adapter_rollout_metrics(trajectories: Sequence[Trajectory], adapters: AgentA
         out[f"adapters/{name}/calls"] = sum(calls) / max(len(scored), 1)
         out[f"adapters/{name}/reward"] = sum(returns) / len(returns) if returns else float("nan")
     return out
+
+
+def warn_if_air_reaches_every_adapter(config: Any, adapters: AgentAdapters | None) -> None:
+    """Warn when adapters train on ``identical`` credit with AIR: every call of an episode then
+    gets the whole return, so each adapter learns from the other agents' AIR too."""
+    if adapters is None or config.credit != "identical" or not config.air_weights:
+        return
+    warnings.warn(
+        "lora_per_agent with credit 'identical': every call of an episode gets the episode's whole return, so "
+        f"each adapter also learns from the AIR of the other agents' calls ({', '.join(sorted(config.air_weights))}); "
+        "a verifier trained this way on a solver's calculator AIR learned to answer one digit (docs/training.md, "
+        "'An adapter per agent'). --credit discounted --set 'credit_kwargs={\"gamma\": 1.0}' (return-to-go) "
+        "keeps an earlier call's AIR off the later agents' calls.",
+        UserWarning,
+        stacklevel=3,  # the caller of LightningRLTrainer(...)
+    )

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.samples import Sample
 
-__all__ = ["PaddedBatch", "pad_samples", "micro_batches", "per_token_logps", "loss_normalizer", "policy_loss", "LossTerms"]
+__all__ = ["PaddedBatch", "pad_samples", "micro_batches", "per_token_logps", "loss_normalizer", "LossOptions", "policy_loss", "LossTerms"]
 
 
 @dataclass
@@ -172,43 +173,70 @@ class LossTerms:
     sampling_ratio_sum: float
 
 
+@dataclass(frozen=True)
+class LossOptions:
+    """The loss's own options, as :class:`~agentgym_lightning.training.config.LightningRLConfig`
+    names them (TRL's ``GRPOConfig`` names; ``epsilon_high`` is the config's ``epsilon_upper``):
+    the typed view of the config that :func:`policy_loss` reads (:meth:`from_config`)."""
+
+    loss_type: str
+    beta: float = 0.0
+    use_bias_correction_kl: bool = True
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    sampling_correction: bool = True
+    sampling_correction_mode: str = "token_truncate"
+    sampling_correction_clip_min: float | None = None
+    sampling_correction_clip_max: float | None = 3.0
+
+    @classmethod
+    def from_config(cls, config: LightningRLConfig) -> LossOptions:
+        """The loss options of a run's config."""
+        return cls(
+            loss_type=config.loss_type,
+            beta=config.beta,
+            use_bias_correction_kl=config.use_bias_correction_kl,
+            epsilon_low=config.epsilon_low,
+            epsilon_high=config.epsilon_upper,
+            delta=config.delta,
+            importance_sampling_level=config.importance_sampling_level,
+            sampling_correction=config.sampling_correction,
+            sampling_correction_mode=config.sampling_correction_mode,
+            sampling_correction_clip_min=config.sampling_correction_clip_min,
+            sampling_correction_clip_max=config.sampling_correction_clip_max,
+        )
+
+
 def policy_loss(
     logps: torch.Tensor,
     batch: PaddedBatch,
+    options: LossOptions,
     *,
-    loss_type: str,
     normalizer: float,
     old_logps: torch.Tensor | None = None,
     ref_logps: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
-    beta: float = 0.0,
-    use_bias_correction_kl: bool = True,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    delta: float | None = None,
-    importance_sampling_level: str = "token",
-    sampling_correction: bool = True,
-    sampling_correction_mode: str = "token_truncate",
-    sampling_correction_clip_min: float | None = None,
-    sampling_correction_clip_max: float | None = 3.0,
 ) -> LossTerms:
-    """TRL's GRPO-family loss (see the module docstring) for one micro-batch.
+    """TRL's GRPO-family loss (see the module docstring) for one micro-batch, as ``options`` define it.
 
     ``old_logps`` are the logprobs before this step's first update (``None``: the current ones,
     detached — one optimizer pass per step, so the ratio is 1); ``ref_logps`` those of the
     reference model (needed when ``beta > 0``).
     """
+    loss_type, beta, epsilon_low, epsilon_high = options.loss_type, options.beta, options.epsilon_low, options.epsilon_high
     mask = batch.completion_mask
     advantages = batch.advantages
     old = logps.detach() if old_logps is None else old_logps
 
     log_ratio = logps - old
-    if importance_sampling_level == "token":
+    if options.importance_sampling_level == "token":
         log_w = log_ratio
-    elif importance_sampling_level == "sequence":
+    elif options.importance_sampling_level == "sequence":
         log_w = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     else:
-        raise ValueError(f"importance_sampling_level must be token or sequence; got {importance_sampling_level!r}")
+        raise ValueError(f"importance_sampling_level must be token or sequence; got {options.importance_sampling_level!r}")
     ratio = torch.exp(log_w)
     coef_1 = ratio
 
@@ -217,16 +245,17 @@ def policy_loss(
         per_token = -clamped * advantages * logps
     elif loss_type in ("grpo", "dr_grpo", "dapo"):
         coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
-        if delta is not None:
-            coef_1 = torch.clamp(coef_1, max=delta)
+        if options.delta is not None:
+            coef_1 = torch.clamp(coef_1, max=options.delta)
         per_token = -torch.min(coef_1 * advantages, coef_2 * advantages)
     else:
         raise ValueError(f"unknown loss_type {loss_type!r}")
 
     sampling_ratio = None
-    if sampling_correction:
+    if options.sampling_correction:
         sampling_ratio = _sampling_correction(
-            old, batch.sampling_logps, mask, sampling_correction_mode, sampling_correction_clip_min, sampling_correction_clip_max
+            old, batch.sampling_logps, mask, options.sampling_correction_mode, options.sampling_correction_clip_min,
+            options.sampling_correction_clip_max,
         )
         per_token = per_token * sampling_ratio
 
@@ -235,7 +264,7 @@ def policy_loss(
         if ref_logps is None:
             raise ValueError("beta > 0 needs the reference model's logprobs")
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        if use_bias_correction_kl:  # TRL's default: the unbiased reverse-KL gradient (DeepSeek-V3.2)
+        if options.use_bias_correction_kl:  # TRL's default: the unbiased reverse-KL gradient (DeepSeek-V3.2)
             kl = kl * ratio  # before any delta clamp, as TRL
         per_token = per_token + beta * kl
 

@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from agentgym_lightning.training.loss import PaddedBatch, loss_normalizer, micro_batches, pad_samples, per_token_logps, policy_loss
+from agentgym_lightning.training.loss import (
+    LossOptions,
+    PaddedBatch,
+    loss_normalizer,
+    micro_batches,
+    pad_samples,
+    per_token_logps,
+    policy_loss,
+)
 from agentgym_lightning.training.samples import Sample
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the train extra (make setup)")
@@ -26,9 +34,9 @@ def test_on_policy_loss_is_minus_weighted_advantage_per_token():
     # ratio 1 (old = current): per-token loss = -A; grpo averages per row then over weights
     logps = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
     b = batch_of([[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]], [[1, 1, 0], [1, 0, 0]], [0.5, 1.0])
-    grpo = policy_loss(logps, b, loss_type="grpo", normalizer=1.5, sampling_correction=False)
+    grpo = policy_loss(logps, b, LossOptions("grpo", sampling_correction=False), normalizer=1.5)
     assert grpo.loss.item() == pytest.approx((0.5 * -2.0 + 1.0 * 1.0) / 1.5)
-    dapo = policy_loss(logps, b, loss_type="dapo", normalizer=0.5 * 2 + 1.0 * 1, sampling_correction=False)
+    dapo = policy_loss(logps, b, LossOptions("dapo", sampling_correction=False), normalizer=0.5 * 2 + 1.0 * 1)
     assert dapo.loss.item() == pytest.approx((0.5 * (-2.0 - 2.0) + 1.0 * 1.0) / 2.0)
     dapo.loss.backward()
     # d loss / d logp = -A * w / normalizer on loss tokens, 0 elsewhere
@@ -39,13 +47,13 @@ def test_clipping_and_the_sampling_correction():
     logps = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
     old = torch.zeros((1, 2))
     b = batch_of([[1.0, -1.0]], [[1, 1]], [1.0], sampling=[[0.0, math.log(2.0)]])
-    terms = policy_loss(logps, b, loss_type="dapo", normalizer=2.0, old_logps=old, epsilon_low=0.2, epsilon_high=0.28,
-                        sampling_correction=False)
+    terms = policy_loss(logps, b, LossOptions("dapo", epsilon_low=0.2, epsilon_high=0.28, sampling_correction=False),
+                        normalizer=2.0, old_logps=old)
     # token 0: ratio 1.5, A=+1 -> clipped to 1.28; token 1: ratio 0.5, A=-1 -> min(-0.5, -0.8) ... loss = -min(r*A, clip*A)
     assert float(terms.loss) == pytest.approx((-1.28 + 0.8) / 2.0)
     assert terms.clipped_high == 1 and terms.clipped_low == 1
-    corrected = policy_loss(logps, b, loss_type="dapo", normalizer=2.0, old_logps=old, epsilon_low=0.2, epsilon_high=0.28,
-                            sampling_correction=True, sampling_correction_clip_max=3.0)
+    corrected = policy_loss(logps, b, LossOptions("dapo", epsilon_low=0.2, epsilon_high=0.28, sampling_correction=True,
+                                                         sampling_correction_clip_max=3.0), normalizer=2.0, old_logps=old)
     # ratio exp(old - sampling): token 0 -> 1, token 1 -> exp(-log 2) = 0.5
     assert float(corrected.loss) == pytest.approx((-1.28 + 0.8 * 0.5) / 2.0)
 
@@ -53,13 +61,13 @@ def test_clipping_and_the_sampling_correction():
 def test_dr_grpo_and_cispo_and_kl():
     logps = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     b = batch_of([[1.0, 1.0]], [[1, 1]], [1.0])
-    dr = policy_loss(logps, b, loss_type="dr_grpo", normalizer=1.0 * 8, sampling_correction=False)
+    dr = policy_loss(logps, b, LossOptions("dr_grpo", sampling_correction=False), normalizer=1.0 * 8)
     assert float(dr.loss) == pytest.approx(-2.0 / 8)
-    cispo = policy_loss(logps, b, loss_type="cispo", normalizer=2.0, epsilon_high=5.0, sampling_correction=False)
+    cispo = policy_loss(logps, b, LossOptions("cispo", epsilon_high=5.0, sampling_correction=False), normalizer=2.0)
     assert float(cispo.loss) == pytest.approx(-(1.0 * -1.0 * 2) / 2.0)  # -clamp(r) * A * logp
     ref = torch.tensor([[-1.5, -1.0]])
-    kl = policy_loss(logps, b, loss_type="dapo", normalizer=2.0, ref_logps=ref, beta=0.1, sampling_correction=False,
-                     use_bias_correction_kl=False)
+    kl = policy_loss(logps, b, LossOptions("dapo", beta=0.1, sampling_correction=False, use_bias_correction_kl=False),
+                     normalizer=2.0, ref_logps=ref)
     k3 = math.exp(-0.5) - (-0.5) - 1
     assert float(kl.loss) == pytest.approx((-2.0 + 0.1 * k3) / 2.0)
     assert kl.kl_sum == pytest.approx(k3)
@@ -76,12 +84,12 @@ def test_the_normaliser_makes_micro_batching_exact():
         norm = loss_normalizer(samples, loss_type, max_completion_length=4)
         full = pad_samples(samples, 0)
         logps = -torch.rand(full.advantages.shape)
-        whole = policy_loss(logps, full, loss_type=loss_type, normalizer=norm, sampling_correction=False).loss
+        whole = policy_loss(logps, full, LossOptions(loss_type, sampling_correction=False), normalizer=norm).loss
         parts = 0.0
         for i in range(3):  # one row at a time, each padded on its own
             part = pad_samples(samples[i : i + 1], 0)
             lp = logps[i : i + 1, : part.completion_width]
-            parts += float(policy_loss(lp, part, loss_type=loss_type, normalizer=norm, sampling_correction=False).loss)
+            parts += float(policy_loss(lp, part, LossOptions(loss_type, sampling_correction=False), normalizer=norm).loss)
         assert parts == pytest.approx(float(whole), abs=1e-6), loss_type
 
 
@@ -168,9 +176,24 @@ def test_loss_equals_trl_grpo_trainer_compute_loss(trl_trainer, loss_type):
     }
     theirs = trainer._compute_loss(model, inputs)
     logps, entropy = per_token_logps(model, batch, 0.7)
-    ours = policy_loss(
-        logps, batch, loss_type=loss_type, normalizer=loss_normalizer(samples, loss_type, 8), old_logps=old,
-        ref_logps=ref, beta=trainer.beta, use_bias_correction_kl=trainer.args.use_bias_correction_kl, epsilon_low=0.2, epsilon_high=5.0 if loss_type == "cispo" else 0.2,
-        sampling_correction=False,
-    )
+    options = LossOptions(loss_type, beta=trainer.beta, use_bias_correction_kl=trainer.args.use_bias_correction_kl, epsilon_low=0.2,
+                          epsilon_high=5.0 if loss_type == "cispo" else 0.2, sampling_correction=False)
+    ours = policy_loss(logps, batch, options, normalizer=loss_normalizer(samples, loss_type, 8), old_logps=old, ref_logps=ref)
     assert float(ours.loss) == pytest.approx(float(theirs), rel=1e-4, abs=1e-6)
+
+
+def test_the_loss_options_are_the_configs_own():
+    """The trainer calls the loss with ``LossOptions.from_config``: every option is the config's
+    field of the same name (``epsilon_high``: the config's resolved upper bound)."""
+    import dataclasses
+
+    from agentgym_lightning.training import LightningRLConfig
+
+    config = LightningRLConfig(loss_type="grpo", beta=0.04, use_bias_correction_kl=False, epsilon=0.1, epsilon_high=0.3, delta=2.0,
+                               importance_sampling_level="sequence", sampling_correction=False, sampling_correction_mode="sequence_mask",
+                               sampling_correction_clip_min=0.5, sampling_correction_clip_max=4.0, report_to=[])
+    options = LossOptions.from_config(config)
+    for f in dataclasses.fields(LossOptions):
+        expected = {"epsilon_low": config.epsilon, "epsilon_high": config.epsilon_high}.get(f.name, getattr(config, f.name, None))
+        assert getattr(options, f.name) == expected, f.name
+    assert LossOptions.from_config(LightningRLConfig(epsilon=0.25, report_to=[])).epsilon_high == 0.25  # defaults to epsilon

@@ -47,9 +47,10 @@ def test_an_unfinished_due_evaluation_runs_again_on_resume_and_a_finished_one_do
     _train("--resume", str(step_2), "--steps", "4", "--no-progress", cwd=tmp_path)
     assert _evals_at(run) == [0, 2, 2, 4]  # step 2 again, then every 2 steps and at the end
     assert len(written.read_text().splitlines()) == 2
-    # Resumed again from step 2, whose evaluation is now complete: not run a third time.
+    # Resumed again from step 2, whose evaluation is now complete: not run a third time (a resume
+    # cuts metrics.jsonl back to its step, so step 4's line goes and step 3's final eval follows).
     _train("--resume", str(step_2), "--steps", "3", "--no-progress", cwd=tmp_path)
-    assert _evals_at(run) == [0, 2, 2, 4, 3]
+    assert _evals_at(run) == [0, 2, 2, 3]
     # A step no evaluation was due at: nothing extra either.
     _train("--resume", str(run / "checkpoints" / "checkpoint-000003"), "--steps", "4", "--no-progress", cwd=tmp_path)
-    assert _evals_at(run) == [0, 2, 2, 4, 3, 4]
+    assert _evals_at(run) == [0, 2, 2, 3, 4]

@@ -36,7 +36,7 @@ def batch(advantage):
 
 
 def test_a_nan_update_is_skipped_counted_and_warned_and_the_weights_do_not_move(trainer):
-    from agentgym_lightning.training.trainer import NonFiniteUpdateWarning
+    from agentgym_lightning.training.update import NonFiniteUpdateWarning
 
     before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     with pytest.warns(NonFiniteUpdateWarning, match="not finite; it was skipped"):
@@ -85,7 +85,7 @@ def fail_from_step(policy, trainer, step, fail):
 def test_a_backend_that_dies_mid_run_stops_it_with_a_checkpoint_of_the_last_completed_step(tiny_model_dir, tmp_path, policy):
     from agentgym_lightning.training import LightningRLTrainer
     from agentgym_lightning.training.checkpoint import latest_checkpoint
-    from agentgym_lightning.training.trainer import TrainingStopped
+    from agentgym_lightning.training.result import TrainingStopped
 
     # One episode at a time: four batches a step, so the third failed batch in a row stops the rollout.
     trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, tasks_per_step=2, concurrency=1), policy=policy)
@@ -162,7 +162,7 @@ def test_the_progress_bar_ends_on_the_latest_eval(tiny_model_dir, tmp_path, poli
         def close(self):
             pass
 
-    monkeypatch.setattr(trainer_module, "_progress", lambda cfg, initial: Bar())
+    monkeypatch.setattr(trainer_module, "progress_bar", lambda cfg, initial: Bar())
     trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=1), policy=policy)
     evals = iter([0.125, 0.75])
     trainer.eval_factory = object()  # evaluate() is replaced below: the bar is what is under test
@@ -175,7 +175,7 @@ def test_the_progress_bar_ends_on_the_latest_eval(tiny_model_dir, tmp_path, poli
 def test_the_train_summary_shows_the_reward_with_air_beside_the_task_reward(tmp_path):
     from agentgym_lightning.commands.train import _summary
     from agentgym_lightning.training import LightningRLConfig
-    from agentgym_lightning.training.trainer import TrainResult
+    from agentgym_lightning.training.result import TrainResult
 
     config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=3)
     history = [{"step": 1.0, "train/reward/mean": 0.0, "train/reward/total": 0.2},
@@ -214,7 +214,7 @@ def test_micro_batches_that_repeat_a_long_shared_prompt_are_warned_about_once(tr
     loss is unchanged, the compute is not, and the user hears of it (once) with the size that
     would share it."""
     from agentgym_lightning.training.samples import Sample, SampleBatch
-    from agentgym_lightning.training.trainer import MicroBatchesRepeatPrefixesWarning
+    from agentgym_lightning.training.update import MicroBatchesRepeatPrefixesWarning
 
     if not trainer.packed_update:
         pytest.skip("the tiny model's attention does not take the token tree")
@@ -262,7 +262,7 @@ def test_adafactor_trains_with_no_state_the_size_of_the_weights_and_resumes_exac
         weights = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         state = sum(t.numel() for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
         assert 0 < state < 0.2 * weights  # AdamW: 2 x weights
-        checkpoint = trainer._save()
+        checkpoint = trainer.checkpoints.save(trainer.step, trainer.history)
         trainer.update(batch(-1.0))
         straight = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     finally:

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agentgym_lightning.training.loss import loss_normalizer, pad_samples, per_token_logps, policy_loss
+from agentgym_lightning.training.loss import LossOptions, loss_normalizer, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import Sample, SampleBatch
 from agentgym_lightning.training.token_tree import (
     build_token_tree,
@@ -104,9 +104,9 @@ def token_trees(draw):
     return rows
 
 
-def _loss_kwargs(loss_type: str, level: str, beta: float) -> dict:
-    return dict(loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=0.2,
-                epsilon_high=5.0 if loss_type == "cispo" else 0.28, delta=None, sampling_correction=True)
+def _loss_options(loss_type: str, level: str, beta: float) -> LossOptions:
+    return LossOptions(loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=0.2,
+                       epsilon_high=5.0 if loss_type == "cispo" else 0.28, delta=None, sampling_correction=True)
 
 
 LOSSES = [(t, level) for t in ("grpo", "dr_grpo", "dapo", "cispo") for level in ("token", "sequence")]
@@ -135,10 +135,10 @@ def test_the_tree_gives_the_padded_logprobs_losses_and_gradients(rows, temperatu
     params = [p for p in net.parameters()]
     for loss_type, level in LOSSES:
         normalizer = loss_normalizer(rows, loss_type, max_completion_length=16)
-        kwargs = _loss_kwargs(loss_type, level, beta=0.1)
+        options = _loss_options(loss_type, level, beta=0.1)
         results = []
         for logps, entropy in ((padded, padded_entropy), (packed, packed_entropy)):
-            terms = policy_loss(logps, batch, normalizer=normalizer, old_logps=old, ref_logps=ref, entropy=entropy, **kwargs)
+            terms = policy_loss(logps, batch, options, normalizer=normalizer, old_logps=old, ref_logps=ref, entropy=entropy)
             grads = torch.autograd.grad(terms.loss, params, retain_graph=True, allow_unused=True)
             results.append((terms, torch.cat([torch.zeros_like(p).flatten() if g is None else g.flatten() for p, g in zip(params, grads)])))
         (a, grad_a), (b, grad_b) = results
@@ -165,8 +165,8 @@ def test_identical_rows_share_their_nodes_and_leave_the_loss_unchanged():
         rows = [a, b, other]
         batch = pad_samples(rows, 0)
         normalizer = loss_normalizer(rows, loss_type)
-        padded = policy_loss(per_token_logps(net, batch, 1.0)[0], batch, loss_type=loss_type, normalizer=normalizer).loss
-        packed = policy_loss(tree_token_logps(net, both, batch, 1.0)[0], batch, loss_type=loss_type, normalizer=normalizer).loss
+        padded = policy_loss(per_token_logps(net, batch, 1.0)[0], batch, LossOptions(loss_type), normalizer=normalizer).loss
+        packed = policy_loss(tree_token_logps(net, both, batch, 1.0)[0], batch, LossOptions(loss_type), normalizer=normalizer).loss
         torch.testing.assert_close(packed, padded, atol=1e-6, rtol=1e-5)
 
 
@@ -201,7 +201,7 @@ def _logps_and_grads(net, logps_fn):
     rows = [row([1, 2, 3], [4, 5], 1.0, name="a"), row([1, 2, 3], [4, 6, 7], -0.5, name="b"), row([9], [1, 2], 2.0, name="c")]
     batch = pad_samples(rows, 0)
     logps = logps_fn(net, rows, batch)
-    terms = policy_loss(logps, batch, loss_type="dapo", normalizer=loss_normalizer(rows, "dapo"))
+    terms = policy_loss(logps, batch, LossOptions("dapo"), normalizer=loss_normalizer(rows, "dapo"))
     params = [p for p in net.parameters() if p.requires_grad]
     grads = torch.autograd.grad(terms.loss, params)
     return logps[batch.completion_mask.bool()], torch.cat([g.flatten() for g in grads])
@@ -336,9 +336,9 @@ def test_the_update_frees_its_gradients_once_the_weights_are_stepped(tiny_model_
 
 @needs_model
 def test_auto_falls_back_to_padded_rows_with_one_warning_for_a_model_without_a_4d_mask(tiny_model_dir, tmp_path, monkeypatch):
-    from agentgym_lightning.training import trainer as trainer_module
+    from agentgym_lightning.training import update as update_module
 
-    monkeypatch.setattr(trainer_module, "packed_unsupported_reason", lambda model: "its attention implementation 'flash_attention_2' takes no custom 4D mask")
+    monkeypatch.setattr(update_module, "packed_unsupported_reason", lambda model: "its attention implementation 'flash_attention_2' takes no custom 4D mask")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = _trainer(tiny_model_dir, tmp_path, "auto")

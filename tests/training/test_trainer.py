@@ -307,7 +307,7 @@ def test_a_run_whose_agent_cannot_start_stops_at_once_with_the_agents_error(tiny
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
-    from agentgym_lightning.training.trainer import EpisodesFailedError
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
 
     def broken(task, ctx):
         raise ImportError("no module named 'frameworkx'")
@@ -361,9 +361,10 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning.memory import release_freed_memory
     from agentgym_lightning.training import trainer as trainer_module
 
-    assert trainer_module.release_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    assert release_freed_memory() is (platform.libc_ver()[0] == "glibc")
     phases: list[str] = []
     monkeypatch.setattr(trainer_module, "release_freed_memory", lambda: phases.append("release"))
 

@@ -1,0 +1,97 @@
+"""The models a run builds from its config: the generator, the model it trains (with its LoRA),
+the frozen KL reference, and the optimizer over the trained weights.
+
+With the ``hf`` backend the generator and the trained model are one object (the policy's own
+model, trained in place); a backend that holds its weights elsewhere (``vllm``) gets a fresh copy
+of them to train, and the new weights after every update (:mod:`.generation`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
+from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config
+from agentgym_lightning.training.config import LightningRLConfig
+
+__all__ = ["build_policy", "trainable_model", "add_lora", "reference_model", "build_optimizer"]
+
+
+def build_policy(config: LightningRLConfig) -> Any:
+    """The generator of ``config.backend`` for ``config.model``, with the run's device, dtype,
+    seed and threads (``policy_kwargs`` win), and under ``lora_per_agent`` room for every adapter."""
+    from agentgym_lightning.policies import make_policy
+
+    kwargs = dict(config.policy_kwargs)
+    if config.backend == "hf":
+        kwargs.setdefault("device", config.device)
+        kwargs.setdefault("dtype", config.dtype)
+        kwargs.setdefault("seed", config.seed)
+        if config.num_threads is not None:
+            kwargs.setdefault("num_threads", config.num_threads)
+    elif config.backend == "vllm-server":  # its LoRA slots are the server's (--max-loras)
+        kwargs.setdefault("seed", config.seed)
+        kwargs.setdefault("generator_url", config.generator_url)
+    else:
+        kwargs.setdefault("seed", config.seed)
+        if config.lora_per_agent is not False:  # vLLM multi-LoRA: one adapter per trained agent in a batch
+            kwargs.setdefault("max_loras", len(AgentAdapters.from_config(config).names))  # type: ignore[union-attr]
+            kwargs.setdefault("max_lora_rank", max(8, 1 << (config.lora_r - 1).bit_length()))  # vLLM takes 8, 16, 32...
+    return make_policy(config.backend, config.model, **kwargs)
+
+
+def trainable_model(policy: Policy, config: LightningRLConfig) -> tuple[Any, Any]:
+    """The model to train and its tokenizer: the hf policy's own model, or a fresh copy of the
+    generator's weights for a backend that holds them elsewhere."""
+    if isinstance(policy, ModelSharingPolicy) and policy.hf_model is not None:
+        return policy.hf_model, policy.tokenizer
+    if not isinstance(policy, TrainablePolicy):
+        raise TypeError(
+            f"cannot train the {getattr(policy, 'backend', type(policy).__name__)!r} policy: it holds no weights "
+            "(use the hf or vllm backend)"
+        )
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if config.device == "auto" and torch.cuda.is_available() else ("cpu" if config.device == "auto" else config.device)
+    dtype = getattr(torch, config.dtype) if config.dtype != "auto" else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=dtype).to(device)
+    return model, policy.tokenizer
+
+
+def add_lora(model: Any, config: LightningRLConfig) -> Any:
+    """``model`` with the config's LoRA adapter (PEFT), the only weights trained."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(config))
+
+
+def reference_model(model: Any, config: LightningRLConfig) -> Any:
+    """The KL reference: LoRA needs none (the adapter is switched off); full fine-tuning keeps a
+    frozen copy of the initial weights."""
+    if config.use_peft:
+        return model
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def build_optimizer(params: list[torch.nn.Parameter], config: LightningRLConfig) -> torch.optim.Optimizer:
+    """``config.optim`` over ``params``."""
+    if config.optim == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # A fixed learning rate (the scheduler's to change), no first moment: the state is a row
+        # and a column of second moments per matrix, so a full fine-tune holds no copy of the
+        # weights' size (AdamW holds two).
+        return Adafactor(params, lr=config.learning_rate, beta1=None, weight_decay=config.weight_decay,
+                         scale_parameter=False, relative_step=False, warmup_init=False)
+    # The fused kernel is ~5x faster than the default per-tensor loop on CPU (1.6 s vs 8.3 s per
+    # step for 135M parameters on 2 cores) and exists for CUDA too.
+    return torch.optim.AdamW(
+        params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
+        weight_decay=config.weight_decay, fused=all(p.dtype.is_floating_point for p in params),
+    )

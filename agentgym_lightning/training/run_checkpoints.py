@@ -1,0 +1,138 @@
+"""A run's checkpoints as the trainer takes them: every ``save_steps``, on the way out, final, resumed.
+
+:mod:`.checkpoint` writes and reads one checkpoint; :class:`RunCheckpoints` is what the trainer
+asks of them: save the current step (warning, and keeping the previous one, when it cannot be
+written), know whether a step is saved, write the ``final/`` model, and resume a run only with the
+config fields that decide what it computes unchanged (:data:`RUN_IDENTITY`).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym_lightning.training.checkpoint import (
+    CheckpointNotSavedWarning,
+    NonFiniteWeightsError,
+    TrainerState,
+    find_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_final_model,
+)
+from agentgym_lightning.training.config import LightningRLConfig
+
+__all__ = ["RUN_IDENTITY", "RunCheckpoints"]
+
+#: Config fields that decide what a run computes: a resumed run must not change them.
+RUN_IDENTITY = (
+    "env", "env_kwargs", "model", "seed", "tasks_per_step", "num_generations", "use_peft", "lora_r", "lora_alpha",
+    "lora_target_modules", "aggregation", "credit", "credit_kwargs", "air_weights", "loss_type", "learning_rate",
+    "temperature", "top_p", "max_completion_length", "agent_match", "lora_per_agent", "agent_advantages", "optim",
+)
+
+
+class RunCheckpoints:
+    """The checkpoints of the run in ``output_dir``: of ``model`` (its LoRA adapter with
+    ``use_peft``; each of ``adapters`` with ``lora_per_agent``), ``optimizer`` and ``scheduler``."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        config: LightningRLConfig,
+        *,
+        model: Any,
+        tokenizer: Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        adapters: Sequence[str] | None = None,
+    ) -> None:
+        self.output_dir = output_dir
+        self.config = config
+        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.adapters = adapters
+        #: The step of the newest checkpoint this run saved or resumed from (0: none).
+        self.last_saved = 0
+
+    def newest(self) -> Path | None:
+        """The run folder's newest checkpoint (``None`` when there is none)."""
+        return latest_checkpoint(self.output_dir)
+
+    def is_saved(self, step: int) -> bool:
+        """Whether ``step`` is the step of the newest checkpoint this run saved or resumed from."""
+        return self.last_saved == step
+
+    def save(self, step: int, history: list[dict[str, float]]) -> Path | None:
+        """Checkpoint ``step``; returns where. A checkpoint that cannot be written (a full disk,
+        weights that are not finite) is warned about, and the previous one stands: the newest
+        checkpoint is returned (``None`` when there is none)."""
+        try:
+            saved = save_checkpoint(
+                self.output_dir,
+                model=self.model,
+                peft=self.config.use_peft,
+                adapters=self.adapters,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=TrainerState(step=step, config=self.config.to_dict(), history=history, extra={}),
+                keep=self.config.save_total_limit,
+            )
+        except (OSError, NonFiniteWeightsError) as exc:
+            kept = self.newest()
+            why = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else str(exc)
+            warnings.warn(
+                f"the checkpoint of step {step} was not saved: {why}; "
+                + (f"the previous one, {kept}, is kept" if kept is not None else "there is no earlier checkpoint"),
+                CheckpointNotSavedWarning,
+                stacklevel=2,
+            )
+            return kept
+        self.last_saved = step
+        return saved
+
+    def resume(self, path: str | Path) -> TrainerState:
+        """Restore the weights, optimizer, scheduler and RNG states of the checkpoint at ``path``
+        (a checkpoint, or a run folder: its newest); returns its state. A checkpoint of a run
+        whose :data:`RUN_IDENTITY` differs from this config's is refused (``ValueError``)."""
+        checkpoint = find_checkpoint(path)
+        saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["config"]
+        saved_config = LightningRLConfig.from_dict({k: v for k, v in saved.items() if k in LightningRLConfig.field_names()})
+        changed = [k for k in RUN_IDENTITY if getattr(saved_config, k) != getattr(self.config, k)]
+        if changed:
+            raise ValueError(
+                f"cannot resume from {checkpoint}: the run's {', '.join(changed)} changed (saved: "
+                + ", ".join(f"{k}={getattr(saved_config, k)!r}" for k in changed)
+                + "); resume with the saved config (the train command's --resume does)"
+            )
+        state = load_checkpoint(
+            checkpoint, model=self.model, peft=self.config.use_peft, optimizer=self.optimizer, scheduler=self.scheduler,
+            adapters=self.adapters,
+        )
+        self.last_saved = state.step
+        return state
+
+    def save_final(self, step: int) -> str | None:
+        """Write the trained model to ``final/``; returns what went wrong (a full disk: warned,
+        the checkpoints stand), or ``None``.
+
+        The run checkpoints its last step: ``final/`` links those weights, no second copy (and
+        writes them when that checkpoint is not in this run's folder or could not be saved)."""
+        checkpoint = self.newest()
+        if not self.is_saved(step) or checkpoint is None or checkpoint.name != f"checkpoint-{step:06d}":
+            checkpoint = None
+        try:
+            save_final_model(
+                self.output_dir / "final", model=self.model, tokenizer=self.tokenizer, peft=self.config.use_peft,
+                checkpoint=checkpoint, adapters=self.adapters,
+            )
+        except OSError as exc:  # a full disk: the checkpoints stand, say so instead of a traceback
+            message = f"the final model was not saved in {self.output_dir / 'final'}: {exc.strerror or exc}; the last checkpoint is kept"
+            warnings.warn(message, CheckpointNotSavedWarning, stacklevel=3)
+            return message
+        return None
