@@ -513,9 +513,9 @@ class _StepScheduler:
     """Iteration-level scheduling for :class:`HFPolicy` (see :meth:`HFPolicy.submit`).
 
     One thread runs the loop: take the requests submitted since the last step (as many as fit in
-    ``max_batch_size``), prefill them together (with the batch path's prefix layout, so the G
-    first prompts of a task that arrive together compute their shared prefix once), sample their
-    first tokens, and merge them into the running batch (its KV cache and mask left-padded to a
+    ``max_batch_size``), prefill them (:meth:`_admit`: on a running row's prefix when one shares
+    it, else together with the batch path's prefix layout, so the G first prompts of a task that
+    arrive together compute their shared prefix once), sample their first tokens, and merge them into the running batch (its KV cache and mask left-padded to a
     common width); then one decode step for every running row. A row that ends leaves the batch
     at once and its future is resolved; the leading columns no row needs any more are cropped.
     Rows of different ``(temperature, top_p)`` share the batch: each is sampled with its own
@@ -563,7 +563,7 @@ class _StepScheduler:
             try:
                 with self.policy._lock:  # noqa: SLF001 - the policy's own scheduler
                     if newcomers:
-                        batch = _merge(batch, self._prefill(newcomers))
+                        batch = self._admit(batch, newcomers)
                     if batch is not None:
                         batch = self._step(batch)
             except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the error
@@ -602,6 +602,47 @@ class _StepScheduler:
             elif not entry.future.cancelled():
                 keep.append(b)
         return keep, [chosen[b] for b in keep]
+
+    def _admit(self, batch: _Batch | None, newcomers: list[_Entry]) -> _Batch | None:
+        """Prefill ``newcomers`` and merge them into ``batch``. A newcomer whose prompt shares at
+        least :data:`_MIN_SHARED_PREFIX` tokens with a running row's (another episode's call with
+        the same system prompt or schema) takes that prefix's keys and values from the row and
+        computes only its rest; the others are prefilled together, sharing prefixes among
+        themselves (the batch path's layout)."""
+        together: list[_Entry] = []
+        for entry in newcomers:
+            donor = _best_donor(batch, entry) if batch is not None and self.policy.prefix_caching else None
+            if donor is None:
+                together.append(entry)
+            else:
+                batch = _merge(batch, self._prefill_from(batch, entry, *donor))  # type: ignore[arg-type]
+        return _merge(batch, self._prefill(together)) if together else batch
+
+    def _prefill_from(self, batch: _Batch, entry: _Entry, row: int, shared: int) -> _Batch | None:
+        """Prefill ``entry`` alone on the keys and values of the first ``shared`` prompt tokens of
+        the running ``row`` (the same tokens, at the same positions)."""
+        import torch
+        from transformers import DynamicCache
+
+        policy = self.policy
+        columns = batch.attention_mask[row, :-1].nonzero().squeeze(1)[:shared]  # (the last column: the fed token)
+        cache = DynamicCache(config=policy.hf_model.config)
+        for i, layer in enumerate(_cache_layers(batch.cache)):
+            cache.update(layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns], i)
+        prompt = entry.row.prompt_ids
+        attention_mask = torch.ones((1, len(prompt)), dtype=torch.long, device=policy.device)
+        positions = torch.arange(len(prompt), device=policy.device)[None]
+        adapter_names = policy._adapter_names([entry.row])  # noqa: SLF001
+        with torch.inference_mode():
+            logits = policy.hf_model(
+                input_ids=torch.tensor([prompt[shared:]], device=policy.device), attention_mask=attention_mask,
+                position_ids=positions[:, shared:], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                **({} if adapter_names is None else {"adapter_names": adapter_names}),
+            ).logits[:, -1, :]
+        keep, tokens = self._advance([entry], logits)
+        if not keep:
+            return None
+        return _next_batch([entry], keep, tokens, positions[:, -1:], attention_mask, cache, policy.device)
 
     def _prefill(self, entries: list[_Entry]) -> _Batch | None:
         import torch
@@ -643,6 +684,21 @@ class _StepScheduler:
         return _next_batch(
             [batch.entries[b] for b in keep], keep, tokens, batch.positions, batch.attention_mask, batch.cache, policy.device
         )
+
+
+def _best_donor(batch: _Batch, entry: _Entry) -> tuple[int, int] | None:
+    """The running row whose prompt shares the longest prefix with ``entry``'s (same adapter), and
+    that prefix's length (leaving ``entry`` at least one token of its own); ``None`` when none
+    shares :data:`_MIN_SHARED_PREFIX` tokens."""
+    prompt = entry.row.prompt_ids
+    best: tuple[int, int] | None = None
+    for b, other in enumerate(batch.entries):
+        if other.row.adapter != entry.row.adapter:
+            continue
+        shared = min(common_prefix_length(prompt, other.row.prompt_ids), len(prompt) - 1)
+        if shared >= _MIN_SHARED_PREFIX and (best is None or shared > best[1]):
+            best = (b, shared)
+    return best
 
 
 def _settle(future: Future[Completion], *, result: Any = None, error: BaseException | None = None) -> None:

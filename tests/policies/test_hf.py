@@ -405,10 +405,15 @@ def _submitted_at_random_times(policy, requests: list[ChatRequest], seed: int) -
 
 
 def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
+    from agentgym_lightning.policies import hf
+
     requests = _mixed_requests(policy, max_tokens)
     batch = policy.generate(requests)
     joined: list[int] = []  # rows per forward pass: newcomers do join running batches
     hook = policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: joined.append(k["input_ids"].shape[0]), with_kwargs=True)
+    borrowed: list[int] = []  # prefixes taken from running rows (prefix caching across arrivals)
+    prefill_from = hf._StepScheduler._prefill_from
+    hf._StepScheduler._prefill_from = lambda self, batch, entry, row, shared: (borrowed.append(shared), prefill_from(self, batch, entry, row, shared))[1]
     try:
         for seed in range(3):
             scheduled = _submitted_at_random_times(policy, requests, seed)
@@ -419,8 +424,10 @@ def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
                 assert s.logprobs == pytest.approx(b.logprobs, rel=1e-4, abs=1e-4)  # fp32 rounding of another batch
     finally:
         hook.remove()
+        hf._StepScheduler._prefill_from = prefill_from
     assert {c.finish_reason for c in batch} == {"stop", "length"}
     assert max(joined) > 1
+    assert bool(borrowed) == policy.prefix_caching
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
