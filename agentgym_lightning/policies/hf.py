@@ -32,6 +32,14 @@ ignored: what the request says is what is sampled. ``n`` (one completion per req
 ``tool_choice``, the presence/frequency penalties and ``logprobs``/``top_logprobs`` are ignored
 (sampled-token logprobs are always returned).
 
+**Per-step scheduling** (:meth:`HFPolicy.submit`). Besides ``generate`` (a batch in, its answers
+out), the policy takes requests one at a time: each joins the running batch at the next decode
+step and its future resolves the moment its row ends (:class:`_StepScheduler`; the driver uses
+it whenever a policy has ``submit``). The completions are those ``generate`` gives the same
+requests (seeded rows draw from their own generators). transformers' own continuous batching
+(``generate_batch``) is not used: it samples every row from the global generator with one
+``do_sample`` for all (no per-row seeded draws), and has no stop strings or per-row adapters.
+
 **Adapters** (``lora_per_agent``). When the model is a PEFT model holding several LoRA adapters, a
 request naming one in ``metadata[ADAPTER_KEY]`` is generated with it (``"__base__"``: the base
 model alone; no name: the active adapter). A batch mixing adapters is one batch, with
