@@ -74,7 +74,8 @@ def run_rollout(policy: Any, args: argparse.Namespace) -> dict[str, Any]:
     steps = [s for t in trajectories for s in t.steps if s.completion is not None]
     waits = [s.timings.answered_at - s.timings.requested_at for s in steps if s.timings.answered_at is not None]
     tokens = [tuple(s.completion.completion_token_ids or ()) for s in steps]
-    return {"wall": seconds, "cpu": cpu_seconds, "tokens": tokens, "completion_tokens": sum(map(len, tokens)),
+    prompts = [tuple(s.completion.prompt_token_ids or ()) for s in steps]
+    return {"wall": seconds, "cpu": cpu_seconds, "tokens": tokens, "prompts": prompts, "completion_tokens": sum(map(len, tokens)),
             "calls": len(steps), "wait_p50": _percentile(waits, 0.5), "wait_p95": _percentile(waits, 0.95),
             "statuses": sorted({t.status.value for t in trajectories})}
 
@@ -122,8 +123,19 @@ def main() -> None:
               f"  (walls {[round(r['wall'], 1) for r in runs[mode]]}, statuses {runs[mode][0]['statuses']})")
     b, p = median["batches"], median["per-step"]
     print(f"  per-step / batches: wall {p['wall'] / b['wall']:.2f}x, CPU {p['cpu'] / b['cpu']:.2f}x")
-    same = all(r["tokens"] == runs["batches"][0]["tokens"] for mode in MODES for r in runs[mode])
+    base = runs["batches"][0]
+    same = all(r["tokens"] == base["tokens"] for mode in MODES for r in runs[mode])
     print(f"  same tokens, call for call, in every run: {same}")
+    if not same:
+        for mode in MODES:
+            for r in runs[mode]:
+                calls = list(zip(base["prompts"], base["tokens"], r["prompts"], r["tokens"]))
+                other_prompt = sum(bp != rp for bp, _, rp, _ in calls)
+                other_answer = [(i, next((j for j, (x, y) in enumerate(zip(bt, rt)) if x != y), min(len(bt), len(rt))))
+                                for i, (bp, bt, rp, rt) in enumerate(calls) if bp == rp and bt != rt]
+                print(f"  {mode}: {len(r['tokens'])} calls vs {len(base['tokens'])}; {other_prompt} with another prompt "
+                      f"(the agent went another way), {len(other_answer)} with the same prompt and another answer "
+                      f"(call, first differing token): {other_answer}")
 
 
 if __name__ == "__main__":
