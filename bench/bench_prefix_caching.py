@@ -47,7 +47,8 @@ from env_args import add_env_arguments, env_of  # noqa: E402
 from agentgym_lightning.llm import ChatRequest, Completion  # noqa: E402
 
 
-def _env_factory(args: argparse.Namespace) -> Callable[[], Any]:
+def env_factory(args: argparse.Namespace) -> Callable[[], Any]:
+    """The env factory of `args` (`--env`, `--env-kwarg`), each env seeding its calls as the trainer does."""
     from agentgym_lightning.registration import make_env_factory
 
     factory = make_env_factory(*env_of(args))
@@ -73,7 +74,7 @@ def run_rollout(policy: Any, args: argparse.Namespace) -> tuple[float, float, li
     recorder = RecordingPolicy(policy)  # inside the override: it records the requests as sampled
     episodes = args.tasks * args.group_size
     started, cpu = time.perf_counter(), time.process_time()
-    trajectories = rollout(_env_factory(args), SamplingOverride(recorder, temperature=args.temperature, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
+    trajectories = rollout(env_factory(args), SamplingOverride(recorder, temperature=args.temperature, max_tokens=args.max_tokens), episodes=episodes, group_size=args.group_size,
                            concurrency=episodes, seed=args.seed, progress=False)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     trajectories.sort(key=lambda t: t.seed or 0)

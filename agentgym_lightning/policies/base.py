@@ -1,15 +1,28 @@
 """The policy interface: what answers an environment's pending LLM calls; and what the trainer
-needs of a policy whose weights it trains (:class:`TrainablePolicy` and its two kinds)."""
+needs of a policy whose weights it trains (:class:`TrainablePolicy` and its two kinds).
+
+Two ways to hand a policy its calls:
+
+* ``generate(requests) -> completions`` (:class:`Policy`, every backend): a batch in, its answers
+  out. The simple path; a driver that uses it gathers calls into batches (``max_batch_wait``),
+  and a call that arrives while a batch runs waits for the whole batch.
+* ``submit(request) -> Future[Completion]`` (:class:`SchedulingPolicy`, backends that schedule
+  per decode step: ``hf``): one call in, as soon as it is made; the backend prefills it and lets
+  it join its running batch at the next decode step, and resolves the future the moment that row
+  ends. The batched driver uses ``submit`` when the policy has it (:func:`schedules_per_step`) and
+  then never waits to fill a batch. A seeded request gets the same completion either way.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 from agentgym_lightning.llm import ChatRequest, Completion
 
-__all__ = ["Policy", "TrainablePolicy", "ModelSharingPolicy", "WeightLoadingPolicy", "AdapterLoadingPolicy"]
+__all__ = ["Policy", "SchedulingPolicy", "schedules_per_step", "RewritingPolicy", "TrainablePolicy", "ModelSharingPolicy", "WeightLoadingPolicy", "AdapterLoadingPolicy"]
 
 
 class Policy(ABC):
@@ -38,6 +51,28 @@ class Policy(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@runtime_checkable
+class SchedulingPolicy(Protocol):
+    """A policy that takes calls one at a time and schedules them per decode step (iteration-level
+    scheduling): a submitted request joins the running batch at the next step and its future is
+    resolved as soon as its row ends, whatever else is running.
+
+    ``submit`` never blocks on generation; it may raise at once for a request it cannot plan
+    (an unknown adapter, a bad temperature), else the future holds the :class:`Completion` (the
+    same one :meth:`Policy.generate` gives for a seeded request) or the exception generating it
+    raised. Thread-safe. A policy that has ``submit`` keeps ``generate`` (the batch path)."""
+
+    def submit(self, request: ChatRequest) -> Future[Completion]:
+        """Start answering ``request``; the future resolves to its completion."""
+        ...
+
+
+def schedules_per_step(policy: Any) -> bool:
+    """Whether ``policy`` takes calls one at a time (has a callable ``submit``): the driver
+    hands it each call as it comes instead of batching."""
+    return callable(getattr(policy, "submit", None))
 
 
 @runtime_checkable
@@ -82,3 +117,31 @@ class AdapterLoadingPolicy(WeightLoadingPolicy, Protocol):
     def load_adapter(self, name: str, folder: Any) -> None:
         """Add or replace the adapter ``name`` from a PEFT adapter folder; requests naming it in
         ``metadata[ADAPTER_KEY]`` are then generated with it."""
+
+
+class RewritingPolicy(Policy):
+    """Answers with another policy, each request rewritten first (:meth:`rewrite`): the training
+    wrappers (the run's sampling, an agent's adapter). It has ``submit`` exactly when the wrapped
+    policy has, so a driver schedules through it as it would through the policy itself. It does
+    not own the wrapped policy: ``close`` leaves it open."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.backend = getattr(policy, "backend", "")
+        self.model = getattr(policy, "model", "")
+
+    @abstractmethod
+    def rewrite(self, request: ChatRequest) -> ChatRequest:
+        """The request as the wrapped policy gets it."""
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy
+        return list(generate([self.rewrite(r) for r in requests]))
+
+    @property
+    def submit(self) -> Any:  # a property: absent (AttributeError) when the wrapped policy has none
+        """The wrapped policy's ``submit``, each request rewritten (see :class:`SchedulingPolicy`)."""
+        inner = getattr(self.policy, "submit", None)
+        if not callable(inner):
+            raise AttributeError(f"{type(self.policy).__name__} has no submit: it answers batches (generate)")
+        return lambda request: inner(self.rewrite(request))

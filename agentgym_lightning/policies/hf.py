@@ -32,6 +32,14 @@ ignored: what the request says is what is sampled. ``n`` (one completion per req
 ``tool_choice``, the presence/frequency penalties and ``logprobs``/``top_logprobs`` are ignored
 (sampled-token logprobs are always returned).
 
+**Per-step scheduling** (:meth:`HFPolicy.submit`). Besides ``generate`` (a batch in, its answers
+out), the policy takes requests one at a time: each joins the running batch at the next decode
+step and its future resolves the moment its row ends (:class:`_StepScheduler`; the driver uses
+it whenever a policy has ``submit``). The completions are those ``generate`` gives the same
+requests (seeded rows draw from their own generators). transformers' own continuous batching
+(``generate_batch``) is not used: it samples every row from the global generator with one
+``do_sample`` for all (no per-row seeded draws), and has no stop strings or per-row adapters.
+
 **Adapters** (``lora_per_agent``). When the model is a PEFT model holding several LoRA adapters, a
 request naming one in ``metadata[ADAPTER_KEY]`` is generated with it (``"__base__"``: the base
 model alone; no name: the active adapter). A batch mixing adapters is one batch, with
@@ -42,7 +50,9 @@ rows of the same adapter (an adapter changes the prefix's keys and values).
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +218,8 @@ class HFPolicy(Policy):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self._lock = threading.Lock()
+        self._scheduler_lock = threading.Lock()
+        self._scheduler: _StepScheduler | None = None  # started by the first submit
         self._closed = False
 
     # ----------------------------------------------------------------------------- public
@@ -232,6 +244,27 @@ class HFPolicy(Policy):
                     results[row.index] = completion
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
+
+    def submit(self, request: ChatRequest) -> Future[Completion]:
+        """Answer ``request`` with iteration-level scheduling: it is prefilled (with the requests
+        submitted alongside it, sharing their prompt prefixes) and joins the running batch at the
+        next decode step; the future resolves the moment its row ends, whatever else still runs
+        (see :class:`~agentgym_lightning.policies.base.SchedulingPolicy`). A seeded request gets the
+        same completion as from :meth:`generate`; so does a greedy one, up to fp32 rounding of
+        logits computed in another batch. A request that cannot be planned raises here;
+        cancelling the future drops its row at the next step."""
+        if self._closed:
+            raise RuntimeError("HFPolicy.submit called after close()")
+        row, _, group = self._plan(0, request)
+        future: Future[Completion] = Future()
+        if row.max_tokens <= 0:
+            future.set_result(self._finish(row, [], [], "length", None))
+            return future
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                self._scheduler = _StepScheduler(self)
+        self._scheduler.put(_Entry(row, group, future, _row_generator(group, row, self.device)))
+        return future
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Teacher-forced ``log_softmax(logits / temperature)`` of each completion token given
@@ -258,6 +291,8 @@ class HFPolicy(Policy):
         if self._closed:
             return
         self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.close()  # running requests fail with "closed"
         self.hf_model = None  # type: ignore[assignment]
         try:
             import torch
@@ -316,7 +351,8 @@ class HFPolicy(Policy):
         input_ids, attention_mask, cache = self._prompt_inputs(rows, adapter_names)
         if cache is None:
             cache = DynamicCache(config=self.hf_model.config)
-        sampler = _Sampler(group, rows, self.device)
+        sampler = _Sampler(group.do_sample, group.temperature, group.top_p)
+        generators = [_row_generator(group, row, self.device) for row in rows]
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cached = cache.get_seq_length()
         feed, feed_positions = input_ids[:, cached:], positions[:, cached:]
@@ -331,7 +367,7 @@ class HFPolicy(Policy):
                     use_cache=True, logits_to_keep=1,
                     **({} if adapter_names is None else {"adapter_names": [adapter_names[i] for i in alive]}),
                 ).logits[:, -1, :]
-                chosen, chosen_logprobs = sampler(logits, alive)
+                chosen, chosen_logprobs = sampler(logits, [generators[i] for i in alive])
                 keep = []
                 for b, (i, token, logprob) in enumerate(zip(alive, chosen.tolist(), chosen_logprobs.tolist())):
                     tokens[i].append(token)
@@ -455,33 +491,325 @@ class HFPolicy(Policy):
         ).completion
 
 
+
+@dataclass
+class _Entry:
+    """A submitted request in the step scheduler: its row, its sampling and its future."""
+
+    row: _Row
+    group: _Group
+    future: Future[Completion]
+    generator: Any = None  # the row's own torch generator (seeded, sampled rows)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """The running batch, ready for its next forward pass: ``feed`` (one token per row),
+    ``positions`` (each row's), ``attention_mask`` (the cached columns, then the fed token's)
+    and the KV ``cache`` of every row, each row's tokens right-aligned."""
+
+    entries: list[_Entry]
+    feed: Any
+    positions: Any
+    attention_mask: Any
+    cache: Any
+
+
+class _StepScheduler:
+    """Iteration-level scheduling for :class:`HFPolicy` (see :meth:`HFPolicy.submit`).
+
+    One thread runs the loop: take the requests submitted since the last step (as many as fit in
+    ``max_batch_size``), prefill them (:meth:`_admit`: on a running row's prefix when one shares
+    it, else together with the batch path's prefix layout, so the G first prompts of a task that
+    arrive together compute their shared prefix once), sample their first tokens, and merge them into the running batch (its KV cache and mask left-padded to a
+    common width); then one decode step for every running row. A row that ends leaves the batch
+    at once and its future is resolved; the leading columns no row needs any more are cropped.
+    Rows of different ``(temperature, top_p)`` share the batch: each is sampled with its own
+    warpers, a seeded row from its own generator, so its tokens do not depend on its batch-mates.
+    Each prefill and each step holds the policy's lock, so ``generate`` calls interleave."""
+
+    def __init__(self, policy: HFPolicy) -> None:
+        self.policy = policy
+        self.queue: deque[_Entry] = deque()
+        self.wake = threading.Condition()
+        self.closed = False
+        self.samplers: dict[tuple[bool, float, float], _Sampler] = {}
+        self.thread = threading.Thread(target=self._serve, name="hf-step-scheduler", daemon=True)
+        self.thread.start()
+
+    def put(self, entry: _Entry) -> None:
+        with self.wake:
+            if self.closed:
+                raise RuntimeError("HFPolicy.submit called after close()")
+            self.queue.append(entry)
+            self.wake.notify()
+
+    def close(self) -> None:
+        with self.wake:
+            self.closed = True
+            self.wake.notify()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+    def _serve(self) -> None:
+        batch: _Batch | None = None
+        while True:
+            with self.wake:
+                while not self.queue and batch is None and not self.closed:
+                    self.wake.wait()
+                if self.closed:
+                    error = RuntimeError("the hf policy was closed before this request was answered")
+                    for entry in [*self.queue, *(batch.entries if batch else [])]:
+                        _settle(entry.future, error=error)
+                    self.queue.clear()
+                    return
+                room = self.policy.max_batch_size - (len(batch.entries) if batch else 0)
+                newcomers = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
+            newcomers = [e for e in newcomers if not e.future.cancelled()]
+            try:
+                with self.policy._lock:  # noqa: SLF001 - the policy's own scheduler
+                    if newcomers:
+                        batch = self._admit(batch, newcomers)
+                    if batch is not None:
+                        batch = self._step(batch)
+            except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the error
+                for entry in [*newcomers, *(batch.entries if batch else [])]:
+                    _settle(entry.future, error=exc)
+                batch = None
+
+    def _sample(self, logits: Any, entries: list[_Entry]) -> tuple[list[int], list[float]]:
+        """Each entry's next token and logprob, each sampled with its own request's warpers."""
+        import torch
+
+        by_kind: dict[tuple[bool, float, float], list[int]] = {}
+        for b, entry in enumerate(entries):
+            g = entry.group
+            by_kind.setdefault((g.do_sample, g.temperature, g.top_p), []).append(b)
+        chosen, logprobs = [0] * len(entries), [0.0] * len(entries)
+        for kind, members in by_kind.items():
+            sampler = self.samplers.get(kind) or self.samplers.setdefault(kind, _Sampler(*kind))
+            rows = logits if len(members) == len(entries) else logits[torch.tensor(members, device=logits.device)]
+            tokens, lps = sampler(rows, [entries[b].generator for b in members])
+            for b, token, lp in zip(members, tokens.tolist(), lps.tolist()):
+                chosen[b], logprobs[b] = token, lp
+        return chosen, logprobs
+
+    def _advance(self, entries: list[_Entry], logits: Any) -> tuple[list[int], list[int]]:
+        """Sample, record, and resolve the rows that ended; returns the batch positions of the
+        rows that go on and their tokens."""
+        chosen, logprobs = self._sample(logits, entries)
+        keep = []
+        for b, (entry, token, logprob) in enumerate(zip(entries, chosen, logprobs)):
+            entry.tokens.append(token)
+            entry.logprobs.append(logprob)
+            ended = self.policy._ended(entry.row, entry.tokens)  # noqa: SLF001
+            if ended is not None:
+                _settle(entry.future, result=lambda e=entry, end=ended: self.policy._finish(e.row, e.tokens, e.logprobs, *end))  # noqa: SLF001
+            elif not entry.future.cancelled():
+                keep.append(b)
+        return keep, [chosen[b] for b in keep]
+
+    def _admit(self, batch: _Batch | None, newcomers: list[_Entry]) -> _Batch | None:
+        """Prefill ``newcomers`` and merge them into ``batch``. A newcomer whose prompt shares at
+        least :data:`_MIN_SHARED_PREFIX` tokens with a running row's (another episode's call with
+        the same system prompt or schema) takes that prefix's keys and values from the row and
+        computes only its rest; the others are prefilled together, sharing prefixes among
+        themselves (the batch path's layout)."""
+        together: list[_Entry] = []
+        for entry in newcomers:
+            donor = _best_donor(batch, entry) if batch is not None and self.policy.prefix_caching else None
+            if donor is None:
+                together.append(entry)
+            else:
+                batch = _merge(batch, self._prefill_from(batch, entry, *donor))  # type: ignore[arg-type]
+        return _merge(batch, self._prefill(together)) if together else batch
+
+    def _prefill_from(self, batch: _Batch, entry: _Entry, row: int, shared: int) -> _Batch | None:
+        """Prefill ``entry`` alone on the keys and values of the first ``shared`` prompt tokens of
+        the running ``row`` (the same tokens, at the same positions)."""
+        import torch
+        from transformers import DynamicCache
+
+        policy = self.policy
+        columns = batch.attention_mask[row, :-1].nonzero().squeeze(1)[:shared]  # (the last column: the fed token)
+        cache = DynamicCache(config=policy.hf_model.config)
+        for i, layer in enumerate(_cache_layers(batch.cache)):
+            cache.update(layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns], i)
+        prompt = entry.row.prompt_ids
+        attention_mask = torch.ones((1, len(prompt)), dtype=torch.long, device=policy.device)
+        positions = torch.arange(len(prompt), device=policy.device)[None]
+        adapter_names = policy._adapter_names([entry.row])  # noqa: SLF001
+        with torch.inference_mode():
+            logits = policy.hf_model(
+                input_ids=torch.tensor([prompt[shared:]], device=policy.device), attention_mask=attention_mask,
+                position_ids=positions[:, shared:], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                **({} if adapter_names is None else {"adapter_names": adapter_names}),
+            ).logits[:, -1, :]
+        keep, tokens = self._advance([entry], logits)
+        if not keep:
+            return None
+        return _next_batch([entry], keep, tokens, positions[:, -1:], attention_mask, cache, policy.device)
+
+    def _prefill(self, entries: list[_Entry]) -> _Batch | None:
+        import torch
+        from transformers import DynamicCache
+
+        policy = self.policy
+        rows = [e.row for e in entries]
+        adapter_names = policy._adapter_names(rows)  # noqa: SLF001
+        input_ids, attention_mask, cache = policy._prompt_inputs(rows, adapter_names)  # noqa: SLF001
+        if cache is None:
+            cache = DynamicCache(config=policy.hf_model.config)
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cached = cache.get_seq_length()
+        with torch.inference_mode():
+            logits = policy.hf_model(
+                input_ids=input_ids[:, cached:], attention_mask=attention_mask, position_ids=positions[:, cached:],
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+                **({} if adapter_names is None else {"adapter_names": adapter_names}),
+            ).logits[:, -1, :]
+        keep, tokens = self._advance(entries, logits)
+        if not keep:
+            return None
+        return _next_batch([entries[b] for b in keep], keep, tokens, positions[:, -1:], attention_mask, cache, policy.device)
+
+    def _step(self, batch: _Batch) -> _Batch | None:
+        import torch
+
+        policy = self.policy
+        adapter_names = policy._adapter_names([e.row for e in batch.entries])  # noqa: SLF001
+        with torch.inference_mode():
+            logits = policy.hf_model(
+                input_ids=batch.feed, attention_mask=batch.attention_mask, position_ids=batch.positions,
+                past_key_values=batch.cache, use_cache=True, logits_to_keep=1,
+                **({} if adapter_names is None else {"adapter_names": adapter_names}),
+            ).logits[:, -1, :]
+        keep, tokens = self._advance(batch.entries, logits)
+        if not keep:
+            return None
+        return _next_batch(
+            [batch.entries[b] for b in keep], keep, tokens, batch.positions, batch.attention_mask, batch.cache, policy.device
+        )
+
+
+def _best_donor(batch: _Batch, entry: _Entry) -> tuple[int, int] | None:
+    """The running row whose prompt shares the longest prefix with ``entry``'s (same adapter), and
+    that prefix's length (leaving ``entry`` at least one token of its own); ``None`` when none
+    shares :data:`_MIN_SHARED_PREFIX` tokens."""
+    prompt = entry.row.prompt_ids
+    best: tuple[int, int] | None = None
+    for b, other in enumerate(batch.entries):
+        if other.row.adapter != entry.row.adapter:
+            continue
+        shared = min(common_prefix_length(prompt, other.row.prompt_ids), len(prompt) - 1)
+        if shared >= _MIN_SHARED_PREFIX and (best is None or shared > best[1]):
+            best = (b, shared)
+    return best
+
+
+def _settle(future: Future[Completion], *, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve ``future`` with ``result()`` (or ``error``), unless its caller cancelled it."""
+    if future.cancelled():
+        return
+    if error is None:
+        try:
+            value = result()
+        except BaseException as exc:  # noqa: BLE001 - decoding the answer failed: that is the answer
+            error = exc
+    if not future.set_running_or_notify_cancel():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _next_batch(entries: list[_Entry], keep: list[int], tokens: list[int], positions: Any, attention_mask: Any,
+                cache: Any, device: Any) -> _Batch:
+    """The batch of the ``keep`` rows, ready to feed ``tokens``: ``positions`` (one column) are
+    those of the last forward pass, ``attention_mask`` its mask; the columns that no row attends
+    to any more (padding left of every row) are cropped."""
+    import torch
+
+    index = torch.tensor(keep, device=device)
+    if len(keep) < attention_mask.shape[0]:
+        cache.batch_select_indices(index)
+        attention_mask, positions = attention_mask[index], positions[index]
+    first = int(attention_mask.any(0).to(torch.int8).argmax())
+    if first:
+        attention_mask = attention_mask[:, first:]
+        _crop_left(cache, first)
+    attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(keep), 1))], dim=1)
+    return _Batch(entries, torch.tensor(tokens, device=device)[:, None], positions + 1, attention_mask, cache)
+
+
+def _cache_layers(cache: Any) -> list[Any]:
+    from transformers.cache_utils import DynamicLayer
+
+    layers = cache.layers
+    for layer in layers:
+        if type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"per-step scheduling (HFPolicy.submit) joins KV caches of plain layers only; this model's cache has "
+                f"{type(layer).__name__} layers: drive it with generate() (a driver does when the policy has no submit)"
+            )
+    return layers
+
+
+def _crop_left(cache: Any, columns: int) -> None:
+    for layer in _cache_layers(cache):
+        layer.keys, layer.values = layer.keys[:, :, columns:], layer.values[:, :, columns:]
+
+
+def _merge(running: _Batch | None, joining: _Batch | None) -> _Batch | None:
+    """One batch of both (the narrower one's cache and mask padded on the left)."""
+    import torch
+    import torch.nn.functional as F
+
+    if running is None or joining is None:
+        return running or joining
+    width = max(running.attention_mask.shape[1], joining.attention_mask.shape[1])
+    for batch in (running, joining):
+        pad = width - batch.attention_mask.shape[1]
+        if pad:
+            batch.attention_mask = F.pad(batch.attention_mask, (pad, 0))
+            for layer in _cache_layers(batch.cache):
+                layer.keys, layer.values = F.pad(layer.keys, (0, 0, pad, 0)), F.pad(layer.values, (0, 0, pad, 0))
+    for mine, theirs in zip(_cache_layers(running.cache), _cache_layers(joining.cache)):
+        mine.keys = torch.cat([mine.keys, theirs.keys])
+        mine.values = torch.cat([mine.values, theirs.values])
+    return _Batch(
+        running.entries + joining.entries,
+        torch.cat([running.feed, joining.feed]),
+        torch.cat([running.positions, joining.positions]),
+        torch.cat([running.attention_mask, joining.attention_mask]),
+        running.cache,
+    )
+
 class _Sampler:
     """Draws a batch's next tokens and their logprobs under the distribution each was drawn from.
 
     Temperature and top-p are transformers' own warpers; what is recorded is ``log_softmax`` of
     the warped fp32 logits (of the raw logits for greedy decoding, which takes the argmax). A row
-    whose request has a ``seed`` draws from a generator of its own, so it samples the same tokens
-    whatever shares its batch and whenever other rows end; the other rows draw from torch's
-    global generator."""
+    whose request has a ``seed`` draws from a generator of its own (:func:`_row_generator`), so it
+    samples the same tokens whatever shares its batch and whenever other rows end; the other rows
+    draw from torch's global generator."""
 
-    def __init__(self, group: _Group, rows: list[_Row], device: Any) -> None:
-        import torch
+    def __init__(self, do_sample: bool, temperature: float, top_p: float) -> None:
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-        self.do_sample = group.do_sample
+        self.do_sample = do_sample
         self.warpers: list[Any] = []
-        if group.do_sample and group.temperature != 1.0:
-            self.warpers.append(TemperatureLogitsWarper(group.temperature))
-        if group.do_sample and group.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p=group.top_p))
-        self.generators = [  # (greedy decoding draws nothing: no generators to seed)
-            None if not group.do_sample or r.request.sampling.seed is None
-            else torch.Generator(device=device).manual_seed(int(r.request.sampling.seed))
-            for r in rows
-        ]
+        if do_sample and temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if do_sample and top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=top_p))
 
-    def __call__(self, logits: Any, alive: list[int]) -> tuple[Any, Any]:
-        """The next token of each ``alive`` row (one row of ``logits`` each) and its logprob."""
+    def __call__(self, logits: Any, generators: Sequence[Any]) -> tuple[Any, Any]:
+        """The next token of each row of ``logits`` (``generators``: each row's, ``None`` for the
+        global one) and its logprob."""
         import torch
 
         scores = logits.float()
@@ -492,11 +820,20 @@ class _Sampler:
             chosen = scores.argmax(dim=-1)
         else:
             probs = logprobs.exp()
-            chosen = torch.empty(len(alive), dtype=torch.long, device=scores.device)
-            unseeded = [b for b, i in enumerate(alive) if self.generators[i] is None]
-            for b, i in enumerate(alive):
-                if self.generators[i] is not None:
-                    chosen[b] = torch.multinomial(probs[b], 1, generator=self.generators[i])[0]
+            chosen = torch.empty(len(generators), dtype=torch.long, device=scores.device)
+            unseeded = [b for b, g in enumerate(generators) if g is None]
+            for b, generator in enumerate(generators):
+                if generator is not None:
+                    chosen[b] = torch.multinomial(probs[b], 1, generator=generator)[0]
             if unseeded:
                 chosen[unseeded] = torch.multinomial(probs[unseeded], 1).squeeze(1)
         return chosen, logprobs.gather(1, chosen[:, None]).squeeze(1)
+
+
+def _row_generator(group: _Group, row: _Row, device: Any) -> Any:
+    """The torch generator a sampled, seeded row draws from (``None``: the global one)."""
+    import torch
+
+    if not group.do_sample or row.request.sampling.seed is None:
+        return None  # (greedy decoding draws nothing: no generator to seed)
+    return torch.Generator(device=device).manual_seed(int(row.request.sampling.seed))

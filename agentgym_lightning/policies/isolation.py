@@ -29,7 +29,8 @@ class PolicyDown(Exception):
 
 class FailureIsolator:
     """Answers a batch of requests through ``policy``; isolates the requests its backend rejects
-    (see the module doc). Used by the batched driver and the policy server.
+    (see the module doc), or settles one call's outcome (:meth:`settle`, for a policy that takes
+    calls one at a time). Used by the batched driver and the policy server.
 
     Args:
         policy: A :class:`~agentgym_lightning.policies.base.Policy`, or a bare
@@ -69,6 +70,21 @@ class FailureIsolator:
             return False
         return True
 
+    def settle(self, request: ChatRequest, outcome: Any) -> Any:
+        """One call's answer from a policy that takes calls one at a time (``submit``):
+        ``outcome`` (its completion, or the exception generating it raised) as the completion,
+        or a :class:`GatewayError` (400) when the request failed on its own; raises
+        :class:`PolicyDown` when the backend itself failed (the probe fails too)."""
+        if not isinstance(outcome, Exception):
+            self._probe = request
+            self.failures = 0
+            return outcome
+        if not self._backend_healthy():
+            self.failures += 1
+            raise PolicyDown(str(outcome)) from outcome
+        self.failures = 0
+        return _rejected(outcome)
+
     def answer(self, requests: list[ChatRequest]) -> list[Any]:
         """One completion or :class:`GatewayError` (400: the backend rejected that request) per
         request; raises :class:`PolicyDown` (with the error as its cause) when the backend
@@ -81,9 +97,9 @@ class FailureIsolator:
             self.failures += 1
             raise PolicyDown(str(errors[0])) from errors[0]
         self.failures = 0
-        return [
-            GatewayError(400, f"the policy backend rejected this request: {r}", code="invalid_request_error")
-            if isinstance(r, Exception)
-            else r
-            for r in results
-        ]
+        return [_rejected(r) if isinstance(r, Exception) else r for r in results]
+
+
+def _rejected(error: Exception) -> GatewayError:
+    """The 400 an agent gets for a request the backend rejected."""
+    return GatewayError(400, f"the policy backend rejected this request: {error}", code="invalid_request_error")

@@ -1,5 +1,6 @@
-"""The batched driver: run many episodes at once, answering their pending calls in batches with
-``policy.generate``.
+"""The batched driver: run many episodes at once, handing their calls to the policy: each as it
+comes (``policy.submit``) where the policy schedules per decode step, else in batches
+(``policy.generate``).
 
 How it drives (continuous batching):
 
@@ -7,7 +8,12 @@ How it drives (continuous batching):
   (:meth:`~agentgym_lightning.env.AgentEnv.set_ready_callback`), and the driver takes whichever
   env is ready first (``step_wait(timeout=0)``): no agent ever waits for another one, and an agent
   that hangs costs only its own episode (it is truncated at its ``time_limit``).
-- Pending calls are batched. A batch goes to ``policy.generate`` as soon as every running agent
+- A policy that schedules per decode step (``submit``, :class:`~agentgym_lightning.policies.base.SchedulingPolicy`:
+  ``hf``) gets each call the moment its agent makes it; the call joins the policy's running batch
+  at its next decode step and is answered the moment its own completion ends, so no call waits
+  for another's. ``max_batch_wait`` and ``max_batch_size`` do not apply (the policy has its own
+  ``max_batch_size``).
+- For any other policy, pending calls are batched. A batch goes to ``policy.generate`` as soon as every running agent
   is waiting on the policy, or the batch holds ``max_batch_size`` calls, or its oldest call has
   waited for stragglers as long as it may: ``max_batch_wait`` seconds (default 0.05 s), and never
   more than a tenth of what the last ``generate`` took (``BATCH_WAIT_FRACTION``), so waiting
@@ -25,9 +31,10 @@ How it drives (continuous batching):
 
 When ``generate`` raises, the requests that fail on their own are found and answered with an
 OpenAI-style 400 error (the agent decides what to do, as with any API error), the others as usual
-(:class:`~agentgym_lightning.policies.isolation.FailureIsolator`). When the backend itself is
-down, the batch's episodes end ``infra_failed``, and after ``MAX_POLICY_FAILURES`` such batches in
-a row the error is raised.
+(:class:`~agentgym_lightning.policies.isolation.FailureIsolator`); a submitted call that fails is
+settled the same way, alone. When the backend itself is down, the batch's (the call's) episodes
+end ``infra_failed``, and after ``MAX_POLICY_FAILURES`` such batches (calls) in a row the error is
+raised.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -48,6 +56,7 @@ import numpy as np
 
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.policies.base import schedules_per_step
 from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
 from agentgym_lightning.policy_request import tagged
 from agentgym_lightning.registration import make_env_factory
@@ -130,7 +139,7 @@ class _Driver:
         factory: Callable[[], AgentEnv],
         envs: list[AgentEnv],
         work: deque[_Work],
-        batcher: FailureIsolator,
+        policy: Any,
         max_batch_wait: float | None,
         max_batch_size: int | None,
         concurrency: int,
@@ -139,7 +148,12 @@ class _Driver:
         self.factory = factory
         self.envs = envs
         self.work = work
-        self.batcher = batcher
+        self.batcher = FailureIsolator(policy)
+        #: ``policy.submit`` when the policy takes calls one at a time, else ``None`` (batches).
+        self.submit_call: Callable[[ChatRequest], Future[Any]] | None = policy.submit if schedules_per_step(policy) else None
+        #: Submitted calls' futures by slot, and the answers they delivered: ``(slot, serial, future)``.
+        self.in_flight: dict[int, Future[Any]] = {}
+        self.answers: queue.SimpleQueue[tuple[int, int, Future[Any]]] = queue.SimpleQueue()
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
         self.concurrency = concurrency
@@ -217,7 +231,7 @@ class _Driver:
                     return
                 self._wait_for_agents()  # a submission wakes it
                 continue
-            if self.pending and self._batch_due():
+            if self.pending and self.submit_call is None and self._batch_due():
                 try:
                     self._generate()
                 except BaseException:
@@ -225,11 +239,19 @@ class _Driver:
                         yield self.finished.popleft()
                     raise
                 continue
-            self._wait_for_agents()
+            try:
+                self._wait_for_agents()
+            except BaseException:
+                while self.finished:
+                    yield self.finished.popleft()
+                raise
 
     def _abort_running(self, reason: str, status: Status) -> None:
         self.work.clear()
         self.pending.clear()
+        for future in self.in_flight.values():
+            future.cancel()  # the policy drops the row at its next step
+        self.in_flight.clear()
         for slot, state in enumerate(self.state):
             if state is not _Slot.IDLE:
                 env = self.envs[slot]
@@ -252,7 +274,7 @@ class _Driver:
     def _wait_for_agents(self) -> None:
         now = time.monotonic()
         until = [self.deadlines[0][0]] if self.deadlines else []
-        if self.pending and self.max_batch_wait is not None:
+        if self.pending and self.max_batch_wait is not None and self.submit_call is None:
             until.append(next(iter(self.pending.values()))[1] + self.batch_wait)
         try:
             slot: int | None = self.ready.get(timeout=max(0.0, min(until) - now) if until else None)
@@ -265,6 +287,7 @@ class _Driver:
                 slot = self.ready.get_nowait()
             except queue.Empty:
                 slot = None
+        self._take_answers()
         now = time.monotonic()
         while self.deadlines and self.deadlines[0][0] <= now:
             _, serial, slot = heapq.heappop(self.deadlines)
@@ -312,6 +335,43 @@ class _Driver:
         else:
             self.state[slot] = _Slot.PENDING
             self.pending[slot] = (obs, time.monotonic())
+            if self.submit_call is not None:
+                self._submit_call(slot)
+
+    def _submit_call(self, slot: int) -> None:
+        """Hand the slot's call to the policy at once; its answer wakes the driver."""
+        serial = self.serial[slot]
+        try:
+            future = self.submit_call(self._tagged(slot))  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - refused before it ran: settled like a failed generation
+            future = Future()
+            future.set_exception(exc)
+        self.in_flight[slot] = future
+
+        def delivered(f: Future[Any]) -> None:
+            self.answers.put((slot, serial, f))
+            self.ready.put(_WAKE)
+
+        future.add_done_callback(delivered)
+
+    def _take_answers(self) -> None:
+        """Answer the slots whose submitted calls are done (stale ones, of aborted episodes, are dropped)."""
+        while True:
+            try:
+                slot, serial, future = self.answers.get_nowait()
+            except queue.Empty:
+                return
+            if future.cancelled() or serial != self.serial[slot] or self.in_flight.get(slot) is not future:
+                continue
+            del self.in_flight[slot]
+            request = self._tagged(slot)
+            error = future.exception()
+            try:
+                answer = self.batcher.settle(request, future.result() if error is None else error)
+            except PolicyDown as exc:
+                self._policy_down([slot], exc)
+                continue
+            self._answer(slot, answer)
 
     def _finish(self, slot: int, trajectory: Trajectory) -> None:
         self.serial[slot] += 1  # its deadline entry is stale now
@@ -328,26 +388,35 @@ class _Driver:
         try:
             answers = self.batcher.answer([self._tagged(s) for s in slots])
         except PolicyDown as exc:
-            cause = exc.__cause__ or exc
-            log.error("policy.generate failed (%d batches in a row): %s", self.batcher.failures, cause)
-            for slot in slots:
-                del self.pending[slot]
-                *_, info = self.envs[slot].abort(f"policy backend failed: {cause!r}", Status.INFRA_FAILED)
-                self._finish(slot, info["trajectory"])
-            if self.batcher.failures >= MAX_POLICY_FAILURES:
-                raise cause from None
+            self._policy_down(slots, exc)
             return
         if self.max_batch_wait is not None:
             self.batch_wait = min(self.max_batch_wait, BATCH_WAIT_FRACTION * (time.monotonic() - started))
         for slot, answer in zip(slots, answers):
+            self._answer(slot, answer)
+
+    def _answer(self, slot: int, answer: Any) -> None:
+        """Hand the slot's pending call its answer (a completion or a 400); its agent runs on."""
+        del self.pending[slot]
+        env = self.envs[slot]
+        env.step_async(answer)
+        if env.deadline is not None:  # answering moved it on by the time the call waited
+            heapq.heappush(self.deadlines, (env.deadline, self.serial[slot], slot))
+        self.state[slot] = _Slot.RUNNING
+        self.waiting_on_agents += 1
+        self.ready.put(slot)  # its agent may have called again already (parallel calls)
+
+    def _policy_down(self, slots: list[int], exc: PolicyDown) -> None:
+        """End the episodes of ``slots``'s calls ``infra_failed``; raise the backend's error after
+        ``MAX_POLICY_FAILURES`` failures in a row."""
+        cause = exc.__cause__ or exc
+        log.error("the policy failed (%d times in a row): %s", self.batcher.failures, cause)
+        for slot in slots:
             del self.pending[slot]
-            env = self.envs[slot]
-            env.step_async(answer)
-            if env.deadline is not None:  # answering moved it on by the time the call waited
-                heapq.heappush(self.deadlines, (env.deadline, self.serial[slot], slot))
-            self.state[slot] = _Slot.RUNNING
-            self.waiting_on_agents += 1
-            self.ready.put(slot)  # its agent may have called again already (parallel calls)
+            *_, info = self.envs[slot].abort(f"policy backend failed: {cause!r}", Status.INFRA_FAILED)
+            self._finish(slot, info["trajectory"])
+        if self.batcher.failures >= MAX_POLICY_FAILURES:
+            raise cause from None
 
 
 def _check_settings(concurrency: int, max_batch_wait: float | None, max_batch_size: int | None) -> None:
@@ -394,7 +463,7 @@ class RolloutStream:
         _check_settings(concurrency, max_batch_wait, max_batch_size)
         self._factory = make_env_factory(env, env_kwargs)
         self._driver = _Driver(
-            self._factory, [], deque(), FailureIsolator(policy), max_batch_wait, max_batch_size, concurrency, open_ended=True
+            self._factory, [], deque(), policy, max_batch_wait, max_batch_size, concurrency, open_ended=True
         )
         self._iterator: Iterator[Trajectory] | None = None
         self._submitted = 0
@@ -414,7 +483,7 @@ class RolloutStream:
         """A stream over a fixed plan (what :meth:`InProcessRollouts.iter_rollout` runs)."""
         stream = cls.__new__(cls)
         stream._factory = factory
-        stream._driver = _Driver(factory, envs, work, FailureIsolator(policy), max_batch_wait, max_batch_size, concurrency)
+        stream._driver = _Driver(factory, envs, work, policy, max_batch_wait, max_batch_size, concurrency)
         stream._iterator = None
         stream._submitted = len(work)
         stream._lock = threading.Lock()
@@ -519,12 +588,14 @@ class InProcessRollouts(Rollouts):
     Args:
         env: An env id (``"lightning/Spider-v0"``) or a factory returning an ``AgentEnv``.
         policy: A :class:`~agentgym_lightning.policies.base.Policy`, or any
-            ``fn(requests) -> completions``; it gets the pending requests in batches.
+            ``fn(requests) -> completions``; it gets each call as it comes when it has ``submit``
+            (:class:`~agentgym_lightning.policies.base.SchedulingPolicy`), else the pending calls
+            in batches.
         env_kwargs: Keyword arguments for ``gym.make`` when ``env`` is an id.
-        max_batch_wait: Seconds the oldest pending call may wait for others to join its batch
-            (and never more than ``BATCH_WAIT_FRACTION`` of the last ``generate``'s duration);
-            ``None`` waits for every running agent (lock-step rounds).
-        max_batch_size: Most calls per ``generate`` (default: every pending call).
+        max_batch_wait: Batches only: seconds the oldest pending call may wait for others to join
+            its batch (and never more than ``BATCH_WAIT_FRACTION`` of the last ``generate``'s
+            duration); ``None`` waits for every running agent (lock-step rounds).
+        max_batch_size: Batches only: most calls per ``generate`` (default: every pending call).
 
     :meth:`iter_rollout` returns a :class:`RolloutStream` (iterate it with ``for`` or
     ``async for``); :meth:`~agentgym_lightning.rollouts.base.Rollouts.rollout` collects it.

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
-from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest
+from agentgym_lightning.policies.base import RewritingPolicy
 from agentgym_lightning.policy_request import routed
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
@@ -132,24 +132,19 @@ class AgentAdapters:
         return named if named in self.names else BASE_ADAPTER
 
 
-class AdapterRouting(Policy):
+class AdapterRouting(RewritingPolicy):
     """Answers with ``policy``, each request generated with its agent's adapter (it sets
     ``metadata[ADAPTER_KEY]``; the backend does the rest). The trajectory keeps the agent's own
-    request: the routing is the generator's business."""
+    request: the routing is the generator's business. Has ``submit`` when ``policy`` has; closing
+    it closes ``policy``."""
 
     def __init__(self, policy: Any, adapters: AgentAdapters) -> None:
-        self.policy = policy
+        super().__init__(policy)
         self.adapters = adapters
-        self.backend = getattr(policy, "backend", "")
-        self.model = getattr(policy, "model", "")
 
-    def route(self, request: ChatRequest) -> ChatRequest:
+    def rewrite(self, request: ChatRequest) -> ChatRequest:
         """``request`` naming the adapter it is generated with."""
         return routed(request, self.adapters.adapter_of_request(request))
-
-    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
-        generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy
-        return list(generate([self.route(r) for r in requests]))
 
     def close(self) -> None:
         close = getattr(self.policy, "close", None)

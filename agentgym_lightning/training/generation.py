@@ -22,28 +22,26 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest, Completion
-from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, Policy, WeightLoadingPolicy
+from agentgym_lightning.llm import ChatRequest
+from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, RewritingPolicy, WeightLoadingPolicy
 from agentgym_lightning.policy_request import resampled
 
 __all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights", "generator_metrics"]
 
 
-class SamplingOverride(Policy):
+class SamplingOverride(RewritingPolicy):
     """Answers with ``policy``, sampling every request at ``temperature``/``top_p`` and at most
-    ``max_tokens`` tokens (``None``: the request's own limit). Seeds in the request are kept."""
+    ``max_tokens`` tokens (``None``: the request's own limit). Seeds in the request are kept.
+    Has ``submit`` when ``policy`` has."""
 
     def __init__(self, policy: Any, *, temperature: float, top_p: float = 1.0, max_tokens: int | None = None) -> None:
-        self.policy = policy
+        super().__init__(policy)
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_tokens = max_tokens
-        self.backend = getattr(policy, "backend", "")
-        self.model = getattr(policy, "model", "")
 
-    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
-        generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy
-        return list(generate([resampled(r, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens) for r in requests]))
+    def rewrite(self, request: ChatRequest) -> ChatRequest:
+        return resampled(request, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens)
 
 
 def shares_model(policy: Any, model: Any) -> bool:

@@ -363,3 +363,123 @@ def _assert_each_row_sees_its_own_prompt(policy, prompts) -> None:
         for r, p in enumerate(prompts):
             alone = policy.hf_model(input_ids=torch.tensor([p])).logits[0, -1]
             assert torch.allclose(batched[r], alone, atol=1e-5), r
+
+
+# ------------------------------------------------------------------------------ per-step scheduling (submit)
+
+
+def _mixed_requests(policy, max_tokens: int) -> list[ChatRequest]:
+    """Sampled (seeded, two temperatures, a top-p) and greedy requests with per-row max_tokens,
+    shared prefixes and a stop string that one row will hit."""
+    requests = _shared_prompt_batch(max_tokens)
+    requests[1].sampling.temperature = 0.0
+    requests[3].sampling.temperature = 0.7
+    requests[5].sampling.top_p = 0.9
+    requests += [_req(q, max_tokens=max_tokens - 3 + i) for i, q in enumerate(QUESTIONS)]  # greedy, other prompts
+    ids = policy.generate([requests[4]])[0].completion_token_ids
+    requests[4].sampling.stop = [next(t for t in (policy.tokenizer.decode([i]) for i in ids[len(ids) // 2 :]) if t)]
+    return requests
+
+
+def _submitted_at_random_times(policy, requests: list[ChatRequest], seed: int) -> list[Completion]:
+    """Each request submitted from a thread of its own after a random delay (some while others
+    decode, some together), in a random order."""
+    import random
+    import threading
+    import time
+
+    rng = random.Random(seed)
+    delays = [rng.choice([0.0, 0.0, rng.uniform(0.0, 0.3)]) for _ in requests]
+    futures: list = [None] * len(requests)
+
+    def send(i: int) -> None:
+        time.sleep(delays[i])
+        futures[i] = policy.submit(requests[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in rng.sample(range(len(requests)), len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [f.result(timeout=120) for f in futures]
+
+
+def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
+    from agentgym_lightning.policies import hf
+
+    requests = _mixed_requests(policy, max_tokens)
+    batch = policy.generate(requests)
+    joined: list[int] = []  # rows per forward pass: newcomers do join running batches
+    hook = policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: joined.append(k["input_ids"].shape[0]), with_kwargs=True)
+    borrowed: list[int] = []  # prefixes taken from running rows (prefix caching across arrivals)
+    prefill_from = hf._StepScheduler._prefill_from
+    hf._StepScheduler._prefill_from = lambda self, batch, entry, row, shared: (borrowed.append(shared), prefill_from(self, batch, entry, row, shared))[1]
+    try:
+        for seed in range(3):
+            scheduled = _submitted_at_random_times(policy, requests, seed)
+            for r, b, s in zip(requests, batch, scheduled):
+                assert s.completion_token_ids == b.completion_token_ids, r.sampling
+                assert s.finish_reason == b.finish_reason and s.text == b.text
+                assert s.prompt_token_ids == b.prompt_token_ids
+                assert s.logprobs == pytest.approx(b.logprobs, rel=1e-4, abs=1e-4)  # fp32 rounding of another batch
+    finally:
+        hook.remove()
+        hf._StepScheduler._prefill_from = prefill_from
+    assert {c.finish_reason for c in batch} == {"stop", "length"}
+    assert max(joined) > 1
+    assert bool(borrowed) == policy.prefix_caching
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_submit_gives_the_batch_completions_tiny(tiny_model_dir, prefix_caching):
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, prefix_caching=prefix_caching)
+    try:
+        _submit_gives_the_batch_completions(policy, max_tokens=12)
+    finally:
+        policy.close()
+
+
+@pytest.mark.slow
+def test_submit_gives_the_batch_completions_smollm2(hf_policy):
+    _submit_gives_the_batch_completions(hf_policy, max_tokens=12)
+
+
+def test_submit_joins_the_running_batch_and_returns_each_row_when_it_ends(tiny_model_dir):
+    """A request submitted while another decodes joins it (a forward pass with both rows), and a
+    short request's future resolves while the long one still runs."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    sizes: list[int] = []
+    gate = __import__("threading").Event()
+
+    def hook(_m, _a, k):
+        sizes.append(k["input_ids"].shape[0])
+        if len(sizes) == 3:
+            gate.set()  # the long request is decoding: now submit the short one
+
+    handle = policy.hf_model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        long = policy.submit(_req(QUESTIONS[0], max_tokens=40, temperature=1.0, seed=1))
+        assert gate.wait(30)
+        short = policy.submit(_req(QUESTIONS[1], max_tokens=3, temperature=1.0, seed=2))
+        assert len(short.result(timeout=60).completion_token_ids) == 3
+        assert not long.done()
+        assert len(long.result(timeout=60).completion_token_ids) == 40
+    finally:
+        handle.remove()
+        policy.close()
+    assert 2 in sizes  # both rows in one decode step
+
+
+def test_submit_refuses_bad_requests_at_once_and_fails_after_close(tiny_model_dir):
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    with pytest.raises(ValueError, match="temperature"):
+        policy.submit(_req("hi", temperature=-1))
+    policy.close()
+    with pytest.raises(RuntimeError, match="close"):
+        policy.submit(_req("hi"))
