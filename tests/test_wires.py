@@ -470,3 +470,14 @@ def test_the_env_hands_out_the_anthropic_base_url_of_its_running_episode():
     env.reset(seed=0)
     assert env.anthropic_base_url == env.base_url.removesuffix("/v1")
     env.close()
+
+
+def test_a_chat_request_with_null_optional_fields_is_read_as_if_they_were_absent():
+    """OpenAI's server reads a top-level null as a field not given; LlamaIndex's OpenAI client
+    sends "user": null (it was refused: 'user: Input should be a valid string')."""
+    from agentgym_lightning.gateway.validation import check_chat_request
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": None, "stop": None, "max_tokens": None}
+    check_chat_request(body)  # no GatewayError
+    with pytest.raises(GatewayError, match="user"):
+        check_chat_request({**body, "user": 5})  # a wrong value is still refused, naming its field

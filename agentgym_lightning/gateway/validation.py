@@ -196,7 +196,10 @@ def check_chat_request(body: Any, content_part_types: Collection[str] = ("text",
     top, message, roles = _validators()
     # The messages are checked one by one below (clearer errors); "model" is optional here: we
     # serve one policy, whatever the agent calls it.
-    _validate(top, {**body, "messages": [], "model": str(body.get("model") or "")}, ())
+    # A top-level null is a field not given, as OpenAI's server reads it (LlamaIndex sends
+    # "user": null); the typed params would refuse it for fields that are not nullable there.
+    given = {k: v for k, v in body.items() if v is not None}
+    _validate(top, {**given, "messages": [], "model": str(body.get("model") or "")}, ())
     for i, m in enumerate(messages):
         if type(m) is not dict or m.get("role") not in roles:
             got = m.get("role") if isinstance(m, dict) else m
