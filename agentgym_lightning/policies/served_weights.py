@@ -42,6 +42,7 @@ __all__ = [
     "write_weights",
     "unique_tensors",
     "read_weights",
+    "refresh_tied_lm_head",
 ]
 
 #: The response header naming the weights version that answered (lower case, as ASGI sends it).
@@ -98,6 +99,21 @@ def read_weights(folder: str | Path) -> dict[str, Any]:
     return load_file(str(path))
 
 
+def refresh_tied_lm_head(worker: Any) -> bool:
+    """Runs inside each vLLM worker after a reload. A LM head tied to the embeddings is not in
+    the pushed weights (vLLM ties it itself), so vLLM's reload does not re-process it, and on CPU
+    its GEMM kernel keeps a packed copy of the *old* embeddings. Re-process it from the new ones."""
+    model = worker.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is None or embed is None or getattr(lm_head, "weight", None) is not getattr(embed, "weight", None):
+        return False
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm_head)
+    return True
+
+
 class WeightSyncExtension:
     """Methods added to every vLLM worker (``vllm serve --worker-extension-cls
     agentgym_lightning.policies.served_weights.WeightSyncExtension``), called through
@@ -108,10 +124,8 @@ class WeightSyncExtension:
         format), then re-process a LM head tied to the embeddings (on CPU its GEMM keeps a packed
         copy of the old embeddings, which the reload does not refresh). Returns whether there was
         a tied head."""
-        from agentgym_lightning.policies.vllm import _refresh_tied_lm_head
-
         self.reload_weights(weights_path=str(weights_path), is_checkpoint_format=True)  # type: ignore[attr-defined]
-        return _refresh_tied_lm_head(self)
+        return refresh_tied_lm_head(self)
 
 
 class WeightsVersionMiddleware:

@@ -46,6 +46,7 @@ from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Compl
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
+from agentgym_lightning.policies.served_weights import refresh_tied_lm_head, write_weights
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
 __all__ = ["VLLMPolicy", "DEFAULT_CPU_KV_CACHE_GIB"]
@@ -64,21 +65,6 @@ class _Row:
     max_tokens: int
     stops: list[str]
     adapter: str | None = None
-
-
-def _refresh_tied_lm_head(worker: Any) -> bool:
-    """Runs inside each vLLM worker after a reload. A LM head tied to the embeddings is not in
-    the pushed weights (vLLM ties it itself), so vLLM's reload does not re-process it, and on CPU
-    its GEMM kernel keeps a packed copy of the *old* embeddings. Re-process it from the new ones."""
-    model = worker.get_model()
-    lm_head = getattr(model, "lm_head", None)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if lm_head is None or embed is None or getattr(lm_head, "weight", None) is not getattr(embed, "weight", None):
-        return False
-    method = getattr(lm_head, "quant_method", None)
-    if method is not None and hasattr(method, "process_weights_after_loading"):
-        method.process_weights_after_loading(lm_head)
-    return True
 
 
 def _on_cuda() -> bool:
@@ -275,25 +261,13 @@ class VLLMPolicy(Policy):
         then dropped, since it holds keys and values of the old weights. 1.4-1.8 s for
         SmolLM2-135M on a 2-core CPU.
         """
-        from safetensors.torch import save_file
-
         if self._closed:
             raise RuntimeError("VLLMPolicy.load_weights called after close()")
-        tensors: dict[str, Any] = {}
-        seen: set[int] = set()
-        for name, tensor in weights:
-            ptr = tensor.data_ptr()
-            if ptr in seen:  # tied weights (embeddings = LM head): vLLM ties them itself
-                continue
-            seen.add(ptr)
-            tensors[name] = tensor.detach().to("cpu").contiguous()
         folder = self._weights_folder()
-        tmp = folder / "model.safetensors.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, folder / "model.safetensors")
+        write_weights(weights, folder)  # tied weights once: vLLM ties them itself
         with self._lock:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True})
-            self.llm.collective_rpc(_refresh_tied_lm_head)
+            self.llm.collective_rpc(refresh_tied_lm_head)
             self.llm.reset_prefix_cache()
         self.weights_version += 1
 
