@@ -29,6 +29,21 @@ Each training step:
    local ``metrics.jsonl`` are plugins on it); the held-out eval runs before training, every
    ``eval_steps`` and at the end; checkpoints every ``save_steps``, at the end, and on Ctrl-C.
 
+**The loss and stale rollouts.** Every call carries the logprobs of the policy that answered it
+(the *behaviour* policy ``π_behav``: the generator at the weights it held, the current ones in a
+synchronous step, up to ``max_staleness`` versions older when rollouts run on during updates).
+The update's loss is AReaL's decoupled PPO objective: per loss token with advantage ``A``,
+``-w · min(u A, clip(u, 1 - ε_low, 1 + ε_high) A)`` with ``u = π_θ / π_prox`` and
+``w = trunc(π_prox / π_behav)``, where ``π_prox``, the *proximal* policy, is the weights before
+this update (recomputed by the update itself, never taken from the call). The clip, and
+``clip_ratio/*``, measure how far this update moves from ``π_prox``, not how old the data is;
+``w`` (no gradient) corrects the sampling, truncated at ``sampling_correction_clip_max`` (or the
+token masked) because it is unbounded where ``π_behav`` gave a token little probability.
+``π_prox / π_behav`` is the generator/trainer mismatch times the staleness: one weight, truncated
+once (``sampling_correction_*``; its mean and truncated share are ``sampling_ratio/*``). Current
+calls (k = 0) make it TRL's mismatch correction, unchanged; calls whose logprobs equal the
+trained model's make it 1, the on-policy loss. :mod:`.loss`'s docstring has the derivation.
+
 What is not the loop has rooms of its own: the models built from the config (:mod:`.models`),
 checkpoints as the run takes and resumes them (:mod:`.run_checkpoints`), Ctrl-C and SIGTERM
 (:mod:`.signals`), what a run returns or raises (:mod:`.result`,
