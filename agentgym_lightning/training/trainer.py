@@ -97,7 +97,14 @@ from agentgym_lightning.training.agent_adapters import (
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, generator_metrics, shares_model, sync_weights
 from agentgym_lightning.training.judging import JudgingService
-from agentgym_lightning.training.models import add_lora, build_optimizer, build_policy, reference_model, trainable_model
+from agentgym_lightning.training.models import (
+    add_lora,
+    build_optimizer,
+    build_policy,
+    enable_activation_checkpointing,
+    reference_model,
+    trainable_model,
+)
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainingStopped, TrainResult
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
@@ -188,7 +195,7 @@ class LightningRLTrainer:
             if shared:
                 self.policy.hf_model = self.model  # the policy generates through the adapter
         if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(self.model)
         self.ref_model = reference_model(self.model, cfg) if cfg.beta > 0 else None
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self._warned_repeated_prefixes = False
