@@ -301,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
             # Before the first step: a run that cannot checkpoint would lose every step it trains.
             check_checkpoint_space(config.output_dir, checkpoint_bytes(trainer.model, config.use_peft, trainer.optimizer, adapters))
         except OSError as exc:
+            trainer.close()
             print(f"agentgym-lightning train: {exc.strerror}", file=sys.stderr)
             return 2
         result = trainer.train(resume_from=args.resume)

@@ -178,6 +178,8 @@ class LightningRLTrainer:
         probe.close()
 
         # The generator and the trained model (the same object for hf).
+        #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
+        self._owns_policy = policy is None
         self.policy = policy if policy is not None else build_policy(cfg)
         self.model, self.tokenizer = trainable_model(self.policy, cfg)
         self.device = next(self.model.parameters()).device
@@ -239,7 +241,9 @@ class LightningRLTrainer:
         and after. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
         (``result.interrupted``, ``result.signal``); an error (a dead policy backend) saves it
         too and raises :class:`TrainingStopped` from the error (an :class:`EpisodesFailedError`
-        is raised as is)."""
+        is raised as is). However it ends, what the trainer built is closed (:meth:`close`): a
+        policy built from the config among it, so pass your own ``policy`` to go on generating
+        with it afterwards (:attr:`model` holds the trained weights either way)."""
         cfg = self.config
         if resume_from is not None:
             self._resume(resume_from)
@@ -268,12 +272,7 @@ class LightningRLTrainer:
             raise TrainingStopped(f"the run stopped at step {self.step + 1}: {exc!r} ({where})", saved) from exc
         finally:
             bar.close()
-            if self._remote is not None:
-                self._remote.close()
-                self._remote = None
-            if self._judge is not None:
-                self._judge.close()
-                self._judge = None
+            self.close()
             result.steps = self.step
             result.history = list(self.history)
             if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
@@ -282,6 +281,21 @@ class LightningRLTrainer:
             for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
                 result.messages.extend(lines or [])
         return result
+
+    def close(self) -> None:
+        """Release what the trainer built: its Ray rollout workers, its judge, and the policy it
+        built from the config (an engine, a server's connections; a policy passed in is the
+        caller's to close). :meth:`train` calls it when it ends; call it yourself for a trainer
+        that never trains. Idempotent."""
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
+        if self._owns_policy:
+            self._owns_policy = False
+            self.policy.close()
 
     def _loop(self, result: TrainResult, bar: Any, postfix: dict[str, str]) -> None:
         """The evaluations and steps of :meth:`train` (which handles how they may end)."""

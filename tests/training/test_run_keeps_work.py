@@ -371,3 +371,30 @@ def test_a_run_killed_while_checkpointing_and_resumed_logs_each_step_once(tiny_m
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "train/reward/mean" in r]
     assert train_steps == [1, 2]  # before: [1, 2, 2] (the step logged before the kill and its rerun)
+
+
+def test_the_trainer_closes_the_policy_it_built_however_the_run_ends_and_never_the_callers(tiny_model_dir, tmp_path, policy):
+    """Before: a policy built from the config was never closed (``--backend vllm-server`` left its
+    HTTP session open: "Unclosed client session"); a policy passed in stays the caller's."""
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.training import LightningRLTrainer
+
+    built = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "built", max_steps=1, num_threads=1, policy_kwargs={"default_max_tokens": 4}))
+    assert built.policy.hf_model is not None
+    assert built.train().steps == 1
+    assert built.policy.hf_model is None  # closed (the trained weights are still the trainer's model)
+    built.close()  # idempotent
+
+    def broken(task, ctx):
+        raise ImportError("no module named 'frameworkx'")
+
+    failing = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "failing", num_threads=1), env=lambda: AgentEnv(broken, [{"q": "a"}], lambda t, r: 1.0))
+    with pytest.raises(EpisodesFailedError):
+        failing.train()
+    assert failing.policy.hf_model is None  # closed on the way out of an error too
+
+    mine = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "mine", max_steps=1), policy=policy)
+    mine.train()
+    mine.close()
+    assert policy.hf_model is not None  # the caller's: still open
