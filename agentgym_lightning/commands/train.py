@@ -212,7 +212,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 #: What a run writes in its output folder (``--overwrite`` deletes these and nothing else).
-RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "final", "report.html", "wandb", "wandb_run_id")
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "superseded", "final", "report.html", "wandb", "wandb_run_id")
 
 
 def _run_files(path: Path) -> list[str]:

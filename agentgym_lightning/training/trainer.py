@@ -107,7 +107,7 @@ from agentgym_lightning.training.models import (
 )
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainingStopped, TrainResult
-from agentgym_lightning.training.run_checkpoints import RunCheckpoints
+from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.signals import Terminated, deferred_interrupt, terminate_as_interrupt
@@ -245,9 +245,14 @@ class LightningRLTrainer:
         policy built from the config among it, so pass your own ``policy`` to go on generating
         with it afterwards (:attr:`model` holds the trained weights either way)."""
         cfg = self.config
+        messages: list[str] = []
         if resume_from is not None:
-            self._resume(resume_from)
-        result = TrainResult(output_dir=self.output_dir, steps=self.step)
+            try:
+                messages = self._resume(resume_from)
+            except BaseException:
+                self.close()  # a checkpoint refused: nothing ran, and what the trainer built goes all the same
+                raise
+        result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for lines in self._hook.agentgym_train_start(config=cfg.to_dict(), output_dir=str(self.output_dir), step=self.step):
             result.messages.extend(lines or [])
@@ -488,11 +493,17 @@ class LightningRLTrainer:
             return self.checkpoints.newest()
         return self.checkpoints.save(self.step, self.history)
 
-    def _resume(self, path: str | Path) -> None:
+    def _resume(self, path: str | Path) -> list[str]:
+        """Continue from the checkpoint at ``path``; returns what it says about the run folder."""
         state = self.checkpoints.resume(path)
         self.step = state.step
         self.history = [dict(h) for h in state.history]
         self._sync()
+        moved = self.checkpoints.set_aside_after(self.step)
+        if not moved:
+            return []
+        names = ", ".join(str(p.relative_to(self.output_dir / SUPERSEDED)) for p in moved)
+        return [f"resumed at step {self.step}: the episodes written after it were moved to {self.output_dir / SUPERSEDED} ({names})"]
 
 
 # ====================================================================== building blocks

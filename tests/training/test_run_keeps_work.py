@@ -398,3 +398,28 @@ def test_the_trainer_closes_the_policy_it_built_however_the_run_ends_and_never_t
     mine.train()
     mine.close()
     assert policy.hf_model is not None  # the caller's: still open
+
+
+def test_a_resume_sets_aside_the_episode_files_of_the_steps_after_its_checkpoint(tiny_model_dir, tmp_path, policy):
+    """Before: ``trajectories/step-000003.jsonl`` and ``eval/step-000003.jsonl`` of the run that
+    went on past the resumed checkpoint stayed in the folder (until overwritten, or for good
+    past a lower ``max_steps``) as if the resumed run had written them."""
+    from agentgym_lightning.training import LightningRLTrainer
+
+    options = dict(save_steps=1, save_total_limit=None, eval_env_kwargs={}, eval_episodes=2, eval_steps=1)
+    LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=3, **options), policy=policy).train()
+    names = lambda folder: sorted(p.name for p in (tmp_path / folder).iterdir())  # noqa: E731
+    assert names("trajectories") == [f"step-00000{i}.jsonl" for i in (1, 2, 3)]
+    assert names("eval") == [f"step-00000{i}.jsonl" for i in (0, 1, 2, 3)]
+    first_step_2 = (tmp_path / "trajectories" / "step-000002.jsonl").read_bytes()
+
+    resumed = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=2, **options), policy=policy)
+    result = resumed.train(resume_from=tmp_path / "checkpoints" / "checkpoint-000001")
+    assert result.steps == 2
+    assert names("trajectories") == ["step-000001.jsonl", "step-000002.jsonl"]  # step 2 written again by this run
+    assert names("eval") == ["step-000000.jsonl", "step-000001.jsonl", "step-000002.jsonl"]
+    assert names("superseded/trajectories") == ["step-000002.jsonl", "step-000003.jsonl"]
+    assert names("superseded/eval") == ["step-000002.jsonl", "step-000003.jsonl"]
+    assert (tmp_path / "superseded" / "trajectories" / "step-000002.jsonl").read_bytes() == first_step_2  # moved, not lost
+    said = [m for m in result.messages if "moved to" in m]
+    assert len(said) == 1 and "resumed at step 1" in said[0] and "trajectories/step-000003.jsonl" in said[0]
