@@ -81,7 +81,7 @@ from agentgym_lightning.metrics import episode_metrics
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.judge import JudgeConfig
 from agentgym_lightning.policies.base import ModelSharingPolicy
-from agentgym_lightning.registration import is_file_factory, make_env_factory
+from agentgym_lightning.registration import env_kwargs_refused, is_file_factory, make_env_factory
 from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
@@ -173,7 +173,9 @@ class LightningRLTrainer:
             self.eval_factory = make_env_factory(eval_env)
         elif cfg.eval_env_kwargs is not None:
             self.eval_factory = make_env_factory(cfg.env, {**cfg.env_kwargs, **cfg.eval_env_kwargs})
-        probe = self.env_factory()
+        # The one env built at the start, before the model loads: a misspelt env kwarg fails here (EnvKwargsError).
+        with env_kwargs_refused(target, env_kwargs) if isinstance(target, str) else contextlib.nullcontext():
+            probe = self.env_factory()
         self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
         probe.close()
 
