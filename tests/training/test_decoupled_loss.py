@@ -24,19 +24,13 @@ import torch
 from agentgym_lightning.training.loss import LossOptions, PaddedBatch, pad_samples, per_token_logps, policy_loss
 from agentgym_lightning.training.samples import Sample
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the train extra (make setup)")
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the train extra (make setup)"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 NAN = float("nan")
 LOSSES = [(t, level) for t in ("grpo", "dr_grpo", "dapo", "cispo") for level in ("token", "sequence")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny forwards on one thread (a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def batch_of(advantages, mask, sampling, weights=None) -> PaddedBatch:
