@@ -11,11 +11,12 @@ env is named here. An env of one's own needs none of that: ``module:Id`` (Gymnas
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from agentgym_lightning.env import AgentEnv
 
 __all__ = [
-    "BUNDLED_ENVS", "TIME_LIMIT_AS_MAX_TURNS", "register_envs", "lightning_env_ids", "resolve_env_id", "make_env_factory",
-    "is_file_factory", "file_factory",
+    "BUNDLED_ENVS", "TIME_LIMIT_AS_MAX_TURNS", "EnvKwargsError", "register_envs", "lightning_env_ids", "resolve_env_id",
+    "make_env_factory", "env_kwargs_refused", "is_file_factory", "file_factory",
 ]
 
 #: The environments the core registers itself: id -> entry point (the env packages under
@@ -129,6 +130,28 @@ def make_env_factory(env: str | Callable[[], AgentEnv], env_kwargs: Mapping[str,
     if env_kwargs:
         raise ValueError("env_kwargs only apply to an env id; bake them into your factory instead")
     return env
+
+
+class EnvKwargsError(ValueError):
+    """An env id's creator refused the kwargs it was built with (a misspelt option, a bad value):
+    ``"<env> does not accept <kwargs>: <the creator's error>"``."""
+
+    def __init__(self, env: str, kwargs: Mapping[str, Any], error: BaseException) -> None:
+        message = str(error).split(" was raised from the environment creator")[0]  # gymnasium's wrapping
+        super().__init__(f"{env} {f'does not accept {dict(kwargs)}' if kwargs else 'could not be built'}: {message}")
+        self.env, self.kwargs = env, dict(kwargs)
+
+
+@contextlib.contextmanager
+def env_kwargs_refused(env: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Around building ``env`` with ``kwargs``: what its creator raises for them (``TypeError``,
+    ``ValueError``, a Gymnasium error) is raised as an :class:`EnvKwargsError` (from it)."""
+    try:
+        yield
+    except EnvKwargsError:
+        raise
+    except (TypeError, ValueError, gym.error.Error) as exc:
+        raise EnvKwargsError(env, kwargs, exc) from exc
 
 
 def is_file_factory(env: str) -> bool:

@@ -60,6 +60,46 @@ def test_a_misspelt_env_kwarg_is_one_line_before_the_model_loads(tmp_path, capsy
     assert "--eval-env-kwarg: lightning/GuessNumber-v0 does not accept" in capsys.readouterr().err
 
 
+COUNTED_ENV = """
+import json
+from pathlib import Path
+
+from agentgym_lightning.envs.guess_number import make_env as guess_number
+
+
+def make_env(**kwargs):
+    with open(Path(__file__).with_name("built.jsonl"), "a") as fh:
+        fh.write(json.dumps(kwargs) + "\\n")
+    return guess_number(**kwargs)
+"""
+
+
+def test_train_builds_the_training_env_once_and_the_held_out_one_once_before_training(tmp_path, tiny_model_dir, monkeypatch):
+    """Before: the command built the training env to check its kwargs, then the trainer built it
+    again for its tasks (the RAG env loads its corpus and retriever each time): three builds
+    before the first step, now two (the trainer's, which is the check, and the held-out env's)."""
+    import json
+
+    import pytest
+
+    from agentgym_lightning.cli import main
+    from agentgym_lightning.training import trainer
+
+    pytest.importorskip("trl")
+    (tmp_path / "counted_env.py").write_text(COUNTED_ENV)
+
+    def stop(self, resume_from=None):
+        self.close()
+        raise ValueError("stopped before the first step")
+
+    monkeypatch.setattr(trainer.LightningRLTrainer, "train", stop)
+    code = main(["train", "--env", f"{tmp_path / 'counted_env.py'}:make_env", "--env-kwarg", "max_guesses=2", "--eval-env-kwarg",
+                 "max_guesses=3", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path / "run"), "--no-progress", "--no-wandb"])
+    assert code == 2
+    built = [json.loads(line) for line in (tmp_path / "built.jsonl").read_text().splitlines()]
+    assert sorted(b["max_guesses"] for b in built) == [2, 3]
+
+
 def _a_run(folder):
     (folder / "checkpoints" / "checkpoint-000001").mkdir(parents=True)
     (folder / "checkpoints" / "checkpoint-000001" / "trainer_state.json").write_text('{"step": 1, "config": {}}')

@@ -212,7 +212,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 #: What a run writes in its output folder (``--overwrite`` deletes these and nothing else).
-RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "final", "report.html", "wandb", "wandb_run_id")
+RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "superseded", "final", "report.html", "wandb", "wandb_run_id")
 
 
 def _run_files(path: Path) -> list[str]:
@@ -244,24 +244,21 @@ def _check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool
         raise ValueError(f"--output-dir {path} is not writable ({exc.strerror or exc})") from None
 
 
-def _check_envs(config: Any) -> None:
-    """Build (and close) the training env and the held-out one with their kwargs: a misspelt
-    kwarg is one line here, before the model loads, not a traceback from the trainer."""
-    import gymnasium as gym
+def _check_eval_env(config: Any) -> None:
+    """Build (and close) the held-out env with its kwargs: a misspelt ``--eval-env-kwarg`` is one
+    line here, before the model loads, not an error at the first evaluation. (The trainer builds
+    the training env before its model: a misspelt ``--env-kwarg`` is one line from there, and the
+    env is built once.)"""
+    from agentgym_lightning.registration import EnvKwargsError, env_kwargs_refused, make_env_factory
 
-    from agentgym_lightning.registration import make_env_factory
-
-    if not isinstance(config.env, str):
+    if not isinstance(config.env, str) or config.eval_env_kwargs is None:
         return
-    kinds = [("--env-kwarg", config.env_kwargs)]
-    if config.eval_env_kwargs is not None:
-        kinds.append(("--eval-env-kwarg", {**config.env_kwargs, **config.eval_env_kwargs}))
-    for flag, kwargs in kinds:
-        try:
+    kwargs = {**config.env_kwargs, **config.eval_env_kwargs}
+    try:
+        with env_kwargs_refused(config.env, kwargs):
             make_env_factory(config.env, kwargs)().close()
-        except (TypeError, ValueError, gym.error.Error) as exc:
-            message = str(exc).split(" was raised from the environment creator")[0]
-            raise ValueError(f"{flag}: {config.env} does not accept {kwargs}: {message}") from None
+    except EnvKwargsError as exc:
+        raise ValueError(f"--eval-env-kwarg: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -283,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
             args.resume = str(resumed)
         config = build_config(args)
         config = config.replace(env=resolve_env_id(config.env))
-        _check_envs(config)
+        _check_eval_env(config)
         _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
@@ -291,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
     from agentgym_lightning.training import LightningRLTrainer
     from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
     from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.registration import EnvKwargsError
     from agentgym_lightning.training.result import TrainingStopped
 
     started = time.perf_counter()
@@ -301,9 +299,13 @@ def run(args: argparse.Namespace) -> int:
             # Before the first step: a run that cannot checkpoint would lose every step it trains.
             check_checkpoint_space(config.output_dir, checkpoint_bytes(trainer.model, config.use_peft, trainer.optimizer, adapters))
         except OSError as exc:
+            trainer.close()
             print(f"agentgym-lightning train: {exc.strerror}", file=sys.stderr)
             return 2
         result = trainer.train(resume_from=args.resume)
+    except EnvKwargsError as exc:  # the trainer's training env (built before the model loads)
+        print(f"agentgym-lightning train: --env-kwarg: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2

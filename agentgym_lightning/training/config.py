@@ -214,8 +214,9 @@ class LightningRLConfig:
         default=True,
         metadata={
             "help": "Correct for the generator's sampling distribution differing from the trained model's (TRL's "
-            "`vllm_importance_sampling_correction`, here for any generator): multiply the loss by "
-            "exp(old - sampling logprob), truncated or masked."
+            "`vllm_importance_sampling_correction`, here for any generator) and for calls answered by older weights "
+            "(AReaL's decoupled objective): multiply the loss by the behaviour weight exp(proximal - sampling "
+            "logprob), truncated or masked. Off, stale rollouts go uncorrected."
         },
     )
     sampling_correction_mode: str = field(

@@ -17,6 +17,49 @@ values under ``discounted`` credit), and (b) a weight (``episode_weighting``). E
 a sum over micro-batches divided by a normaliser computed once for the whole step
 (:func:`loss_normalizer`), so accumulating gradients over micro-batches gives exactly the loss of
 one big batch. With weights 1 and one micro-batch, each equals TRL's.
+
+Stale rollouts: the decoupled objective
+---------------------------------------
+Three policies meet in a step's loss:
+
+* ``π_θ`` — the weights being trained: ``logps``, the only term with a gradient;
+* ``π_prox`` — the *proximal* policy, the weights before this step's update: ``old_logps``,
+  computed with the current weights at the start of the update (with ``num_iterations == 1``
+  the trained forward itself, detached: ``π_θ`` and ``π_prox`` are then the same numbers);
+* ``π_behav`` — the *behaviour* policy, what answered the call: the generator (another engine,
+  dtype or kernel) at the weights it held then, whose logprobs every call carries
+  (``Sample.sampling_logprobs``). Synchronous, that is the current version; with rollouts that
+  run on while the weights update (``max_staleness`` k), up to k versions older.
+
+Per loss token, with advantage ``A``::
+
+    loss = - w · min(u · A, clip(u, 1 - epsilon_low, 1 + epsilon_high) · A)   (+ beta · KL)
+    u    = π_θ / π_prox                    the PPO ratio: gradient, clipping, clip_ratio/*
+    w    = trunc(π_prox / π_behav)         the behaviour weight: a constant (no gradient)
+
+This is AReaL's decoupled PPO objective (Fu et al. 2025, "AReaL: A Large-Scale Asynchronous
+Reinforcement Learning System for Language Reasoning", after Hilton et al. 2022's proximal policy).
+Plain PPO clips ``π_θ / π_behav``: with stale behaviour that ratio starts far from 1, the trust
+region is centred on weights k versions old, and tokens are clipped (their gradient dropped) for
+their age, not for how far this update moves — AReaL measured plain PPO losing most of its
+accuracy with stale rollouts, where the decoupled loss kept it. Decoupled, the trust region is around
+``π_prox``, which the trainer computes now, and the sampling is corrected by ``w``. ``w`` is
+unbounded where the behaviour policy gave a token a small probability that the proximal one no
+longer does, so it is truncated (``sampling_correction_clip_max``, mode ``*_truncate``: Ionides'
+truncated importance sampling, trading a bias for bounded variance) or such tokens are dropped
+(``*_mask``: AReaL's ``behav_imp_weight_cap``); ``sampling_ratio/truncated`` says how often.
+
+One weight corrects both causes. With ``v`` the version that answered and ``π_v`` the trained
+model's policy at ``v``, ``π_prox / π_behav = (π_prox / π_v) · (π_v / π_behav)``: staleness times
+the generator/trainer mismatch that TRL's ``vllm_importance_sampling_correction`` corrects. The
+call carries ``π_behav`` only; the middle term would need a forward under weights ``v``, which
+the trainer no longer holds, so the factors cannot be capped apart: ``w`` is their product,
+computed from what the call carries and truncated once (:func:`_sampling_correction`). When the
+call is current (``v`` is the weights being updated: every call at k = 0) the staleness factor
+is 1 and ``w`` is TRL's correction as before; when the behaviour logprobs equal the current ones
+(an ``hf`` generator sharing the model) ``w = 1`` and this is the on-policy loss
+(``tests/training/test_decoupled_loss.py``). ``sampling_correction=False`` drops ``w``, and with
+it the staleness correction.
 """
 
 from __future__ import annotations
@@ -171,6 +214,8 @@ class LossTerms:
     clipped_high: float
     ratio_sum: float
     sampling_ratio_sum: float
+    #: Loss tokens whose behaviour weight was truncated or masked (``sampling_correction_clip_*``).
+    sampling_truncated: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,11 +264,13 @@ def policy_loss(
     ref_logps: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
 ) -> LossTerms:
-    """TRL's GRPO-family loss (see the module docstring) for one micro-batch, as ``options`` define it.
+    """TRL's GRPO-family loss (see the module docstring) for one micro-batch, as ``options`` define it:
+    the decoupled objective, clipped against the proximal policy and weighted by the truncated
+    behaviour weight against ``batch.sampling_logps``.
 
-    ``old_logps`` are the logprobs before this step's first update (``None``: the current ones,
-    detached — one optimizer pass per step, so the ratio is 1); ``ref_logps`` those of the
-    reference model (needed when ``beta > 0``).
+    ``old_logps`` are the proximal policy's: the logprobs before this step's first update
+    (``None``: the current ones, detached — one optimizer pass per step, so the ratio is 1);
+    ``ref_logps`` those of the reference model (needed when ``beta > 0``).
     """
     loss_type, beta, epsilon_low, epsilon_high = options.loss_type, options.beta, options.epsilon_low, options.epsilon_high
     mask = batch.completion_mask
@@ -251,9 +298,9 @@ def policy_loss(
     else:
         raise ValueError(f"unknown loss_type {loss_type!r}")
 
-    sampling_ratio = None
-    if options.sampling_correction:
-        sampling_ratio = _sampling_correction(
+    sampling_ratio = truncated = None
+    if options.sampling_correction:  # the behaviour weight, π_prox / π_behav truncated (module docstring)
+        sampling_ratio, truncated = _sampling_correction(
             old, batch.sampling_logps, mask, options.sampling_correction_mode, options.sampling_correction_clip_min,
             options.sampling_correction_clip_max,
         )
@@ -291,6 +338,7 @@ def policy_loss(
             clipped_high=float((high * mask).sum()),
             ratio_sum=float((ratio.expand_as(mask) * mask).sum()),
             sampling_ratio_sum=float((sampling_ratio.expand_as(mask) * mask).sum()) if sampling_ratio is not None else tokens,
+            sampling_truncated=float((truncated.expand_as(mask) * mask).sum()) if truncated is not None else 0.0,
         )
 
 
@@ -301,14 +349,15 @@ def _sampling_correction(
     mode: str,
     clip_min: float | None,
     clip_max: float | None,
-) -> torch.Tensor:
-    """TRL's importance-sampling correction for a generator whose distribution differs from the
-    trained model's: ``exp(old - sampling)`` per token or per sequence, truncated or masked.
-    Tokens with no sampling logprob (NaN) get ratio 1."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The behaviour weight ``exp(old - sampling)`` (proximal over behaviour policy: the
+    generator's mismatch and its staleness, one weight; see the module docstring), per token or
+    per sequence, truncated or masked as TRL's importance-sampling correction is; and where the
+    bounds changed it (1.0, else 0.0). Tokens with no sampling logprob (NaN) get weight 1."""
     diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
     if mode.startswith("sequence"):
         diff = diff.sum(-1, keepdim=True)
-    ratio = torch.exp(diff)
+    ratio = raw = torch.exp(diff)
     if mode.endswith("truncate"):
         ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
     elif mode.endswith("mask"):
@@ -317,4 +366,4 @@ def _sampling_correction(
         ratio = ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
     else:
         raise ValueError(f"unknown sampling correction mode {mode!r}")
-    return ratio.detach()
+    return ratio.detach(), (ratio != raw).float().detach()

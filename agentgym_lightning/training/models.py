@@ -17,7 +17,7 @@ from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, Trainab
 from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config
 from agentgym_lightning.training.config import LightningRLConfig
 
-__all__ = ["build_policy", "trainable_model", "add_lora", "reference_model", "build_optimizer"]
+__all__ = ["build_policy", "trainable_model", "add_lora", "enable_activation_checkpointing", "reference_model", "build_optimizer"]
 
 
 def build_policy(config: LightningRLConfig) -> Any:
@@ -66,6 +66,19 @@ def add_lora(model: Any, config: LightningRLConfig) -> Any:
     from peft import get_peft_model
 
     return get_peft_model(model, lora_config(config))
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward instead of keeping them
+    (``gradient_checkpointing``), non-reentrant (the only kind that works with frozen LoRA bases):
+    transformers 5's ``activation_checkpointing_enable``; 4.x, which has only
+    ``gradient_checkpointing_enable`` (deprecated by 5, with a FutureWarning), through that."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def reference_model(model: Any, config: LightningRLConfig) -> Any:

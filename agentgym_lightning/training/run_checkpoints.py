@@ -3,12 +3,15 @@
 :mod:`.checkpoint` writes and reads one checkpoint; :class:`RunCheckpoints` is what the trainer
 asks of them: save the current step (warning, and keeping the previous one, when it cannot be
 written), know whether a step is saved, write the ``final/`` model, and resume a run only with the
-config fields that decide what it computes unchanged (:data:`RUN_IDENTITY`).
+config fields that decide what it computes unchanged (:data:`RUN_IDENTITY`), setting aside the
+episode files of the steps after the checkpoint (:meth:`RunCheckpoints.set_aside_after`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +31,7 @@ from agentgym_lightning.training.checkpoint import (
 )
 from agentgym_lightning.training.config import LightningRLConfig
 
-__all__ = ["RUN_IDENTITY", "RunCheckpoints"]
+__all__ = ["RUN_IDENTITY", "SUPERSEDED", "RunCheckpoints"]
 
 #: Config fields that decide what a run computes: a resumed run must not change them.
 RUN_IDENTITY = (
@@ -36,6 +39,15 @@ RUN_IDENTITY = (
     "lora_target_modules", "aggregation", "credit", "credit_kwargs", "air_weights", "loss_type", "learning_rate",
     "temperature", "top_p", "max_completion_length", "agent_match", "lora_per_agent", "agent_advantages", "optim",
 )
+
+#: Where a resumed run moves the episode files of steps after its checkpoint, in the run folder
+#: (``superseded/trajectories/step-N.jsonl``...): kept, but out of what the viewer and report read.
+SUPERSEDED = "superseded"
+
+#: The run folder's per-step episode files (``trajectories/``: a training step's; ``eval/``: the
+#: held-out evaluation after a step).
+_STEP_FOLDERS = ("trajectories", "eval")
+_STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
 
 
 class RunCheckpoints:
@@ -116,6 +128,28 @@ class RunCheckpoints:
         )
         self.last_saved = state.step
         return state
+
+    def set_aside_after(self, step: int) -> list[Path]:
+        """Move the run folder's episode files of the steps after ``step`` (``trajectories/`` and
+        ``eval/``: what the run wrote after the checkpoint it resumes, up to a step cut short by
+        a kill) to :data:`SUPERSEDED`, replacing any of the same name there; returns where they
+        went. Left in place they would stand beside the resumed run's until it overwrote them,
+        or for good past a lower ``max_steps``, as one run's episodes (``metrics.jsonl`` is cut
+        back the same way by its plugin)."""
+        moved: list[Path] = []
+        for folder in _STEP_FOLDERS:
+            source = self.output_dir / folder
+            if not source.is_dir():
+                continue
+            for path in sorted(source.iterdir()):
+                match = _STEP_FILE.match(path.name)
+                if match is None or int(match.group(1)) <= step or not path.is_file():
+                    continue
+                target = self.output_dir / SUPERSEDED / folder / path.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                moved.append(target)
+        return moved
 
     def save_final(self, step: int) -> str | None:
         """Write the trained model to ``final/``; returns what went wrong (a full disk: warned,

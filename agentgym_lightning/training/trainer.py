@@ -29,6 +29,21 @@ Each training step:
    local ``metrics.jsonl`` are plugins on it); the held-out eval runs before training, every
    ``eval_steps`` and at the end; checkpoints every ``save_steps``, at the end, and on Ctrl-C.
 
+**The loss and stale rollouts.** Every call carries the logprobs of the policy that answered it
+(the *behaviour* policy ``π_behav``: the generator at the weights it held, the current ones in a
+synchronous step, up to ``max_staleness`` versions older when rollouts run on during updates).
+The update's loss is AReaL's decoupled PPO objective: per loss token with advantage ``A``,
+``-w · min(u A, clip(u, 1 - ε_low, 1 + ε_high) A)`` with ``u = π_θ / π_prox`` and
+``w = trunc(π_prox / π_behav)``, where ``π_prox``, the *proximal* policy, is the weights before
+this update (recomputed by the update itself, never taken from the call). The clip, and
+``clip_ratio/*``, measure how far this update moves from ``π_prox``, not how old the data is;
+``w`` (no gradient) corrects the sampling, truncated at ``sampling_correction_clip_max`` (or the
+token masked) because it is unbounded where ``π_behav`` gave a token little probability.
+``π_prox / π_behav`` is the generator/trainer mismatch times the staleness: one weight, truncated
+once (``sampling_correction_*``; its mean and truncated share are ``sampling_ratio/*``). Current
+calls (k = 0) make it TRL's mismatch correction, unchanged; calls whose logprobs equal the
+trained model's make it 1, the on-policy loss. :mod:`.loss`'s docstring has the derivation.
+
 What is not the loop has rooms of its own: the models built from the config (:mod:`.models`),
 checkpoints as the run takes and resumes them (:mod:`.run_checkpoints`), Ctrl-C and SIGTERM
 (:mod:`.signals`), what a run returns or raises (:mod:`.result`,
@@ -66,7 +81,7 @@ from agentgym_lightning.metrics import episode_metrics
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.judge import JudgeConfig
 from agentgym_lightning.policies.base import ModelSharingPolicy
-from agentgym_lightning.registration import is_file_factory, make_env_factory
+from agentgym_lightning.registration import env_kwargs_refused, is_file_factory, make_env_factory
 from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
@@ -82,10 +97,17 @@ from agentgym_lightning.training.agent_adapters import (
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, generator_metrics, shares_model, sync_weights
 from agentgym_lightning.training.judging import JudgingService
-from agentgym_lightning.training.models import add_lora, build_optimizer, build_policy, reference_model, trainable_model
+from agentgym_lightning.training.models import (
+    add_lora,
+    build_optimizer,
+    build_policy,
+    enable_activation_checkpointing,
+    reference_model,
+    trainable_model,
+)
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainingStopped, TrainResult
-from agentgym_lightning.training.run_checkpoints import RunCheckpoints
+from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.signals import Terminated, deferred_interrupt, terminate_as_interrupt
@@ -151,11 +173,15 @@ class LightningRLTrainer:
             self.eval_factory = make_env_factory(eval_env)
         elif cfg.eval_env_kwargs is not None:
             self.eval_factory = make_env_factory(cfg.env, {**cfg.env_kwargs, **cfg.eval_env_kwargs})
-        probe = self.env_factory()
+        # The one env built at the start, before the model loads: a misspelt env kwarg fails here (EnvKwargsError).
+        with env_kwargs_refused(target, env_kwargs) if isinstance(target, str) else contextlib.nullcontext():
+            probe = self.env_factory()
         self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
         probe.close()
 
         # The generator and the trained model (the same object for hf).
+        #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
+        self._owns_policy = policy is None
         self.policy = policy if policy is not None else build_policy(cfg)
         self.model, self.tokenizer = trainable_model(self.policy, cfg)
         self.device = next(self.model.parameters()).device
@@ -173,7 +199,7 @@ class LightningRLTrainer:
             if shared:
                 self.policy.hf_model = self.model  # the policy generates through the adapter
         if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(self.model)
         self.ref_model = reference_model(self.model, cfg) if cfg.beta > 0 else None
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self._warned_repeated_prefixes = False
@@ -217,11 +243,18 @@ class LightningRLTrainer:
         and after. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
         (``result.interrupted``, ``result.signal``); an error (a dead policy backend) saves it
         too and raises :class:`TrainingStopped` from the error (an :class:`EpisodesFailedError`
-        is raised as is)."""
+        is raised as is). However it ends, what the trainer built is closed (:meth:`close`): a
+        policy built from the config among it, so pass your own ``policy`` to go on generating
+        with it afterwards (:attr:`model` holds the trained weights either way)."""
         cfg = self.config
+        messages: list[str] = []
         if resume_from is not None:
-            self._resume(resume_from)
-        result = TrainResult(output_dir=self.output_dir, steps=self.step)
+            try:
+                messages = self._resume(resume_from)
+            except BaseException:
+                self.close()  # a checkpoint refused: nothing ran, and what the trainer built goes all the same
+                raise
+        result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for lines in self._hook.agentgym_train_start(config=cfg.to_dict(), output_dir=str(self.output_dir), step=self.step):
             result.messages.extend(lines or [])
@@ -246,12 +279,7 @@ class LightningRLTrainer:
             raise TrainingStopped(f"the run stopped at step {self.step + 1}: {exc!r} ({where})", saved) from exc
         finally:
             bar.close()
-            if self._remote is not None:
-                self._remote.close()
-                self._remote = None
-            if self._judge is not None:
-                self._judge.close()
-                self._judge = None
+            self.close()
             result.steps = self.step
             result.history = list(self.history)
             if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
@@ -260,6 +288,21 @@ class LightningRLTrainer:
             for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
                 result.messages.extend(lines or [])
         return result
+
+    def close(self) -> None:
+        """Release what the trainer built: its Ray rollout workers, its judge, and the policy it
+        built from the config (an engine, a server's connections; a policy passed in is the
+        caller's to close). :meth:`train` calls it when it ends; call it yourself for a trainer
+        that never trains. Idempotent."""
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
+        if self._owns_policy:
+            self._owns_policy = False
+            self.policy.close()
 
     def _loop(self, result: TrainResult, bar: Any, postfix: dict[str, str]) -> None:
         """The evaluations and steps of :meth:`train` (which handles how they may end)."""
@@ -452,11 +495,17 @@ class LightningRLTrainer:
             return self.checkpoints.newest()
         return self.checkpoints.save(self.step, self.history)
 
-    def _resume(self, path: str | Path) -> None:
+    def _resume(self, path: str | Path) -> list[str]:
+        """Continue from the checkpoint at ``path``; returns what it says about the run folder."""
         state = self.checkpoints.resume(path)
         self.step = state.step
         self.history = [dict(h) for h in state.history]
         self._sync()
+        moved = self.checkpoints.set_aside_after(self.step)
+        if not moved:
+            return []
+        names = ", ".join(str(p.relative_to(self.output_dir / SUPERSEDED)) for p in moved)
+        return [f"resumed at step {self.step}: the episodes written after it were moved to {self.output_dir / SUPERSEDED} ({names})"]
 
 
 # ====================================================================== building blocks

@@ -10,9 +10,12 @@ what it runs on:
   padded rows (at most ``per_device_train_batch_size`` of them). With ``lora_per_agent`` each
   adapter's rows are micro-batched apart, run with that adapter active and normalised over its own
   rows, so an agent's gradient never depends on how many rows another agent had. It gives the
-  logprobs of the old policy and of the KL reference (:meth:`MicroBatches.fixed_logps`) and each
-  micro-batch's loss (:meth:`MicroBatches.loss`: :func:`~.loss.policy_loss` with the config's
-  :class:`~.loss.LossOptions`).
+  logprobs of the proximal policy and of the KL reference (:meth:`MicroBatches.fixed_logps`) and
+  each micro-batch's loss (:meth:`MicroBatches.loss`: :func:`~.loss.policy_loss` with the config's
+  :class:`~.loss.LossOptions`). The proximal policy is always the weights this update starts from,
+  whatever version generated the rows: each micro-batch's own forward (``num_iterations == 1``,
+  with its adapter active) or one pass before the first optimizer step; the behaviour weight
+  against the rows' generator logprobs is taken against it (:mod:`.loss`'s docstring).
 * :class:`UpdateStats` — the loss's statistics summed over micro-batches and iterations, the
   non-finite guard (:class:`NonFiniteUpdateWarning`) and the metrics the step logs.
 * :func:`clip_gradients` — one norm over the trained weights, or each adapter clipped on its own.
@@ -102,8 +105,9 @@ def _reference(model: Any, ref_model: Any) -> Iterator[Any]:
 
 @dataclass
 class FixedLogps:
-    """Per micro-batch, the logprobs that do not move during the step: the policy's before its
-    first iteration (``num_iterations > 1``) and the KL reference's (``beta > 0``)."""
+    """Per micro-batch, the logprobs that do not move during the step: the proximal policy's (the
+    weights before its first iteration; needed when ``num_iterations > 1``, else the trained
+    forward is that policy) and the KL reference's (``beta > 0``)."""
 
     old: list[torch.Tensor] | None = None
     ref: list[torch.Tensor] | None = None
@@ -161,7 +165,8 @@ class MicroBatches:
         return per_token_logps(model, self.padded[i], self.config.temperature, compute_entropy=compute_entropy)
 
     def fixed_logps(self, model: Any, ref_model: Any | None) -> FixedLogps:
-        """The old policy's logprobs (``num_iterations > 1``) and the reference's (``ref_model``), no gradients."""
+        """The proximal policy's logprobs, under ``model``'s current weights (``num_iterations > 1``),
+        and the reference's (``ref_model``), no gradients. Call it before the first optimizer step."""
         fixed = FixedLogps()
         with torch.no_grad():
             if self.config.num_iterations > 1:
@@ -218,7 +223,7 @@ class UpdateStats:
     adapters: Sequence[str] = ()
     totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    _SUMS = ("tokens", "kl_sum", "entropy_sum", "clipped_low", "clipped_high", "ratio_sum", "sampling_ratio_sum")
+    _SUMS = ("tokens", "kl_sum", "entropy_sum", "clipped_low", "clipped_high", "ratio_sum", "sampling_ratio_sum", "sampling_truncated")
 
     def add(self, terms: LossTerms, owner: str | None) -> None:
         """Count one micro-batch's loss terms (``owner``: its adapter)."""
@@ -276,6 +281,7 @@ class UpdateStats:
             "clip_ratio/region": (totals["clipped_low"] + totals["clipped_high"]) / tokens,
             "ratio/mean": totals["ratio_sum"] / tokens,
             "sampling_ratio/mean": totals["sampling_ratio_sum"] / tokens,
+            "sampling_ratio/truncated": totals["sampling_truncated"] / tokens,
             "learning_rate": learning_rate,
             "update/nonfinite_skipped": totals["nonfinite_skipped"],
             # The trained forward of one iteration (the old/reference passes run the same positions again).

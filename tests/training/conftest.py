@@ -25,6 +25,18 @@ def smol_path():
 # tiny_model_dir lives in tests/conftest.py (the Ray tests in tests/rollouts use it too).
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny forwards on one thread: on a shared 2-core machine, two spinning threads make them
+    ~10x slower (``pytest.mark.usefixtures("one_thread")`` in a module's ``pytestmark``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def trained_logps():
     """``fn(trainer, prompt_ids, completion_ids)``: the trained model's logprob of each completion

@@ -371,3 +371,55 @@ def test_a_run_killed_while_checkpointing_and_resumed_logs_each_step_once(tiny_m
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if "train/reward/mean" in r]
     assert train_steps == [1, 2]  # before: [1, 2, 2] (the step logged before the kill and its rerun)
+
+
+def test_the_trainer_closes_the_policy_it_built_however_the_run_ends_and_never_the_callers(tiny_model_dir, tmp_path, policy):
+    """Before: a policy built from the config was never closed (``--backend vllm-server`` left its
+    HTTP session open: "Unclosed client session"); a policy passed in stays the caller's."""
+    from agentgym_lightning.env import AgentEnv
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.training import LightningRLTrainer
+
+    built = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "built", max_steps=1, num_threads=1, policy_kwargs={"default_max_tokens": 4}))
+    assert built.policy.hf_model is not None
+    assert built.train().steps == 1
+    assert built.policy.hf_model is None  # closed (the trained weights are still the trainer's model)
+    built.close()  # idempotent
+
+    def broken(task, ctx):
+        raise ImportError("no module named 'frameworkx'")
+
+    failing = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "failing", num_threads=1), env=lambda: AgentEnv(broken, [{"q": "a"}], lambda t, r: 1.0))
+    with pytest.raises(EpisodesFailedError):
+        failing.train()
+    assert failing.policy.hf_model is None  # closed on the way out of an error too
+
+    mine = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "mine", max_steps=1), policy=policy)
+    mine.train()
+    mine.close()
+    assert policy.hf_model is not None  # the caller's: still open
+
+
+def test_a_resume_sets_aside_the_episode_files_of_the_steps_after_its_checkpoint(tiny_model_dir, tmp_path, policy):
+    """Before: ``trajectories/step-000003.jsonl`` and ``eval/step-000003.jsonl`` of the run that
+    went on past the resumed checkpoint stayed in the folder (until overwritten, or for good
+    past a lower ``max_steps``) as if the resumed run had written them."""
+    from agentgym_lightning.training import LightningRLTrainer
+
+    options = dict(save_steps=1, save_total_limit=None, eval_env_kwargs={}, eval_episodes=2, eval_steps=1)
+    LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=3, **options), policy=policy).train()
+    names = lambda folder: sorted(p.name for p in (tmp_path / folder).iterdir())  # noqa: E731
+    assert names("trajectories") == [f"step-00000{i}.jsonl" for i in (1, 2, 3)]
+    assert names("eval") == [f"step-00000{i}.jsonl" for i in (0, 1, 2, 3)]
+    first_step_2 = (tmp_path / "trajectories" / "step-000002.jsonl").read_bytes()
+
+    resumed = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=2, **options), policy=policy)
+    result = resumed.train(resume_from=tmp_path / "checkpoints" / "checkpoint-000001")
+    assert result.steps == 2
+    assert names("trajectories") == ["step-000001.jsonl", "step-000002.jsonl"]  # step 2 written again by this run
+    assert names("eval") == ["step-000000.jsonl", "step-000001.jsonl", "step-000002.jsonl"]
+    assert names("superseded/trajectories") == ["step-000002.jsonl", "step-000003.jsonl"]
+    assert names("superseded/eval") == ["step-000002.jsonl", "step-000003.jsonl"]
+    assert (tmp_path / "superseded" / "trajectories" / "step-000002.jsonl").read_bytes() == first_step_2  # moved, not lost
+    said = [m for m in result.messages if "moved to" in m]
+    assert len(said) == 1 and "resumed at step 1" in said[0] and "trajectories/step-000003.jsonl" in said[0]

@@ -24,18 +24,13 @@ from agentgym_lightning.training.token_tree import (
     tree_token_logps,
 )
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the train extra (make setup)")
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs the train extra (make setup)"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 VOCAB = 48
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny forwards on one thread: on a shared 2-core machine, two spinning threads make them ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 NAN = float("nan")
 
