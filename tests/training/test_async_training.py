@@ -143,6 +143,26 @@ def test_k1_trains_within_the_bound_and_an_episode_spans_an_update(tiny_model_di
     trainer.policy.close()
 
 
+def test_with_lora_the_generators_copy_gets_the_merged_weights_after_each_update(tiny_model_dir, tmp_path):
+    import torch
+
+    from agentgym_lightning.training.generation import merged_weights
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, use_peft=True, learning_rate=1e-2)
+    initial = {k: v.clone() for k, v in trainer.policy.hf_model.state_dict().items()}
+    result = trainer.train()
+    assert result.steps == 2 and not any(h.get("update/skipped") for h in result.history)
+    generated = trainer.policy.hf_model.state_dict()
+    assert not any("lora_" in k for k in generated)  # the copy is the plain model: no adapter to route
+    with merged_weights(trainer.model, peft=True) as weights:
+        merged = {k: v.clone() for k, v in weights}
+    assert merged.keys() == generated.keys()
+    for k in merged:
+        assert torch.equal(generated[k], merged[k]), k
+    assert max(float((generated[k] - initial[k]).abs().max()) for k in generated) > 0  # the adapter moved them
+    trainer.policy.close()
+
+
 def _group(plan, seed, versions):
     from agentgym_lightning import ChatRequest, Completion, Status, Step, Trajectory
 
