@@ -154,23 +154,25 @@ class AsyncRollouts:
         chosen: list[FinishedGroup] = []
         dropped = 0
         with self._cond:
-            while len(chosen) < groups:
-                while self._buffer and len(chosen) < groups:
-                    group = self._buffer.popleft()
-                    if group.staleness(version) > self.max_staleness:
-                        dropped += 1
-                    else:
-                        chosen.append(group)
-                if len(chosen) == groups:
-                    break
-                if self._error is not None:
-                    self._buffer.extendleft(reversed(chosen))  # kept for the checkpoint
-                    raise self._error
-                if self._thread is None or not self._thread.is_alive():
-                    self._buffer.extendleft(reversed(chosen))
-                    raise RuntimeError("the asynchronous rollouts stopped before a step's groups finished")
-                self._cond.wait(timeout=0.5)  # short waits: Ctrl-C reaches the main thread
-            self._dropped += dropped
+            try:
+                while len(chosen) < groups:
+                    while self._buffer and len(chosen) < groups:
+                        group = self._buffer.popleft()
+                        if group.staleness(version) > self.max_staleness:
+                            dropped += 1
+                            self._dropped += 1
+                        else:
+                            chosen.append(group)
+                    if len(chosen) == groups:
+                        break
+                    if self._error is not None:
+                        raise self._error
+                    if self._thread is None or not self._thread.is_alive():
+                        raise RuntimeError("the asynchronous rollouts stopped before a step's groups finished")
+                    self._cond.wait(timeout=0.5)  # short waits: Ctrl-C reaches the main thread
+            except BaseException:
+                self._buffer.extendleft(reversed(chosen))  # not trained on: kept for the checkpoint
+                raise
             generator_wait, self._generator_wait_s = self._generator_wait_s, 0.0
         update_wait = time.perf_counter() - start
         chosen.sort(key=lambda g: g.key)

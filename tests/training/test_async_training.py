@@ -260,6 +260,28 @@ def test_resume_trains_on_the_buffered_groups_within_k_and_drops_the_others(tiny
     assert result.history[2]["async/staleness_max"] <= 1.0
 
 
+class _BackendDown:
+    def iter_rollout(self, **kwargs):
+        raise ConnectionError("the backend is gone")
+
+
+def test_a_producer_error_reaches_the_update_and_the_groups_it_had_taken_stay_buffered(tmp_path):
+    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.training.generation import VersionStamping
+    from agentgym_lightning.training.schedule import TaskSchedule
+
+    buffer = AsyncRollouts(
+        _BackendDown(), VersionStamping(lambda requests: []), TaskSchedule(list(range(4)), 1, 0), lambda step: step,
+        max_staleness=1, group_size=1, concurrency=1, output_dir=tmp_path,
+    )
+    buffer.restore({"next_plan": 1, "groups": [_group(0, 10, [0])]})
+    buffer.start(1)
+    with pytest.raises(ConnectionError, match="the backend is gone"):
+        buffer.take(2)  # one group finished, the second never will
+    buffer.close()
+    assert [g["plan"] for g in buffer.state()["groups"]] == [0]  # not trained on: kept for the checkpoint
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
