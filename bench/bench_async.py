@@ -59,11 +59,11 @@ def _tool_env(latency: tuple[float, float], tool_calls: int) -> Any:
     return make
 
 
-def _config(env: str, k: int, steps: int, tasks: int, group: int, output_dir: str) -> Any:
+def _config(env: str, k: int, steps: int, tasks: int, group: int, output_dir: str, model: str, device: str) -> Any:
     from agentgym_lightning.training import LightningRLConfig
 
     common = dict(max_steps=steps, tasks_per_step=tasks, num_generations=group, output_dir=output_dir, report_to=[],
-                  progress=False, save_steps=10_000, max_staleness=k, seed=0)
+                  progress=False, save_steps=10_000, max_staleness=k, seed=0, model=model, device=device)
     if env == "main":
         return LightningRLConfig(
             env="lightning/Arithmetic-v0", env_kwargs={"difficulty": 3, "examples": 1}, air_weights={"math.calc_ok": 0.5},
@@ -82,7 +82,7 @@ def _run(env: str, k: int, args: argparse.Namespace) -> dict[str, float]:
 
     tasks, group = (args.main_tasks, args.main_group) if env == "main" else (args.tool_tasks, args.tool_group)
     with tempfile.TemporaryDirectory(prefix=f"bench-async-{env}-k{k}-") as out:
-        config = _config(env, k, args.steps, tasks, group, out)
+        config = _config(env, k, args.steps, tasks, group, out, args.model, args.device)
         trainer = LightningRLTrainer(config, env=_tool_env(tuple(args.tool_latency), args.tool_calls) if env == "tool" else None)
         cpu, wall = _cpu_seconds(), time.perf_counter()
         result = trainer.train()
@@ -103,6 +103,8 @@ def main() -> None:
     parser.add_argument("--env", choices=("main", "tool", "both"), default="both")
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=3, help="updates per run (the same at every k)")
+    parser.add_argument("--model", default="smollm2-135m", help="the model (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--device", default="auto", help="where the model runs (auto: CUDA when there is one)")
     parser.add_argument("--main-tasks", type=int, default=2)
     parser.add_argument("--main-group", type=int, default=4)
     parser.add_argument("--tool-tasks", type=int, default=2)
