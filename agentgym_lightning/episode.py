@@ -338,6 +338,7 @@ class Episode:
             step = call.step
             _mark_continuity(self.trajectory.steps, step, completion)
             step.completion = completion
+            step.policy_version = completion.policy_version
             step.timings.answered_at = time.time()
             self._last_answered = step
         call.resolve(completion)

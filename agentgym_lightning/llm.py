@@ -373,6 +373,10 @@ class Completion:
     #: Why text that looked like tool calls was not parsed as one (malformed JSON, no name...):
     #: the call stays in ``text`` for the agent to see, and this is an AIR signal.
     tool_call_errors: list[str] = field(default_factory=list)
+    #: The policy version that answered (the number of updates its weights had seen), stamped by
+    #: the trainer's generator; the episode records it as ``Step.policy_version`` (which is what
+    #: files carry: not part of :meth:`to_dict`). ``None``: not stamped (outside training).
+    policy_version: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tool_calls, list):

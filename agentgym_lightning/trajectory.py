@@ -129,6 +129,10 @@ class Step:
     prompt_rebuilt: bool = False
     #: The error the call was answered with instead of a completion (a backend rejected it).
     error: str | None = None
+    #: The policy version that answered the call: the number of updates the generator's weights
+    #: had seen when the call was handed to it (asynchronous training: ``max_staleness``). ``None``
+    #: outside training.
+    policy_version: int | None = None
     #: Not compared: two steps are equal when they recorded the same call, whenever it ran.
     timings: StepTimings = field(default_factory=StepTimings, compare=False)
 
@@ -154,6 +158,7 @@ class Step:
         return data
 
     def _full_dict(self) -> dict[str, Any]:
+        versioned = {"policy_version": self.policy_version} if self.policy_version is not None else {}
         return {
             "index": self.index,
             "request": self.request.to_dict(),
@@ -167,6 +172,7 @@ class Step:
             "prompt_extends_previous": self.prompt_extends_previous,
             "prompt_rebuilt": self.prompt_rebuilt,
             "error": self.error,
+            **versioned,
             "timings": self.timings.to_dict(),
         }
 

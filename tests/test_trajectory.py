@@ -263,3 +263,20 @@ def test_a_line_nested_too_deeply_is_skipped_like_any_bad_line(tmp_path):
     assert len(messages) == 2 and "nested too deeply" in messages[0] and "final_reward must be a number" in messages[1]
     with pytest.raises(ValueError, match=r"t.jsonl:2: not a JSON trajectory \(nested too deeply"):
         list(load_trajectories(path))
+
+
+def test_a_calls_policy_version_is_kept_in_the_jsonl_and_absent_when_not_stamped(tmp_path):
+    from agentgym_lightning.episode import Episode
+
+    request = ChatRequest(messages=[{"role": "user", "content": "q"}])
+    episode = Episode(task=None)
+    for version in (2, 3):  # an episode spanning an update: each call says which version answered it
+        call = episode.submit(request)
+        episode.answer(call, Completion(text="a", policy_version=version))
+    assert [s.policy_version for s in episode.trajectory.steps] == [2, 3]
+    path = tmp_path / "t.jsonl"
+    with TrajectoryWriter(path) as writer:
+        writer.write(episode.trajectory)
+    (back,) = load_trajectories(path)
+    assert [s.policy_version for s in back.steps] == [2, 3]
+    assert "policy_version" not in Step(index=0, request=request, completion=Completion(text="a")).to_dict()

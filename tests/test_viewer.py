@@ -336,3 +336,14 @@ def test_view_streams_a_file_larger_than_its_cache_and_reads_one_episodes_group(
     assert {t.episode_id for t in group} == {t.episode_id for t in everything if t.group_id == target.group_id}
     assert len(group) < len(everything) and not run._cache
     assert run.episode_group(f, "nobody") == []
+
+
+def test_each_call_shows_the_policy_version_that_answered_it(tmp_path):
+    """Asynchronous training: an episode may span versions, and the viewer says which answered each call."""
+    t = _episode([("first", "r"), ("second", "r")], eid="spanning")
+    t.steps[0].policy_version, t.steps[1].policy_version = 3, 4
+    run = tmp_path / "run"
+    with TrajectoryWriter(run / "trajectories" / "step-000005.jsonl") as w:
+        w.write(t)
+    text = report([RunFolder(run)])
+    assert text.index("policy v3") < text.index("policy v4")

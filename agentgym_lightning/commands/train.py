@@ -8,6 +8,7 @@
     agentgym-lightning train --config run.yaml --set beta=0.04
     agentgym-lightning train --resume runs/train               # continue a run from its last checkpoint
     agentgym-lightning train --rollout-workers 4 --retry-infra-failed   # episodes on 4 Ray actors
+    agentgym-lightning train --max-staleness 1                 # rollouts go on while the update runs
 
 Options come from, in order of precedence: the flags given, ``--config FILE.yaml`` (any
 :class:`~agentgym_lightning.training.LightningRLConfig` field), the resumed run's saved config
@@ -57,6 +58,7 @@ _DIRECT = {
     "loss_type": "loss_type",
     "save_steps": "save_steps",
     "rollout_workers": "rollout_workers",
+    "max_staleness": "max_staleness",
     "ray_address": "ray_address",
     "agent_match": "agent_match",
 }
@@ -110,6 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--eval-steps", type=int, help=h("eval_steps"))
     p.add_argument("--eval-episodes", type=int, help=h("eval_episodes"))
     p.add_argument("--rollout-workers", type=int, metavar="N", help=h("rollout_workers"))
+    p.add_argument("--max-staleness", type=int, metavar="K", help=h("max_staleness"))
     p.add_argument("--ray-address", help=h("ray_address"))
     p.add_argument("--agent-match", metavar="REGEX", help=h("agent_match") + " A mapping: --set agent_match='{\"role\": \"solver\"}'.")
     p.add_argument("--retry-infra-failed", action="store_const", const=True, default=None, help=h("retry_infra_failed"))

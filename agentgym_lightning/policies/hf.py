@@ -266,6 +266,12 @@ class HFPolicy(Policy):
         self._scheduler.put(_Entry(row, group, future, _row_generator(group, row, self.device)))
         return future
 
+    def paused(self) -> threading.Lock:
+        """A context in which no decode step runs (``generate`` and the step scheduler wait at
+        their next step): the trainer copies new weights into :attr:`hf_model` inside it while
+        episodes run (asynchronous training), so every step reads one version of them."""
+        return self._lock
+
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Teacher-forced ``log_softmax(logits / temperature)`` of each completion token given
         everything before it: one plain forward pass over prompt+completion (no cache, no

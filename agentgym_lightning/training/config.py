@@ -23,7 +23,7 @@ from typing import Any
 from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.training.agent_adapters import agent_routes
 
-__all__ = ["LightningRLConfig", "LOSS_TYPES", "AGGREGATIONS"]
+__all__ = ["LightningRLConfig", "LOSS_TYPES", "AGGREGATIONS", "ASYNC_BACKENDS"]
 
 #: Loss variants (TRL's names and definitions; see :mod:`agentgym_lightning.training.loss`).
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "cispo")
@@ -36,6 +36,8 @@ _IS_LEVELS = ("token", "sequence")
 _SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _OPTIMIZERS = ("adamw", "adafactor")
 _BACKENDS = ("hf", "vllm", "vllm-server")
+#: The backends asynchronous training (``max_staleness`` >= 1) runs with.
+ASYNC_BACKENDS = ("hf", "vllm")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
 
@@ -106,6 +108,17 @@ class LightningRLConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "Seeds task order, episode resets, call sampling and torch."})
+
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "help": "Asynchronous training (k): 0 runs each step's rollouts, then its update (the synchronous loop). "
+            "k >= 1 runs rollouts continuously on a thread while the update runs; a step trains on the next "
+            "tasks_per_step finished groups none of whose calls was answered more than k policy versions before "
+            "the version being updated (staler groups are dropped and counted). The hf and vllm backends, in "
+            "this process (docs/training.md, \"Asynchronous training\")."
+        },
+    )
 
     # ------------------------------------------------------------------ rollouts past one machine (Ray)
     rollout_workers: int = field(
@@ -365,6 +378,11 @@ class LightningRLConfig:
         if not isinstance(self.rollout_workers, int):
             raise ValueError(f"rollout_workers must be an integer; got {self.rollout_workers!r}")
         at_least("rollout_worker_timeout", 1.0)
+        at_least("max_staleness", 0)
+        if not isinstance(self.max_staleness, int):
+            raise ValueError(f"max_staleness must be an integer; got {self.max_staleness!r}")
+        if self.max_staleness:
+            self._check_async()
         at_least("max_completion_length", 1, allow_none=True)
         at_least("eval_steps", 1, allow_none=True)
         at_least("num_threads", 1, allow_none=True)
@@ -424,6 +442,20 @@ class LightningRLConfig:
         unknown = [r for r in self.report_to if r not in ("wandb",)]
         if unknown:
             raise ValueError(f"report_to accepts 'wandb' (or nothing); got {unknown}")
+
+    def _check_async(self) -> None:
+        """What asynchronous training (``max_staleness`` >= 1) runs with; a clear refusal for the rest."""
+        if self.backend not in ASYNC_BACKENDS:
+            raise ValueError(
+                f"max_staleness >= 1 runs with the {' and '.join(ASYNC_BACKENDS)} backends; got {self.backend!r} "
+                "(a vllm-server generator refuses answers of weights older than its last sync): use max_staleness 0"
+            )
+        if self.rollout_workers:
+            raise ValueError("max_staleness >= 1 runs rollouts in this process: use rollout_workers 0 (or max_staleness 0 with Ray workers)")
+        if self.judge is not None:
+            raise ValueError("max_staleness >= 1 does not run an LLM judge yet: use max_staleness 0 with judge")
+        if self.lora_per_agent is not False:
+            raise ValueError("max_staleness >= 1 does not train an adapter per agent yet: use max_staleness 0 with lora_per_agent")
 
     # ------------------------------------------------------------------ derived values
 

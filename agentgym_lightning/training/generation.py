@@ -10,6 +10,10 @@
   with ``load_weights`` (``vllm``); with an adapter per agent (``lora_per_agent``), each adapter
   (the base weights never change) to a backend with ``load_adapter`` (``vllm`` multi-LoRA,
   ``vllm-server``: a running ``vllm serve``, through a shared folder and its reload routes).
+* Asynchronous training (``max_staleness`` >= 1): :class:`VersionStamping` stamps every answer
+  with the policy version that gave it (``Step.policy_version``), and :func:`separate_generator`
+  gives an ``hf`` policy weights of its own (a copy of the model, one more model's worth of
+  memory), which :func:`sync_weights` then refreshes between two decode steps.
 * :func:`generator_metrics`: what the generator counts per step (``generator/stale_answers``: answers a
   served generator wrote with other weights than the last pushed, refused).
 """
@@ -17,16 +21,20 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
-from agentgym_lightning.llm import ChatRequest
-from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, RewritingPolicy, WeightLoadingPolicy
+from agentgym_lightning.llm import ChatRequest, Completion
+from agentgym_lightning.policies.base import AdapterLoadingPolicy, ModelSharingPolicy, Policy, RewritingPolicy, WeightLoadingPolicy
 from agentgym_lightning.policy_request import resampled
 
-__all__ = ["SamplingOverride", "sync_weights", "shares_model", "merged_weights", "generator_metrics"]
+__all__ = [
+    "SamplingOverride", "VersionStamping", "sync_weights", "shares_model", "separate_generator", "merged_weights", "generator_metrics",
+]
 
 
 class SamplingOverride(RewritingPolicy):
@@ -44,9 +52,76 @@ class SamplingOverride(RewritingPolicy):
         return resampled(request, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens)
 
 
+class VersionStamping(Policy):
+    """Answers with ``policy``, stamping each :class:`~agentgym_lightning.llm.Completion` with
+    :attr:`version` as it was when the call was handed over (``Completion.policy_version``, which
+    the episode records as ``Step.policy_version``). The trainer sets :attr:`version` to the
+    number of updates the generator's weights have seen, after each sync; a call whose decode
+    spans a sync is stamped with the older version (its staleness is never understated). Has
+    ``submit`` when ``policy`` has."""
+
+    def __init__(self, policy: Any, version: int = 0) -> None:
+        self.policy = policy
+        self.version = version
+        self.backend = getattr(policy, "backend", "")
+        self.model = getattr(policy, "model", "")
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
+        version = self.version
+        generate = self.policy.generate if hasattr(self.policy, "generate") else self.policy
+        return [_stamped(answer, version) for answer in generate(requests)]
+
+    @property
+    def submit(self) -> Any:  # a property: absent (AttributeError) when the wrapped policy has none
+        """The wrapped policy's ``submit``, its answer stamped."""
+        inner = getattr(self.policy, "submit", None)
+        if not callable(inner):
+            raise AttributeError(f"{type(self.policy).__name__} has no submit: it answers batches (generate)")
+
+        def submit(request: ChatRequest) -> Future[Any]:
+            version = self.version
+            future = inner(request)
+            # Registered before the driver's own callback: the answer is stamped when it reads it.
+            future.add_done_callback(lambda f: None if f.cancelled() or f.exception() is not None else _stamped(f.result(), version))
+            return future
+
+        return submit
+
+
+def _stamped(answer: Any, version: int) -> Any:
+    if isinstance(answer, Completion):
+        answer.policy_version = version
+    return answer
+
+
 def shares_model(policy: Any, model: Any) -> bool:
     """Whether ``policy`` generates with ``model`` itself (the ``hf`` backend: no copy, no sync)."""
     return isinstance(policy, ModelSharingPolicy) and policy.hf_model is model
+
+
+def separate_generator(policy: Any, model: Any) -> None:
+    """Give ``policy`` (an ``hf`` policy generating with ``model`` itself) a copy of ``model`` to
+    generate with, so the trainer can update ``model`` while episodes run; :func:`sync_weights`
+    copies the trained weights into it, between two decode steps. Costs one more copy of the
+    model's weights (with LoRA too: the copy holds the merged base weights, no adapter)."""
+    if not callable(getattr(policy, "paused", None)):
+        raise TypeError(f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy cannot pause its decoding for a weight copy (no paused())")
+    generator = copy.deepcopy(model)
+    generator.requires_grad_(False)
+    generator.eval()
+    policy.hf_model = generator
+
+
+def _copy_into(target: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """Copy ``(name, tensor)`` pairs into ``target``'s tensors of those names, in place."""
+    import torch
+
+    own = target.state_dict()
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name not in own:
+                raise ValueError(f"the generator's copy has no weight {name!r}: it is not a copy of the trained model")
+            own[name].copy_(tensor)
 
 
 @contextlib.contextmanager
@@ -73,10 +148,16 @@ def merged_weights(model: Any, peft: bool) -> Iterator[Iterator[tuple[str, Any]]
 
 def sync_weights(policy: Any, model: Any, *, peft: bool, adapters: Sequence[str] | None = None) -> float:
     """Push ``model``'s weights to ``policy``'s generator; returns the seconds it took (0 when
-    the policy shares the model). ``adapters``: push these LoRA adapters of ``model`` (saved as
+    the policy shares the model; an ``hf`` copy of its own, :func:`separate_generator`, is
+    copied into between two decode steps). ``adapters``: push these LoRA adapters of ``model`` (saved as
     PEFT folders), each under its name, instead of merged weights."""
     if shares_model(policy, model):
         return 0.0
+    if isinstance(policy, ModelSharingPolicy) and callable(getattr(policy, "paused", None)):
+        start = time.perf_counter()  # a generator copy of its own (separate_generator)
+        with merged_weights(model, peft) as weights, policy.paused():
+            _copy_into(policy.hf_model, weights)
+        return time.perf_counter() - start
     if adapters:
         if not isinstance(policy, AdapterLoadingPolicy):
             raise TypeError(

@@ -80,8 +80,9 @@ class RunCheckpoints:
         """Whether ``step`` is the step of the newest checkpoint this run saved or resumed from."""
         return self.last_saved == step
 
-    def save(self, step: int, history: list[dict[str, float]]) -> Path | None:
-        """Checkpoint ``step``; returns where. A checkpoint that cannot be written (a full disk,
+    def save(self, step: int, history: list[dict[str, float]], extra: dict[str, Any] | None = None) -> Path | None:
+        """Checkpoint ``step`` (and ``extra``: JSON the run resumes with, the asynchronous
+        rollouts' buffer); returns where. A checkpoint that cannot be written (a full disk,
         weights that are not finite) is warned about, and the previous one stands: the newest
         checkpoint is returned (``None`` when there is none)."""
         try:
@@ -92,7 +93,7 @@ class RunCheckpoints:
                 adapters=self.adapters,
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
-                state=TrainerState(step=step, config=self.config.to_dict(), history=history, extra={}),
+                state=TrainerState(step=step, config=self.config.to_dict(), history=history, extra=extra or {}),
                 keep=self.config.save_total_limit,
             )
         except (OSError, NonFiniteWeightsError) as exc:

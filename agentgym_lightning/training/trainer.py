@@ -25,6 +25,12 @@ Each training step:
    with it, and its rows train it alone (:mod:`.agent_adapters`).
 5. **Sync.** The generator gets the new weights (``hf`` shares the model: nothing to do; ``vllm``
    reloads them).
+
+With ``max_staleness`` k >= 1, moves 1-2 run continuously on a thread instead
+(:mod:`.async_rollouts`): a step trains on the next B finished groups none of whose calls was
+answered more than k policy versions before the one being updated (``Step.policy_version``),
+and the sync reaches running episodes (``hf`` then generates on a copy of its own, refreshed
+between two decode steps). k = 0 is the loop above, unchanged.
 6. **Log, evaluate, checkpoint.** Metrics go to the ``agentgym_log_metrics`` hook (W&B and the
    local ``metrics.jsonl`` are plugins on it); the held-out eval runs before training, every
    ``eval_steps`` and at the end; checkpoints every ``save_steps``, at the end, and on Ctrl-C.
@@ -95,7 +101,15 @@ from agentgym_lightning.training.agent_adapters import (
     warn_if_air_reaches_every_adapter,
 )
 from agentgym_lightning.training.config import LightningRLConfig
-from agentgym_lightning.training.generation import SamplingOverride, generator_metrics, shares_model, sync_weights
+from agentgym_lightning.training.async_rollouts import AsyncRollouts
+from agentgym_lightning.training.generation import (
+    SamplingOverride,
+    VersionStamping,
+    generator_metrics,
+    separate_generator,
+    shares_model,
+    sync_weights,
+)
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.models import (
     add_lora,
@@ -190,6 +204,8 @@ class LightningRLTrainer:
         from trl.trainer.utils import disable_dropout_in_model
 
         disable_dropout_in_model(self.model)
+        if cfg.max_staleness and shares_model(self.policy, self.model):
+            separate_generator(self.policy, self.model)  # episodes decode on while the update changes the model
         #: lora_per_agent: which agent's calls go to which adapter (None: one set of trained weights).
         self.adapters = AgentAdapters.from_config(cfg)
         warn_if_air_reaches_every_adapter(cfg, self.adapters)
@@ -221,6 +237,8 @@ class LightningRLTrainer:
         self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
         self._judge: Any = None  # the LLM judge (config.judge), made on first use
+        self._async: AsyncRollouts | None = None  # max_staleness >= 1: the producer and its buffer, made on first use
+        self._async_state: dict[str, Any] | None = None  # a resumed checkpoint's buffer, for it
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
         if self.adapters is not None:
             self._sync()  # a generator of its own must hold every adapter before the first call names one
@@ -294,6 +312,9 @@ class LightningRLTrainer:
         built from the config (an engine, a server's connections; a policy passed in is the
         caller's to close). :meth:`train` calls it when it ends; call it yourself for a trainer
         that never trains. Idempotent."""
+        if self._async is not None:  # the producer first: it still uses the policy
+            self._async.close()
+            self._async = None
         if self._remote is not None:
             self._remote.close()
             self._remote = None
@@ -337,10 +358,63 @@ class LightningRLTrainer:
         """One training step (the six moves of the module docstring); returns its metrics."""
         cfg = self.config
         step_start = time.perf_counter()
-        # 1-2. tasks and rollouts (Ctrl-C here loses nothing: the step is simply not taken)
+        if cfg.max_staleness:
+            trajectories, rollout_s, written, async_metrics = self._take_async()
+        else:
+            trajectories, rollout_s, written = self._rollout()
+            async_metrics = {}
+        release_freed_memory()  # the rollout's KV caches, before the update's gradients
+        check_episodes_ran(trajectories, f"step {self.step + 1}", written)
+        # 3. samples (episodes in seed order: the same rows whatever order they finished in)
+        trajectories.sort(key=lambda t: t.seed or 0)
+        batch = self.samples(trajectories)
+        with deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
+            # 4. update
+            t0 = time.perf_counter()
+            self._mid_update = True  # an error from here to the step's end leaves half-changed weights
+            update = self.update(batch)
+            update_s = time.perf_counter() - t0
+            release_freed_memory()  # the update's activations, before the next rollout's KV caches
+            # 5. sync
+            sync_s = self._sync()
+            self.step += 1
+            if self._async is not None:
+                self._async.advance(self.step)  # the next call of a running episode gets the new version
+            self._mid_update = False
+            # 6. log and checkpoint
+            metrics = {
+                **episode_metrics(trajectories, rollout_s, prefix="train/"),
+                **{f"samples/{k}": v for k, v in batch.stats.items()},
+                **update,
+                **(adapter_rollout_metrics(trajectories, self.adapters) if self.adapters is not None else {}),
+                **(self._remote.metrics() if self._remote is not None else {}),
+                **(self._judge.take_stats().metrics() if self._judge is not None else {}),
+                **async_metrics,
+                "time/rollout_s": rollout_s,
+                "time/update_s": update_s,
+                "time/sync_s": sync_s,
+                **generator_metrics(self.policy),
+                "time/step_s": time.perf_counter() - step_start,
+                "epoch": self.schedule.epoch_of(self.step),
+            }
+            self.history.append({"step": float(self.step), **metrics})
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
+                self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
+                if cfg.log_episodes:
+                    self._hook.agentgym_log_episodes(trajectories=trajectories[: cfg.log_episodes], step=self.step)
+            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
+                self.checkpoints.save(self.step, self.history, self._checkpoint_extra())
+        interrupted.raise_if_received()
+        return metrics
+
+    def _rollout(self) -> tuple[list[Trajectory], float, Path]:
+        """1-2. The step's tasks and rollouts (Ctrl-C here loses nothing: the step is simply not
+        taken); returns the trajectories, the seconds they took and the file they are in."""
+        cfg = self.config
         tasks = self.schedule.tasks_for(self.step)
         t0 = time.perf_counter()
-        sampling = SamplingOverride(self.generator, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
+        stamped = VersionStamping(self.generator, self.step)
+        sampling = SamplingOverride(stamped, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
         if cfg.rollout_workers and self._remote is None:
             from agentgym_lightning.rollouts.served_policy import ServedPolicyRollouts
 
@@ -361,47 +435,39 @@ class LightningRLTrainer:
                 progress=False,
                 on_trajectory=on_trajectory,
             )
-        rollout_s = time.perf_counter() - t0
-        release_freed_memory()  # the rollout's KV caches, before the update's gradients
-        check_episodes_ran(trajectories, f"step {self.step + 1}", written)
-        # 3. samples (episodes in seed order: the same rows whatever order they finished in)
-        trajectories.sort(key=lambda t: t.seed or 0)
-        batch = self.samples(trajectories)
-        with deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
-            # 4. update
-            t0 = time.perf_counter()
-            self._mid_update = True  # an error from here to the step's end leaves half-changed weights
-            update = self.update(batch)
-            update_s = time.perf_counter() - t0
-            release_freed_memory()  # the update's activations, before the next rollout's KV caches
-            # 5. sync
-            sync_s = self._sync()
-            self.step += 1
-            self._mid_update = False
-            # 6. log and checkpoint
-            metrics = {
-                **episode_metrics(trajectories, rollout_s, prefix="train/"),
-                **{f"samples/{k}": v for k, v in batch.stats.items()},
-                **update,
-                **(adapter_rollout_metrics(trajectories, self.adapters) if self.adapters is not None else {}),
-                **(self._remote.metrics() if self._remote is not None else {}),
-                **(self._judge.take_stats().metrics() if self._judge is not None else {}),
-                "time/rollout_s": rollout_s,
-                "time/update_s": update_s,
-                "time/sync_s": sync_s,
-                **generator_metrics(self.policy),
-                "time/step_s": time.perf_counter() - step_start,
-                "epoch": self.schedule.epoch_of(self.step),
-            }
-            self.history.append({"step": float(self.step), **metrics})
-            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
-                if cfg.log_episodes:
-                    self._hook.agentgym_log_episodes(trajectories=trajectories[: cfg.log_episodes], step=self.step)
-            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
-                self.checkpoints.save(self.step, self.history)
-        interrupted.raise_if_received()
-        return metrics
+        return trajectories, time.perf_counter() - t0, written
+
+    def _take_async(self) -> tuple[list[Trajectory], float, Path, dict[str, float]]:
+        """1-2 with ``max_staleness`` >= 1: the next groups within the bound from the rollouts
+        running in the background (:mod:`.async_rollouts`, started on first use), written to the
+        step's file; returns them, the seconds the update waited, the file and the ``async/``
+        metrics."""
+        cfg = self.config
+        if self._async is None:
+            stamped = VersionStamping(self.generator, self.step)
+            sampling = SamplingOverride(stamped, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
+            self._async = AsyncRollouts(
+                InProcessRollouts(self.env_factory, sampling), stamped, self.schedule, functools.partial(_step_seed, cfg.seed),
+                max_staleness=cfg.max_staleness, group_size=cfg.num_generations,
+                concurrency=cfg.concurrency or cfg.episodes_per_step, output_dir=self.output_dir,
+            )
+            if self._async_state is not None:
+                self._async.restore(self._async_state)
+                self._async_state = None
+            self._async.start(self.step)
+        t0 = time.perf_counter()
+        taken = self._async.take(cfg.tasks_per_step)
+        written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
+        with TrajectoryWriter(written) as writer:  # the episodes this step trains on
+            for trajectory in taken.trajectories:
+                writer.write(trajectory)
+        return taken.trajectories, time.perf_counter() - t0, written, taken.metrics
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the weights: the asynchronous rollouts' buffer."""
+        if self._async is not None:
+            return {"async_rollouts": self._async.state()}
+        return {"async_rollouts": self._async_state} if self._async_state is not None else {}
 
     def _judged(self, on_trajectory: Callable[[Trajectory], Any]) -> Any:
         """``on_trajectory`` as the rollout's callback, behind the LLM judge when the config has
@@ -491,15 +557,18 @@ class LightningRLTrainer:
         """On the way out (a signal, an error): checkpoint the last completed step unless it is
         saved already; returns the newest checkpoint. Nothing is saved when the stop struck
         mid-update (the weights may be half-changed: the previous checkpoint stands)."""
-        if self._mid_update or self.checkpoints.is_saved(self.step):
+        if self._async is not None:
+            self._async.close()  # its running episodes end truncated; what finished is in the buffer
+        if self._mid_update or (self.checkpoints.is_saved(self.step) and self._async is None):
             return self.checkpoints.newest()
-        return self.checkpoints.save(self.step, self.history)
+        return self.checkpoints.save(self.step, self.history, self._checkpoint_extra())
 
     def _resume(self, path: str | Path) -> list[str]:
         """Continue from the checkpoint at ``path``; returns what it says about the run folder."""
         state = self.checkpoints.resume(path)
         self.step = state.step
         self.history = [dict(h) for h in state.history]
+        self._async_state = state.extra.get("async_rollouts")
         self._sync()
         moved = self.checkpoints.set_aside_after(self.step)
         if not moved:

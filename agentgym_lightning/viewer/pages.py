@@ -394,6 +394,8 @@ def episode_detail(
         badges = [f"<span class='badge {'good' if trained else ''}'>{'trained' if trained else 'not trained: ' + e(why)}</span>"]
         if step.agent or step.role:
             badges.append(f"<span class=badge>{e(' · '.join(x for x in (step.agent, step.role) if x))}</span>")
+        if step.policy_version is not None:  # asynchronous training: which weights answered
+            badges.append(f"<span class=badge>policy v{step.policy_version}</span>")
         if step.request.wire != "chat":  # the API the agent called, when it was not Chat Completions
             raw = " (raw prompt, no chat template)" if step.request.prompt is not None else ""
             badges.append(f"<span class=badge>{e(step.request.wire)} API{raw}</span>")

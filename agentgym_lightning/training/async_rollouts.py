@@ -1,0 +1,289 @@
+"""Asynchronous rollouts (``max_staleness`` k >= 1): episodes go on while the trainer updates.
+
+* **The producer** is a thread that runs the rollout plans of steps ``s = first, first + 1, ...``
+  one after another: the same tasks and reset seeds the synchronous loop's step ``s`` runs
+  (``schedule.tasks_for(s)``, the step's seed), so which tasks are drawn stays a function of the
+  seed. It starts plan ``s`` only once the generator holds a version ``>= s - k`` (the wait is
+  ``async/generator_wait_s``): it never runs further ahead than the bound lets its groups train.
+* **The buffer** holds finished groups (all ``num_generations`` episodes of a task done) in the
+  order they finished. :meth:`AsyncRollouts.take` gives the update of version ``v`` the next
+  ``tasks_per_step`` groups none of whose calls was answered by a version older than ``v - k``
+  (``Step.policy_version``); staler groups are dropped (``async/groups_dropped``), never trained
+  on. How long the update waited for them is ``async/update_wait_s``; the staleness of the calls
+  it got, ``async/staleness_mean`` and ``async/staleness_max``.
+* **Nothing lost**: :meth:`AsyncRollouts.close` ends the running episodes as truncated (written to
+  ``trajectories/interrupted.jsonl``, not trained on) and :meth:`AsyncRollouts.state` is what the
+  checkpoint keeps: the buffered groups with their versions, and the plan to restart from; a
+  resumed run (:meth:`AsyncRollouts.restore`) trains on the groups still within ``k`` and drops
+  (counts) the others, and re-runs the unfinished plan without the groups it had finished.
+
+The weights reach the generator while episodes run: the trainer syncs after each update and
+calls :meth:`AsyncRollouts.advance`, so the next call of a running episode is answered by (and
+stamped with) the new version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentgym_lightning.rollouts.base import Rollouts
+from agentgym_lightning.training.generation import VersionStamping
+from agentgym_lightning.training.schedule import TaskSchedule
+from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
+
+__all__ = ["FinishedGroup", "AsyncRollouts", "Taken"]
+
+
+@dataclass
+class FinishedGroup:
+    """One task's ``num_generations`` finished episodes, and the plan (step) they came from."""
+
+    plan: int
+    trajectories: list[Trajectory]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(plan, first reset seed)``: the group's place in its plan, the same in a re-run."""
+        return self.plan, min(t.seed or 0 for t in self.trajectories)
+
+    @property
+    def versions(self) -> list[int]:
+        """The policy version of each answered call (``Step.policy_version``)."""
+        return [s.policy_version for t in self.trajectories for s in t.steps if s.policy_version is not None]
+
+    def staleness(self, version: int) -> int:
+        """How many versions before ``version`` its oldest call was answered (0 with no call)."""
+        return max((version - v for v in self.versions), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan, "trajectories": [t.to_dict(compact=True) for t in self.trajectories]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FinishedGroup:
+        return cls(int(data["plan"]), [Trajectory.from_dict(t) for t in data["trajectories"]])
+
+
+@dataclass
+class Taken:
+    """What one update trains on: its episodes (in plan and seed order) and the step's metrics."""
+
+    trajectories: list[Trajectory]
+    metrics: dict[str, float]
+
+
+class AsyncRollouts:
+    """The producer thread and the buffer of finished groups (see the module docstring).
+
+    Args:
+        rollouts: The front-end that runs a plan (``iter_rollout``; in this process).
+        stamping: The generator wrapper whose ``version`` stamps every answer (the producer's
+            policy answers through it).
+        schedule: The run's task schedule (``tasks_for(step)``).
+        step_seed: ``fn(step) -> seed`` of a step's plan (the synchronous loop's).
+        max_staleness: k >= 1.
+        group_size: Episodes per task (``num_generations``).
+        concurrency: Episodes running at once.
+        output_dir: The run folder (``trajectories/interrupted.jsonl`` on close).
+    """
+
+    def __init__(
+        self,
+        rollouts: Rollouts,
+        stamping: VersionStamping,
+        schedule: TaskSchedule,
+        step_seed: Callable[[int], int],
+        *,
+        max_staleness: int,
+        group_size: int,
+        concurrency: int,
+        output_dir: Path,
+    ) -> None:
+        if max_staleness < 1:
+            raise ValueError(f"asynchronous rollouts need max_staleness >= 1, got {max_staleness}")
+        self.rollouts, self.stamping, self.schedule, self.step_seed = rollouts, stamping, schedule, step_seed
+        self.max_staleness, self.group_size, self.concurrency = max_staleness, group_size, concurrency
+        self.output_dir = output_dir
+        self._cond = threading.Condition()
+        self._buffer: deque[FinishedGroup] = deque()
+        #: The first plan not yet finished, and the keys of its groups (or a later plan's) that finished.
+        self._next_plan = 0
+        self._finished_keys: set[tuple[int, int]] = set()
+        self._dropped = 0
+        self._generator_wait_s = 0.0
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._stream: Any = None
+        self._thread: threading.Thread | None = None
+        self._interrupted: list[Trajectory] = []
+        self._restored = False
+
+    # ------------------------------------------------------------------ the trainer's side
+
+    @property
+    def version(self) -> int:
+        """The version the generator holds (updates its weights have seen)."""
+        return self.stamping.version
+
+    def start(self, version: int) -> None:
+        """Start producing at the generator's ``version`` (the run's step)."""
+        self.stamping.version = version
+        if self._thread is None:
+            if not self._restored:
+                self._next_plan = version  # the synchronous loop's step `version` would run this plan
+            self._thread = threading.Thread(target=self._produce, name="async-rollouts", daemon=True)
+            self._thread.start()
+
+    def advance(self, version: int) -> None:
+        """The generator holds ``version`` now (after the trainer's sync): later calls are
+        stamped with it, and plans it unblocks may start."""
+        with self._cond:
+            self.stamping.version = version
+            self._cond.notify_all()
+
+    def take(self, groups: int) -> Taken:
+        """The next ``groups`` finished groups within the staleness bound of the current version,
+        waiting for them; staler ones are dropped and counted. Raises what stopped the producer."""
+        version = self.version
+        start = time.perf_counter()
+        chosen: list[FinishedGroup] = []
+        dropped = 0
+        with self._cond:
+            try:
+                while len(chosen) < groups:
+                    while self._buffer and len(chosen) < groups:
+                        group = self._buffer.popleft()
+                        if group.staleness(version) > self.max_staleness:
+                            dropped += 1
+                            self._dropped += 1
+                        else:
+                            chosen.append(group)
+                    if len(chosen) == groups:
+                        break
+                    if self._error is not None:
+                        raise self._error
+                    if self._thread is None or not self._thread.is_alive():
+                        raise RuntimeError("the asynchronous rollouts stopped before a step's groups finished")
+                    self._cond.wait(timeout=0.5)  # short waits: Ctrl-C reaches the main thread
+            except BaseException:
+                self._buffer.extendleft(reversed(chosen))  # not trained on: kept for the checkpoint
+                raise
+            generator_wait, self._generator_wait_s = self._generator_wait_s, 0.0
+        update_wait = time.perf_counter() - start
+        chosen.sort(key=lambda g: g.key)
+        staleness = [version - v for g in chosen for v in g.versions]
+        trajectories = [t for g in chosen for t in sorted(g.trajectories, key=lambda t: t.seed or 0)]
+        return Taken(
+            trajectories,
+            {
+                "async/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+                "async/staleness_max": float(max(staleness, default=0)),
+                "async/groups_dropped": float(dropped),
+                "async/groups_dropped_total": float(self._dropped),
+                "async/update_wait_s": update_wait,
+                "async/generator_wait_s": generator_wait,
+                "async/groups_buffered": float(len(self._buffer)),
+            },
+        )
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the buffered groups (their calls' versions in them), the
+        plan to restart from and the groups of it (or later) that had finished."""
+        with self._cond:
+            return {
+                "next_plan": self._next_plan,
+                "finished_keys": sorted(list(k) for k in self._finished_keys),
+                "groups": [g.to_dict() for g in self._buffer],
+                "groups_dropped_total": self._dropped,
+            }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's :meth:`state` back, before :meth:`start`: its groups are trained
+        on if still within the bound when taken, else dropped and counted."""
+        if self._thread is not None:
+            raise RuntimeError("restore() the buffer before start()")
+        self._next_plan = int(state.get("next_plan", 0))
+        self._finished_keys = {(int(p), int(s)) for p, s in state.get("finished_keys", [])}
+        self._buffer = deque(FinishedGroup.from_dict(g) for g in state.get("groups", []))
+        self._dropped = int(state.get("groups_dropped_total", 0))
+        self._restored = True
+
+    def close(self) -> None:
+        """Stop the producer: its running episodes end truncated and are written to
+        ``trajectories/interrupted.jsonl`` (not trained on); the buffer stays for :meth:`state`."""
+        with self._cond:
+            self._stopping = True
+            stream = self._stream
+            self._cond.notify_all()
+        if stream is not None and callable(getattr(stream, "stop", None)):
+            stream.stop()
+        if self._thread is not None:
+            self._thread.join()
+        if self._interrupted:
+            with TrajectoryWriter(self.output_dir / "trajectories" / "interrupted.jsonl", append=True) as writer:
+                for trajectory in self._interrupted:
+                    writer.write(trajectory)
+            self._interrupted.clear()
+
+    # ------------------------------------------------------------------ the producer thread
+
+    def _produce(self) -> None:
+        try:
+            while True:
+                plan = self._next_plan
+                with self._cond:
+                    waited = time.perf_counter()
+                    while not self._stopping and self.stamping.version < plan - self.max_staleness:
+                        self._cond.wait()
+                    self._generator_wait_s += time.perf_counter() - waited
+                    if self._stopping:
+                        return
+                self._run_plan(plan)
+                if self._stopping:
+                    return
+                with self._cond:
+                    self._next_plan = plan + 1
+                    self._finished_keys = {k for k in self._finished_keys if k[0] > plan}
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's take()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _run_plan(self, plan: int) -> None:
+        tasks = self.schedule.tasks_for(plan)
+        stream = self.rollouts.iter_rollout(
+            episodes=len(tasks) * self.group_size, group_size=self.group_size, concurrency=self.concurrency,
+            seed=self.step_seed(plan), tasks=tasks,
+        )
+        with self._cond:
+            self._stream = stream
+            if self._stopping and callable(getattr(stream, "stop", None)):
+                stream.stop()
+        gathering: dict[str, list[Trajectory]] = {}
+        try:
+            for trajectory in stream:
+                members = gathering.setdefault(trajectory.group_id or trajectory.episode_id, [])
+                members.append(trajectory)
+                if self._stopping:
+                    continue  # the rest are the running episodes, ended truncated
+                if len(members) == self.group_size:
+                    group = FinishedGroup(plan, gathering.pop(trajectory.group_id or trajectory.episode_id))
+                    with self._cond:
+                        if group.key not in self._finished_keys:  # a re-run plan: finished before the restart
+                            self._finished_keys.add(group.key)
+                            self._buffer.append(group)
+                            self._cond.notify_all()
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+            with self._cond:
+                self._stream = None
+            if self._stopping:
+                self._interrupted.extend(t for members in gathering.values() for t in members)
+

