@@ -456,6 +456,12 @@ class LightningRLConfig:
             raise ValueError("max_staleness >= 1 does not run an LLM judge yet: use max_staleness 0 with judge")
         if self.lora_per_agent is not False:
             raise ValueError("max_staleness >= 1 does not train an adapter per agent yet: use max_staleness 0 with lora_per_agent")
+        if not self.sampling_correction:
+            # The behaviour weight exp(proximal - behaviour) is what corrects stale calls (training/loss.py).
+            raise ValueError(
+                "max_staleness >= 1 trains on calls answered by older weights, which the sampling correction "
+                "corrects for (the decoupled objective): set sampling_correction true, or max_staleness 0"
+            )
 
     # ------------------------------------------------------------------ derived values
 

@@ -289,6 +289,7 @@ def test_a_producer_error_reaches_the_update_and_the_groups_it_had_taken_stay_bu
         ({"rollout_workers": 2}, "rollout_workers 0"),
         ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
         ({"lora_per_agent": True}, "adapter per agent"),
+        ({"sampling_correction": False}, "set sampling_correction true"),
         ({"max_staleness": -1}, "max_staleness must be a number >= 0"),
         ({"max_staleness": 1.5}, "max_staleness must be an integer"),
     ],
