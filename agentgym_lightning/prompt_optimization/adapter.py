@@ -20,6 +20,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.registration import make_env_factory
 from agentgym_lightning.resources import as_resources
 from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.trajectory import Status, Trajectory
@@ -95,8 +97,8 @@ class EpisodeAdapter:
     Args:
         env: An env id (or a factory returning an ``AgentEnv``).
         policy: The agent's policy (any policy :func:`~agentgym_lightning.rollouts.evaluation.evaluate` takes).
-        env_kwargs: Keyword arguments of the env; the candidate's texts are put over its
-            ``resources``.
+        env_kwargs: Keyword arguments of the env (an id's); the candidate's texts are set over
+            the resources it was built with.
         heldout_env_kwargs: Keyword arguments of the env that runs a batch of ``heldout_tasks``
             (the held-out split's env: ``split="test"``...); default ``env_kwargs``.
         heldout_tasks: The held-out tasks (a batch of them runs with ``heldout_env_kwargs``).
@@ -134,12 +136,19 @@ class EpisodeAdapter:
     def run(self, batch: Sequence[Any], candidate: Mapping[str, str]) -> list[Trajectory]:
         """The episodes of ``batch`` with ``candidate``'s texts as resources, in ``batch``'s order."""
         heldout = bool(batch) and all(_task_key(t) in self.heldout_keys for t in batch)
-        kwargs = dict(self.heldout_env_kwargs if heldout else self.env_kwargs)
-        resources = {**as_resources(kwargs.get("resources")), **as_resources(dict(candidate))}
-        kwargs["resources"] = {name: r.to_dict() for name, r in resources.items()}
+        make = make_env_factory(self.env, self.heldout_env_kwargs if heldout else self.env_kwargs)
+        texts = as_resources(dict(candidate))
+
+        def factory() -> AgentEnv:
+            # Set on the env, over the resources it was built with: any env takes them, and a
+            # factory as well as an id.
+            env = make()
+            env.resources = {**env.resources, **texts}
+            return env
+
         result = evaluate(
-            self.env, self.policy, episodes=len(batch), tasks=list(batch), concurrency=self.concurrency, seed=self.seed,
-            env_kwargs=kwargs, progress=False, log_metrics=False, strict=True,
+            factory, self.policy, episodes=len(batch), tasks=list(batch), concurrency=self.concurrency, seed=self.seed,
+            progress=False, log_metrics=False, strict=True,
         )
         self.episodes += len(result.trajectories)
         if self.on_episodes is not None:

@@ -28,7 +28,7 @@ class ReflectionModel:
 
     Args:
         policy: Anything with ``generate(requests) -> completions`` (a
-            :class:`~agentgym_lightning.policies.base.Policy`).
+            :class:`~agentgym_lightning.policies.base.Policy`), or such a function itself.
         temperature: Sampling temperature of each question (a proposal from a greedy model
             repeats itself on the same evidence).
         max_tokens: Most tokens an answer may have.
@@ -62,7 +62,7 @@ class ReflectionModel:
         )
         self.calls += 1
         try:
-            completion = self.policy.generate([request])[0]
+            completion = getattr(self.policy, "generate", self.policy)([request])[0]
         except Exception as exc:  # noqa: BLE001 - any backend failure is the reflection's failure
             self._failed(f"{type(exc).__name__}: {exc}")
             raise ReflectionFailed(f"the reflection model failed: {self.last_error}") from exc
