@@ -105,39 +105,29 @@ def _resources(items: list[str]) -> tuple[list[str], dict[str, str]]:
 
 def _check_args(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checked before a model loads; raises :class:`_UsageError`."""
-    from agentgym_lightning.commands.eval import parse_kwargs
+    from agentgym_lightning.commands.eval import add_server_kwargs, check_env_kwargs, parse_kwargs
     from agentgym_lightning.policies import check_policy_kwargs
-    from agentgym_lightning.registration import make_env_factory, resolve_env_id
+    from agentgym_lightning.registration import resolve_env_id
 
     try:
         names, seeds = _resources(args.resource)
         env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
         heldout = parse_kwargs(args.heldout_env_kwarg, "--heldout-env-kwarg") if args.heldout_env_kwarg else None
         policy_kwargs = parse_kwargs(args.policy_kwarg, "--policy-kwarg")
+        add_server_kwargs(args.backend, args.base_url, args.api_key, policy_kwargs)
         env_id = resolve_env_id(args.env)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
-    if args.backend == "openai":
-        if args.base_url:
-            policy_kwargs["base_url"] = args.base_url
-        if args.api_key:
-            policy_kwargs["api_key"] = args.api_key
-    elif args.base_url or args.api_key:
-        raise _UsageError("--base-url/--api-key only apply to --backend openai")
     if args.reflection_base_url != POLICY_REFLECTS and not args.reflection_base_url.startswith(("http://", "https://")):
         raise _UsageError(f"--reflection-base-url must be an http(s) URL or `{POLICY_REFLECTS}`, got {args.reflection_base_url!r}")
     if args.reflection_base_url == POLICY_REFLECTS and (args.reflection_model or args.reflection_api_key):
         raise _UsageError(f"--reflection-model/--reflection-api-key need a --reflection-base-url server, not `{POLICY_REFLECTS}`")
     if args.reflection_max_tokens < 1 or args.reflection_temperature < 0:
         raise _UsageError("--reflection-max-tokens must be >= 1 and --reflection-temperature >= 0")
-    for flags, kwargs in (("--env-kwarg", env_kwargs), ("--heldout-env-kwarg", {**env_kwargs, **(heldout or {})})):
-        try:
-            make_env_factory(env_id, kwargs)().close()
-        except (TypeError, ValueError) as exc:
-            raise _UsageError(f"{flags}: {env_id} does not accept {kwargs}: {str(exc).split(' was raised from')[0]}") from None
-        if heldout is None:
-            break
     try:
+        check_env_kwargs(env_id, env_kwargs)
+        if heldout is not None:
+            check_env_kwargs(env_id, {**env_kwargs, **heldout}, "--heldout-env-kwarg")
         check_policy_kwargs(args.backend, policy_kwargs)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
