@@ -21,9 +21,10 @@ from agentgym_lightning.cpu_threads import sleeping_cpu_threads as _sleeping_cpu
 
 _sleeping_cpu_threads()
 
-from agentgym_lightning.agent import AgentContext, emit_reward, emit_variable
+from agentgym_lightning.agent import AgentContext, emit_reward, emit_variable, read_resource
 from agentgym_lightning.hookspecs import hookimpl
 from agentgym_lightning.llm import ChatRequest, Completion, SamplingParams, ToolCall
+from agentgym_lightning.resources import Resource
 from agentgym_lightning.trajectory import (
     Reward,
     Status,
@@ -39,6 +40,7 @@ __all__ = [
     "AgentContext",
     "ChatRequest",
     "Completion",
+    "Resource",
     "Reward",
     "SamplingParams",
     "Status",
@@ -50,6 +52,7 @@ __all__ = [
     "emit_variable",
     "hookimpl",
     "load_trajectories",
+    "read_resource",
     "save_trajectories",
 ]
 

@@ -11,6 +11,11 @@ socket when the agent runs in-process). Nothing else about the agent changes::
         emit_variable("answer", reply.choices[0].message.content)
         emit_reward(1.0, source="format")       # lands on the call just answered
         return reply.choices[0].message.content
+
+Texts the agent is built around (its system prompt) may come from the episode instead of
+constants: ``ctx.resource("system_prompt", default=SYSTEM_PROMPT)`` is the env's resource of that
+name when it was given one, else the default (:mod:`agentgym_lightning.resources`;
+:func:`read_resource` for code that sees no ``ctx``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 import contextvars
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,8 +35,12 @@ if TYPE_CHECKING:
     from agentgym_lightning.episode import Episode
     from agentgym_lightning.gateway.endpoint import EpisodeEndpoint
     from agentgym_lightning.llm import Completion
+    from agentgym_lightning.resources import Resource
 
-__all__ = ["AgentContext", "AgentFn", "emit_variable", "emit_reward", "current_context", "AgentCancelled", "takes_two_arguments"]
+__all__ = [
+    "AgentContext", "AgentFn", "emit_variable", "emit_reward", "read_resource", "current_context", "AgentCancelled",
+    "takes_two_arguments",
+]
 
 #: An agent: ``fn(task, ctx) -> result``, or an ``async def`` of the same shape.
 AgentFn = Callable[[Any, "AgentContext"], Any]
@@ -178,6 +188,30 @@ class AgentContext:
         body = {"model": self.model, "messages": messages, **params}
         return await self._endpoint.submit(body).wait_async()
 
+    @property
+    def resources(self) -> Mapping[str, Resource]:
+        """The episode's resources by name (read-only): each a
+        :class:`~agentgym_lightning.resources.Resource` (``name``, ``text``, ``version``)."""
+        return MappingProxyType(self._episode.resources)
+
+    def resource(self, name: str, default: str | None = None) -> str:
+        """The text of the episode's resource ``name``, or ``default`` when the env was given
+        none of that name (the agent's own constant: no resources, no change). Raises
+        ``KeyError`` when there is neither."""
+        found = self._episode.resources.get(name)
+        if found is not None:
+            text = found.text
+        elif default is None:
+            given = ", ".join(sorted(self._episode.resources)) or "none"
+            raise KeyError(
+                f"this episode has no resource {name!r} (given: {given}): pass resources={{{name!r}: ...}} to the env, "
+                "or give the agent a default"
+            )
+        else:
+            text = default
+        self._episode.resources_read[name] = text
+        return text
+
     def emit_variable(self, name: str, value: Any) -> None:
         """Expose a semantic variable (shown in later observations; recorded on the step)."""
         self._episode.emit_variable(name, value)
@@ -206,6 +240,18 @@ def emit_variable(name: str, value: Any) -> None:
 def emit_reward(value: float, source: str = "agent") -> None:
     """Give the running agent's last answered LLM call a reward (see :meth:`AgentContext.emit_reward`)."""
     current_context().emit_reward(value, source)
+
+
+def read_resource(name: str, default: str | None = None) -> str:
+    """The running episode's resource ``name`` (see :meth:`AgentContext.resource`), for code that
+    sees no ``ctx`` (a framework agent, handed only its model client). Outside an episode (the
+    agent run on its own) it is ``default``; ``KeyError`` when there is neither."""
+    ctx = _current.get()
+    if ctx is not None:
+        return ctx.resource(name, default)
+    if default is None:
+        raise KeyError(f"no agent episode is running here, so there is no resource {name!r}: give a default")
+    return default
 
 
 def bind_context(ctx: AgentContext) -> contextvars.Token[AgentContext | None]:

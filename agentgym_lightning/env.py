@@ -3,7 +3,8 @@
 The contract:
 
 - ``reset(seed, options)`` picks a task (``options={"task": ...}`` or ``{"task_index": i}``
-  name one; ``{"group_id": ...}`` tags GRPO groups), starts the agent and runs it to its first
+  name one; ``{"group_id": ...}`` tags GRPO groups; ``{"resources": {...}}`` replaces some of the
+  env's resources for this episode), starts the agent and runs it to its first
   LLM call. The observation is that call: an :class:`~agentgym_lightning.spaces.Observation`
   (the request and the agent's semantic variables).
 - ``step(action)`` answers the pending call with ``action`` (a
@@ -55,6 +56,7 @@ from agentgym_lightning.gateway.openai_wire import GatewayError
 from agentgym_lightning.llm import ChatRequest, as_completion
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.policy_request import seeded
+from agentgym_lightning.resources import Resource, ResourceSpec, as_resources
 from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.spaces import CompletionSpace, Observation, ObservationSpace
 from agentgym_lightning.trajectory import Status, Step, Trajectory
@@ -150,6 +152,11 @@ class AgentEnv(gym.Env[Observation, Any]):
             returned, truncated, closed), before its agent is stopped: an agent that waits on
             something outside (the HTTP driver's stand-in for a remote agent) is released there
             at once, rather than cancelled after ``stop_grace``.
+        resources: Named, versioned texts the agent reads instead of its constants
+            (``ctx.resource("system_prompt", default=...)``; :mod:`agentgym_lightning.resources`):
+            ``{name: text}``, ``{name: {"text", "version"}}`` or ``{name: Resource}``. Each
+            trajectory records the versions its episode was given. Settable between episodes
+            (:attr:`resources`).
 
     With neither ``reward_fn`` nor an ``agentgym_episode_reward`` hook that answers, episodes end
     with ``final_reward=None``; the env warns once (:class:`NoRewardWarning`).
@@ -176,6 +183,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         agent_match: AgentMatchSpec | AgentMatch | None = None,
         trajectory_reward: Callable[[Trajectory], SupportsFloat | None] | None = None,
         on_end: Callable[[str], None] | None = None,
+        resources: Mapping[str, ResourceSpec] | None = None,
     ) -> None:
         if transport not in ("inproc", "http"):
             raise ValueError(f"transport must be 'inproc' or 'http', not {transport!r}")
@@ -203,6 +211,7 @@ class AgentEnv(gym.Env[Observation, Any]):
         self.agent_match = as_agent_match(agent_match)
         self.trajectory_reward = trajectory_reward
         self.on_end = on_end
+        self.resources = as_resources(resources)
         self.observation_space = ObservationSpace()
         self.action_space = CompletionSpace()
 
@@ -249,6 +258,23 @@ class AgentEnv(gym.Env[Observation, Any]):
         While a call waits for its answer the clock is stopped; answering moves this later."""
         return self._deadline
 
+    @property
+    def resources(self) -> dict[str, Resource]:
+        """The resources every episode is given (unless its reset options replace some)."""
+        return self._resources
+
+    @resources.setter
+    def resources(self, resources: Mapping[str, ResourceSpec] | None) -> None:
+        self._resources = as_resources(resources)  # checked now, not at the next reset
+
+    @property
+    def resources_read(self) -> dict[str, str]:
+        """What the running (or last) episode's agent read through ``ctx.resource``, by name: the
+        given text or the agent's default. After :meth:`reset` it holds what the agent read
+        before its first call (a system prompt): how ``optimize-prompt`` finds the prompt an
+        agent starts from."""
+        return dict(self._episode.resources_read) if self._episode is not None else {}
+
     def set_ready_callback(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback()`` whenever the running agent makes an LLM call or ends, i.e. when
         :meth:`step_wait` / :meth:`reset_wait` may have something to return.
@@ -283,6 +309,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             self._end(Status.TRUNCATED, "reset() called before the episode ended", self._finalize(time.time()))
         options = dict(options or {})
         task = self._pick_task(options)
+        resources = {**self.resources, **as_resources(options.get("resources"))}
         self._unfinalized = []
         self._last_obs = None
         self._early_end = None
@@ -298,6 +325,7 @@ class AgentEnv(gym.Env[Observation, Any]):
             max_variable_bytes=self.gateway.limits.max_variable_bytes,
             max_spans=self.gateway.limits.max_episode_spans,
             agent_match=self.agent_match,
+            resources=resources,
         )
         self._worker = AgentWorker(self.agent, episode, EpisodeEndpoint(self.gateway, episode, self.transport))
         self._episode = episode

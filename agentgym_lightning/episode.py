@@ -32,6 +32,7 @@ from typing import Any
 
 from agentgym_lightning.air import AirRewards
 from agentgym_lightning.llm import ChatRequest, Completion, GatewayError, ids_extend, new_call_id
+from agentgym_lightning.resources import Resource, resource_versions
 from agentgym_lightning.reward_bounds import RewardRefused, checked_reward
 from agentgym_lightning.tracing.join import SpanFindings, SpanJoin
 from agentgym_lightning.tracing.spans import SpanRecord
@@ -197,15 +198,23 @@ class Episode:
         max_variable_bytes: int | None = None,
         max_spans: int = 1000,
         agent_match: Callable[[Step], bool] | None = None,
+        resources: Mapping[str, Resource] | None = None,
     ) -> None:
         self.model_name = model_name
+        #: What the agent reads instead of constants (``ctx.resource(name)``); their versions are
+        #: recorded on the trajectory.
+        self.resources: dict[str, Resource] = dict(resources or {})
+        #: The text the agent read of each resource it asked for (given or its default):
+        #: what ``optimize-prompt`` starts from when told no seed.
+        self.resources_read: dict[str, str] = {}
         self.agent_match = agent_match
         #: Bounds on :meth:`emit_variable` (the gateway's ``GatewayLimits``; ``None``: none).
         self.max_variables = max_variables
         self.max_variable_bytes = max_variable_bytes
         self.episode_id = uuid.uuid4().hex
         self.trajectory = Trajectory(
-            episode_id=self.episode_id, task=task, env_id=env_id, group_id=group_id, seed=seed, started_at=time.time()
+            episode_id=self.episode_id, task=task, env_id=env_id, group_id=group_id, seed=seed, started_at=time.time(),
+            resources=resource_versions(self.resources),
         )
         #: The agent's own traces joined to its calls (``max_spans``: the gateway's
         #: ``GatewayLimits.max_episode_spans``).

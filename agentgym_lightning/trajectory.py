@@ -230,6 +230,9 @@ class Trajectory:
     spans: list[dict[str, Any]] = field(default_factory=list, compare=False)
     #: Spans past that bound, counted and not kept.
     spans_dropped: int = field(default=0, compare=False)
+    #: The versions of the resources the episode was given (name -> version; see
+    #: :mod:`agentgym_lightning.resources`): which prompt produced it. Empty when it was given none.
+    resources: dict[str, str] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -279,6 +282,7 @@ class Trajectory:
             "ended_at": self.ended_at,
             # Only when there are any: files of untraced agents stay as they were.
             **({"spans": self.spans, "spans_dropped": self.spans_dropped} if self.spans or self.spans_dropped else {}),
+            **({"resources": self.resources} if self.resources else {}),
         }
 
     @classmethod

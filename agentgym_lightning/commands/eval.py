@@ -35,7 +35,7 @@ from agentgym_lightning.trajectory import Status
 if TYPE_CHECKING:
     from agentgym_lightning.rollouts.evaluation import EvalResult
 
-__all__ = ["register", "run", "parse_kwargs"]
+__all__ = ["register", "run", "parse_kwargs", "add_server_kwargs", "check_env_kwargs"]
 
 
 COMMAND = "eval"
@@ -152,20 +152,14 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
             raise _UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.max_turns is not None:
         env_kwargs["max_turns"] = args.max_turns
-    if args.backend == "openai":
-        if args.base_url:
-            policy_kwargs["base_url"] = args.base_url
-        if args.api_key:
-            policy_kwargs["api_key"] = args.api_key
-    elif args.base_url or args.api_key:
-        raise _UsageError("--base-url/--api-key only apply to --backend openai")
     from agentgym_lightning.registration import resolve_env_id
 
     try:
+        add_server_kwargs(args.backend, args.base_url, args.api_key, policy_kwargs)
         env_id = resolve_env_id(args.env)
+        check_env_kwargs(env_id, env_kwargs)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
-    _check_env_kwargs(env_id, env_kwargs)
     try:
         check_policy_kwargs(args.backend, policy_kwargs)  # may import the backend (torch): after the cheap checks
     except ValueError as exc:
@@ -189,8 +183,21 @@ def _check_writable(output: str) -> None:
         raise _UsageError(f"--output {output} cannot be written: {exc.strerror or exc}") from None
 
 
-def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
-    """Build (and close) one env with ``env_kwargs``: an unknown or bad one fails here, cheaply."""
+def add_server_kwargs(backend: str, base_url: str | None, api_key: str | None, policy_kwargs: dict[str, Any]) -> None:
+    """Put ``--base-url``/``--api-key`` into the ``openai`` backend's ``policy_kwargs``; raises
+    ``ValueError`` when they are given for another backend."""
+    if backend == "openai":
+        if base_url:
+            policy_kwargs["base_url"] = base_url
+        if api_key:
+            policy_kwargs["api_key"] = api_key
+    elif base_url or api_key:
+        raise ValueError("--base-url/--api-key only apply to --backend openai")
+
+
+def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any], flag: str = "--env-kwarg") -> None:
+    """Build (and close) one env with ``env_kwargs``: an unknown or bad one fails here, cheaply,
+    with a ``ValueError`` naming ``flag``."""
     import gymnasium as gym
 
     from agentgym_lightning.registration import make_env_factory
@@ -199,7 +206,7 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
         env = make_env_factory(env_id, env_kwargs)()  # its warnings (data skipped...) show here, once
     except (TypeError, ValueError, gym.error.Error) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]
-        raise _UsageError(f"--env-kwarg: {env_id} does not accept {env_kwargs}: {message}") from None
+        raise ValueError(f"{flag}: {env_id} does not accept {env_kwargs}: {message}") from None
     env.close()
 
 

@@ -117,6 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--agent-match", metavar="REGEX", help=h("agent_match") + " A mapping: --set agent_match='{\"role\": \"solver\"}'.")
     p.add_argument("--retry-infra-failed", action="store_const", const=True, default=None, help=h("retry_infra_failed"))
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="training env keyword argument (repeatable; JSON values)")
+    p.add_argument("--resource", action="append", default=[], metavar="NAME=@FILE|NAME=TEXT",
+                   help="a resource the agent reads instead of its constant, e.g. system_prompt=@runs/gepa/system_prompt.txt "
+                   "(optimize-prompt's best; repeatable): the env's `resources`, held-out eval included")
     p.add_argument("--eval-env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="held-out env keyword argument (repeatable); turns the eval on")
     p.add_argument("--policy-kwarg", action="append", default=[], metavar="KEY=VALUE", help="policy backend keyword argument (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="any config field (repeatable; JSON values), e.g. --set beta=0.04")
@@ -169,6 +172,7 @@ def _judge_options(args: argparse.Namespace) -> dict[str, Any]:
 def build_config(args: argparse.Namespace) -> Any:
     """The run's :class:`LightningRLConfig` from the command line (see the module docstring)."""
     from agentgym_lightning.commands.eval import parse_kwargs
+    from agentgym_lightning.resources import parse_resource_arg
     from agentgym_lightning.training.checkpoint import find_checkpoint
     from agentgym_lightning.training.config import LightningRLConfig
 
@@ -196,6 +200,11 @@ def build_config(args: argparse.Namespace) -> Any:
         base["air_weights"] = {**base.get("air_weights", {}), **_air(args.air)}
     if args.env_kwarg:
         base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_kwargs(args.env_kwarg, "--env-kwarg")}
+    if args.resource:
+        # Into env_kwargs (the held-out env's are merged over them): the run's saved config holds the texts.
+        given = {r.name: r.to_dict() for r in (parse_resource_arg(item) for item in args.resource)}
+        env_kwargs = base.get("env_kwargs", {})
+        base["env_kwargs"] = {**env_kwargs, "resources": {**(env_kwargs.get("resources") or {}), **given}}
     if args.eval_env_kwarg:
         base["eval_env_kwargs"] = {**(base.get("eval_env_kwargs") or {}), **parse_kwargs(args.eval_env_kwarg, "--eval-env-kwarg")}
     if args.policy_kwarg:

@@ -8,7 +8,7 @@ the trainer's held-out evals (``LightningRLTrainer.evaluate``). Its metrics are
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ def evaluate(
     group_size: int = 1,
     concurrency: int = 8,
     seed: int = 0,
+    tasks: Sequence[Any] | None = None,
     output: str | Path | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     progress: bool = True,
@@ -53,8 +54,8 @@ def evaluate(
 ) -> EvalResult:
     """Run ``episodes`` episodes in this process and summarize them.
 
-    ``env``, ``policy`` and the plan's arguments are as for
-    :func:`~agentgym_lightning.rollouts.in_process.rollout`. Each finished trajectory is written
+    ``env``, ``policy`` and the plan's arguments (``tasks``: these tasks in order instead of the
+    env's) are as for :func:`~agentgym_lightning.rollouts.in_process.rollout`. Each finished trajectory is written
     to ``output`` (JSONL) as it finishes. The summary is passed to the ``agentgym_log_metrics``
     hook (``step=None``) unless ``log_metrics`` is false.
 
@@ -85,6 +86,7 @@ def evaluate(
             group_size=group_size,
             concurrency=concurrency,
             seed=seed,
+            tasks=tasks,
             progress=progress,
             on_trajectory=on_trajectory,
             env_kwargs=env_kwargs or None,

@@ -80,6 +80,7 @@ __all__ = [
     "CALCULATOR_TOOL",
     "PROTOCOLS",
     "SYSTEM_PROMPT",
+    "SYSTEM_PROMPT_RESOURCE",
     "EXAMPLES",
     "COMPACT_TOOL_PROMPT",
     "MathAgentConfig",
@@ -107,6 +108,11 @@ CALCULATOR_TOOL: dict[str, Any] = {
 }
 
 SYSTEM_PROMPT = "Use the calculator for every calculation. When you know the result, reply: Answer: <number>"
+
+#: The resource the agents read their instructions from (``ctx.resource``;
+#: :mod:`agentgym_lightning.resources`), ``MathAgentConfig.system_prompt`` when the env has none:
+#: ``gym.make(id, resources={"system_prompt": "..."})``, ``train --resource system_prompt=@FILE``.
+SYSTEM_PROMPT_RESOURCE = "system_prompt"
 
 #: The text protocol's compact tool description (``tool_description="compact"``).
 COMPACT_TOOL_PROMPT = (
@@ -138,7 +144,8 @@ class MathAgentConfig:
     max_tokens: int | None = 256
     #: Sampling temperature to ask for (``None``: the policy decides).
     temperature: float | None = None
-    #: The agent's own instructions (the tool description is added after them).
+    #: The agent's own instructions (the tool description is added after them); the episode's
+    #: :data:`SYSTEM_PROMPT_RESOURCE` resource replaces them when the env was given one.
     system_prompt: str = SYSTEM_PROMPT
     #: The user message; ``{question}`` is replaced by the task's question.
     user_template: str = "{question}"
@@ -271,12 +278,14 @@ class MathAgent:
         self.name = name
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> AgentResult:
-        return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable)
+        system_prompt = ctx.resource(SYSTEM_PROMPT_RESOURCE, default=self.config.system_prompt)
+        return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable, system_prompt=system_prompt)
 
-    def initial_messages(self, question: str) -> list[dict[str, Any]]:
-        """The first call's messages: instructions, the worked examples, the question."""
+    def initial_messages(self, question: str, system_prompt: str | None = None) -> list[dict[str, Any]]:
+        """The first call's messages: instructions (``system_prompt``, else the config's), the
+        worked examples, the question."""
         cfg = self.config
-        system = cfg.system_prompt
+        system = cfg.system_prompt if system_prompt is None else system_prompt
         if cfg.protocol == "text":
             if cfg.tool_description == "full":
                 system = render_tools_system_prompt([CALCULATOR_TOOL], system)
@@ -298,11 +307,15 @@ class MathAgent:
         messages.append({"role": "user", "content": cfg.user_template.format(question=question)})
         return messages
 
-    def run(self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None = None) -> AgentResult:
-        """Solve ``task["question"]``; returns the final answer and what happened on the way."""
+    def run(
+        self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None = None,
+        system_prompt: str | None = None,
+    ) -> AgentResult:
+        """Solve ``task["question"]``; returns the final answer and what happened on the way.
+        ``system_prompt`` replaces the config's instructions (an episode's resource)."""
         cfg = self.config
         emit = emit or (lambda name, value: None)
-        messages = self.initial_messages(str(task["question"]))
+        messages = self.initial_messages(str(task["question"]), system_prompt)
         calls = errors = 0
         reply = ""
         turn = 0

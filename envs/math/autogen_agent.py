@@ -23,9 +23,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentgym_lightning.agent import emit_variable
+from agentgym_lightning.agent import emit_variable, read_resource
 
-from .agent import CALCULATOR_TOOL, EXAMPLES, AgentResult, MathAgentConfig, _tool_text, run_tool_call, trace_tool_record
+from .agent import (
+    CALCULATOR_TOOL,
+    EXAMPLES,
+    SYSTEM_PROMPT_RESOURCE,
+    AgentResult,
+    MathAgentConfig,
+    _tool_text,
+    run_tool_call,
+    trace_tool_record,
+)
 from .answers import ExtractedAnswer, extract_answer
 
 __all__ = ["AutoGenMathAgent"]
@@ -75,7 +84,9 @@ class AutoGenMathAgent:
             "solver",
             model_client=model_client,
             tools=[calculator],
-            system_message=cfg.system_prompt,
+            # The episode's system_prompt resource when the env has one (the adapter hands us only
+            # the model client: read it from the running episode).
+            system_message=read_resource(SYSTEM_PROMPT_RESOURCE, default=cfg.system_prompt),
             model_context=UnboundedChatCompletionContext(initial_messages=_example_context(cfg)),
             reflect_on_tool_use=True,
             max_tool_iterations=max(1, cfg.max_turns - 1),

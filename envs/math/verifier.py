@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .agent import AgentResult, Emit, MathAgent, MathAgentConfig
+from .agent import SYSTEM_PROMPT_RESOURCE, AgentResult, Emit, MathAgent, MathAgentConfig
 from .answers import answers_match, extract_answer
 
 if TYPE_CHECKING:
@@ -117,7 +117,8 @@ class SolverVerifierAgent:
         self.config = config or VerifierConfig()
 
     def __call__(self, task: Mapping[str, Any], ctx: AgentContext) -> VerifiedResult:
-        return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable)
+        system_prompt = ctx.resource(SYSTEM_PROMPT_RESOURCE, default=self.solver.config.system_prompt)
+        return self.run(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable, system_prompt=system_prompt)
 
     def initial_messages(self, question: str, work: str, answer: str | None) -> list[dict[str, Any]]:
         """The verifier's messages: instructions, worked examples, the solver's question and work."""
@@ -128,8 +129,12 @@ class SolverVerifierAgent:
         messages.append({"role": "user", "content": verifier_message(question, work, answer)})
         return messages
 
-    def run(self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None = None) -> VerifiedResult:
-        """Solve, then verify; the final answer by the module docstring's table."""
+    def run(
+        self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None = None,
+        system_prompt: str | None = None,
+    ) -> VerifiedResult:
+        """Solve, then verify; the final answer by the module docstring's table. ``system_prompt``
+        replaces the solver's instructions (an episode's resource)."""
         emit = emit or (lambda name, value: None)
         records: list[Any] = []
 
@@ -138,7 +143,7 @@ class SolverVerifierAgent:
                 records.extend(value)
             emit(name, value)
 
-        solved = self.solver.run(task, client, model, emit=solver_emit)
+        solved = self.solver.run(task, client, model, emit=solver_emit, system_prompt=system_prompt)
         cfg, solver_cfg = self.config, self.solver.config
         kwargs: dict[str, Any] = {"metadata": {"agent": "verifier", "role": "verifier", "trainable": "true"}}
         max_tokens = cfg.max_tokens if cfg.max_tokens is not None else solver_cfg.max_tokens

@@ -34,13 +34,31 @@ if TYPE_CHECKING:
 
     from agentgym_lightning.agent import AgentContext
 
-__all__ = ["SpiderAgentConfig", "SpiderAgent", "SpiderAnswer", "classify_sql", "format_result", "parse_verdict"]
+__all__ = [
+    "SpiderAgentConfig", "SpiderAgent", "SpiderAnswer", "classify_sql", "format_result", "parse_verdict",
+    "SYSTEM_PROMPT_RESOURCE", "writer_system",
+]
 
 WRITER_SYSTEM = """You are an expert in SQLite. Write one SQLite query that answers the user's question over this database.
 Use only the tables and columns in the schema. Reply with the query in a ```sql code block.
 
 Database schema:
 {schema}"""
+
+#: The resource the writer's and rewriter's system prompt is read from (``ctx.resource``;
+#: :mod:`agentgym_lightning.resources`), :data:`WRITER_SYSTEM` when the env has none. Its
+#: ``{schema}`` is replaced by the database's schema (see :func:`writer_system`).
+SYSTEM_PROMPT_RESOURCE = "system_prompt"
+
+
+def writer_system(template: str, schema: str) -> str:
+    """The writer's system message: ``template`` with ``{schema}`` replaced by ``schema`` (only that:
+    other braces in an evolved prompt are its own text); a template without ``{schema}`` gets the
+    schema appended, so the model always sees the database."""
+    if "{schema}" in template:
+        return template.replace("{schema}", schema)
+    return f"{template}\n\nDatabase schema:\n{schema}"
+
 
 # The instruction is repeated after the question: small models follow the last thing they read,
 # and without it SmolLM2-135M answers in prose or copies the CREATE TABLE statements.
@@ -245,7 +263,9 @@ class SpiderAgent:
 
     def solve(self, task: Mapping[str, Any], ctx: AgentContext) -> SpiderAnswer:
         """Run inside an env; returns the final SQL with the result the agent saw for it."""
-        return self._loop(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable, cancel=ctx.cancelled)
+        template = ctx.resource(SYSTEM_PROMPT_RESOURCE, default=WRITER_SYSTEM)
+        return self._loop(task, ctx.openai_client(), ctx.model, emit=ctx.emit_variable, cancel=ctx.cancelled,
+                          system_template=template)
 
     # ------------------------------------------------------------------ the loop
 
@@ -262,14 +282,15 @@ class SpiderAgent:
         return self._loop(task, client, model, emit=emit, cancel=cancel).sql
 
     def _loop(
-        self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None, cancel: Any
+        self, task: Mapping[str, Any], client: openai.OpenAI, model: str, *, emit: Emit | None, cancel: Any,
+        system_template: str = WRITER_SYSTEM,
     ) -> SpiderAnswer:
         cfg = self.config
         emit = emit or (lambda name, value: None)
         question = str(task["question"])
         db_path = str(task["db_path"])
         schema = describe_database(db_path, max_chars=cfg.max_schema_chars, sample_rows=cfg.sample_rows)
-        system = WRITER_SYSTEM.format(schema=schema)
+        system = writer_system(system_template, schema)
 
         reply = self._chat(client, model, [
             {"role": "system", "content": system},

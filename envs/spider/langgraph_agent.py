@@ -18,11 +18,12 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from agentgym_lightning.agent import emit_variable
+from agentgym_lightning.agent import emit_variable, read_resource
 
 from .agent import (
     CHECKER_USER,
     REWRITER_USER,
+    SYSTEM_PROMPT_RESOURCE,
     WRITER_SYSTEM,
     WRITER_USER,
     SpiderAgentConfig,
@@ -31,6 +32,7 @@ from .agent import (
     classify_sql,
     format_result,
     parse_verdict,
+    writer_system,
 )
 from .sandbox import ExecResult, SQLSandbox
 from .schema import describe_database
@@ -71,12 +73,16 @@ def build_sql_graph(llm: Any, sandbox: SQLSandbox, config: SpiderAgentConfig | N
         options["temperature"] = cfg.temperature
     model = llm.bind(**options) if options else llm
 
+    def system(schema: str) -> str:
+        # The episode's system_prompt resource when the env has one (the graph sees only its model).
+        return writer_system(read_resource(SYSTEM_PROMPT_RESOURCE, default=WRITER_SYSTEM), schema)
+
     def shown(result: ExecResult | None) -> str:
         return format_result(result, cfg.result_rows_shown, cfg.max_shown_chars) if result is not None else "(not run)"
 
     async def writer(state: SQLState) -> SQLState:
         reply = await model.ainvoke([
-            SystemMessage(WRITER_SYSTEM.format(schema=state["schema"])),
+            SystemMessage(system(state["schema"])),
             HumanMessage(WRITER_USER.format(question=state["question"])),
         ])
         return {"reply": str(reply.content or ""), "queries": 1}
@@ -113,7 +119,7 @@ def build_sql_graph(llm: Any, sandbox: SQLSandbox, config: SpiderAgentConfig | N
     async def rewriter(state: SQLState) -> SQLState:
         sql = state.get("sql")
         reply = await model.ainvoke([
-            SystemMessage(WRITER_SYSTEM.format(schema=state["schema"])),
+            SystemMessage(system(state["schema"])),
             HumanMessage(REWRITER_USER.format(
                 question=state["question"], sql=_clip(sql, cfg.max_shown_chars) if sql else "(none)",
                 result=shown(state.get("result")), feedback=state.get("feedback", ""))),

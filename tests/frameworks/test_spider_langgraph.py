@@ -97,3 +97,17 @@ def test_agent_match_selects_the_trained_nodes(make):
 def test_unknown_agent_is_refused(make):
     with pytest.raises(ValueError, match="choose one of scratch, langgraph"):
         make("crewai")
+
+
+def test_both_agents_read_the_writers_system_prompt_from_the_episode(make):
+    template = "Answer with SQLite only.\nTables:\n{schema}"
+    systems = {}
+    for agent in ("scratch", "langgraph"):
+        env = make(agent, resources={"system_prompt": template})
+        try:
+            obs, _ = env.reset(seed=0, options={"task_index": 0})
+            systems[agent] = obs.request.messages[0]["content"]
+        finally:
+            env.close()
+    assert systems["langgraph"] == systems["scratch"]
+    assert systems["scratch"].startswith("Answer with SQLite only.\nTables:\n") and "CREATE TABLE" in systems["scratch"]

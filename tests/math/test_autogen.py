@@ -89,3 +89,18 @@ def test_with_the_compact_tool_prompt_autogen_sends_the_model_the_text_protocols
     for a, b in zip(text, tools, strict=True):
         assert prepare_messages(b, native_tools=False, tool_prompt="compact") == prepare_messages(a, native_tools=False)
     assert prepare_messages(tools[0], native_tools=False)[0] != prepare_messages(text[0], native_tools=False)[0]  # "full" differs
+
+
+def test_autogen_agent_reads_its_system_prompt_from_the_episode_as_the_scratch_agent_does():
+    firsts = {}
+    for agent in ("scratch", "autogen"):
+        env = make_arithmetic_env(difficulty=2, split="test", agent=agent, protocol="tools",
+                                  resources={"system_prompt": "Compute with the tool."})
+        try:
+            obs, _ = env.reset(seed=0, options={"task_index": 0})
+            firsts[agent] = obs.request.messages[0]["content"]
+            assert env.trajectory.resources["system_prompt"].startswith("sha256:")
+        finally:
+            env.close()
+    # The adapter hands AutoGen only its model client: it reads the resource from the running episode.
+    assert firsts["autogen"] == firsts["scratch"] == "Compute with the tool."

@@ -94,3 +94,12 @@ def test_agent_runs_outside_an_env(sample_dir: Path):
     assert ("sql_status", "exec_error") in emitted and ("sql_status", "executes") in emitted
     with pytest.raises(ValueError, match="max_turns"):
         SpiderAgentConfig(max_turns=0)
+
+
+def test_writer_system_fills_the_schema_or_appends_it():
+    from agentgym_lightning.envs.spider.agent import WRITER_SYSTEM, writer_system
+
+    schema = "CREATE TABLE t (a INT)"
+    assert writer_system(WRITER_SYSTEM, schema) == WRITER_SYSTEM.format(schema=schema)  # the default, as before
+    assert writer_system("Use {schema} and {this}", schema) == f"Use {schema} and {{this}}"  # other braces are text
+    assert writer_system("Write SQL.", schema) == f"Write SQL.\n\nDatabase schema:\n{schema}"  # never without the schema
