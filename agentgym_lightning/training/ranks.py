@@ -414,6 +414,9 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     try:
         run(args)
     except ChildFailedError as exc:
-        rank, failure = min(exc.failures.items())
+        # The ranks the launcher stopped after the first failure exit on its SIGTERM (143 when rank 0
+        # saved on it): the cause is another one.
+        causes = {r: f for r, f in exc.failures.items() if f.exitcode not in (143, -15)}
+        rank, failure = min(causes.items()) if causes else exc.get_first_failure()
         return LaunchFailure(rank=int(rank), exitcode=int(failure.exitcode), signal=failure.signal_name() if failure.exitcode < 0 else None)
     return None

@@ -82,6 +82,7 @@ from agentgym_lightning.training.agent_adapters import (
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import SamplingOverride, generator_metrics, shares_model, sync_weights
 from agentgym_lightning.training.judging import JudgingService
+from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.models import add_lora, build_optimizer, build_policy, reference_model
 from agentgym_lightning.training.ranks import Ranks
 from agentgym_lightning.training.progress import progress_bar
@@ -158,6 +159,8 @@ class LightningRLTrainer:
 
         #: The ranks of the update (:mod:`.ranks`: one unless launched on N); rank 0 alone generates.
         self.ranks = Ranks.from_environment(cfg.device)
+        #: What each rank will hold (printed; a plan that cannot fit is refused before any weight loads).
+        self.memory_plan = check_run_memory(cfg, policy, ranks=self.ranks.world_size, device=self.ranks.device, main=self.ranks.is_main)
         # The generator and the trained model (the same object for hf).
         self.policy = policy if policy is not None or not self.ranks.is_main else build_policy(cfg)
         self.model, self.tokenizer = self.ranks.trained_model(self.policy, cfg)
