@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.models import trainable_model
 from agentgym_lightning.training.samples import Sample
@@ -79,16 +80,19 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     device: torch.device | None = None
+    #: Shard with FSDP even on one rank (the bench's FSDP path on one GPU); ``None``: on N > 1.
+    fsdp: bool | None = None
     #: Rank 0's unsharded copy of the trained model (:meth:`shard`).
     _full: Any = field(default=None, init=False, repr=False)
     #: A loaded optimizer state waiting for :meth:`restore` (rank 0).
     _pending_optimizer: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def from_environment(cls, device: str = "auto") -> Ranks:
-        """Join the ranks a launcher started (``WORLD_SIZE`` > 1), or one rank alone."""
+    def from_environment(cls, device: str = "auto", *, fsdp: bool | None = None) -> Ranks:
+        """Join the ranks a launcher started (``WORLD_SIZE`` > 1), or one rank alone (``fsdp``:
+        sharded all the same, a process group of one; ``WORLD_SIZE`` etc. must be set)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
+        if world <= 1 and not fsdp:
             return cls()
         import torch.distributed as dist
 
@@ -98,12 +102,13 @@ class Ranks:
             torch.cuda.set_device(local)  # `cuda` is this rank's GPU from here on
         if not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
-        return cls(dist.get_rank(), dist.get_world_size(), torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
+        here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        return cls(dist.get_rank(), dist.get_world_size(), here, fsdp)
 
     @property
     def distributed(self) -> bool:
-        """Whether there is more than one rank."""
-        return self.world_size > 1
+        """Whether the model is sharded over a process group (more than one rank, or ``fsdp``)."""
+        return self.fsdp if self.fsdp is not None else self.world_size > 1
 
     @property
     def is_main(self) -> bool:
@@ -116,13 +121,13 @@ class Ranks:
         """The model to train and its tokenizer: rank 0's as on one rank
         (:func:`~.models.trainable_model`); a follower loads the same weights, in the same dtype,
         from the folder rank 0 names."""
-        spec: dict[str, Any] = {}
+        if not self.distributed:
+            return trainable_model(policy, config)
         model = tokenizer = None
+        spec: dict[str, Any] = {}
         if self.is_main:
             model, tokenizer = trainable_model(policy, config)
             spec = {"path": str(policy.path), "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
-        if not self.distributed:
-            return model, tokenizer
         spec = self.from_main(spec)
         if not self.is_main:
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,6 +166,7 @@ class Ranks:
 
         full = model.state_dict() if self.is_main else {}
         set_model_state_dict(trained, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        release_freed_memory()  # a follower's full weights, loaded to be sharded, go back to the OS
         return trained, (trained if ref_model is model else ref_model)
 
     def full_model(self, model: Any) -> Any:
@@ -414,9 +420,14 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     try:
         run(args)
     except ChildFailedError as exc:
-        # The ranks the launcher stopped after the first failure exit on its SIGTERM (143 when rank 0
-        # saved on it): the cause is another one.
-        causes = {r: f for r, f in exc.failures.items() if f.exitcode not in (143, -15)}
-        rank, failure = min(causes.items()) if causes else exc.get_first_failure()
+        # The cause first: a rank killed by a signal (other than the SIGTERM the launcher sends the
+        # rest, 143 when rank 0 saved on it), then one that failed, a rank whose collective broke
+        # because a peer was gone among them; the earliest of those.
+        def cause(item: tuple[int, Any]) -> tuple[int, float, int]:
+            rank, failure = item
+            kind = 0 if failure.exitcode < 0 and failure.exitcode != -15 else 1 if failure.exitcode not in (143, -15) else 2
+            return kind, failure.timestamp, rank
+
+        rank, failure = min(exc.failures.items(), key=cause)
         return LaunchFailure(rank=int(rank), exitcode=int(failure.exitcode), signal=failure.signal_name() if failure.exitcode < 0 else None)
     return None
