@@ -289,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(args)
         config = config.replace(env=resolve_env_id(config.env))
         _check_envs(config)
-        _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
+        if os.environ.get("RANK", "0") == "0":  # under a launcher rank 0 owns the run folder (--overwrite once)
+            _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
@@ -363,6 +364,8 @@ def _launch_ranks(args: argparse.Namespace, config: Any) -> int:
     failure = launch(args.nproc_per_node, passed)
     if failure is None:
         return 0
+    if failure.interrupted:  # rank 0 saved the last step and printed the summary
+        return 130 if failure.signal == "SIGINT" else 143
     out = Path(config.output_dir)
     kept = latest_checkpoint(out)
     where = (

@@ -230,9 +230,17 @@ class Ranks:
             raise RankLostError(f"a rank is gone ({_first_line(exc)})") from exc
 
     def follow(self, trainer: Any) -> int:
-        """A follower's run: do rank 0's commands until it says stop; returns the step it stopped at."""
+        """A follower's run: do rank 0's commands until it says stop; returns the step it stopped at.
+
+        Ctrl-C (SIGINT, sent to every rank of a terminal's job) is left to rank 0: it checkpoints
+        its last step, which needs the followers, then stops them."""
+        import signal
+        import threading
+
         import torch.distributed as dist
 
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         while True:
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=0)
@@ -397,11 +405,13 @@ def _first_line(exc: BaseException) -> str:
 
 @dataclass
 class LaunchFailure:
-    """Why a rank of a launched run stopped: its rank, exit code and signal (if any)."""
+    """Why a launched run stopped: a rank's exit code and signal (if any), or the launcher's own
+    Ctrl-C / SIGTERM (``interrupted``: rank 0 checkpointed and summed up as on one rank)."""
 
     rank: int
     exitcode: int
     signal: str | None
+    interrupted: bool = False
 
     def __str__(self) -> str:
         return f"rank {self.rank} exited with {self.exitcode}" + (f" ({self.signal})" if self.signal else "")
@@ -411,6 +421,9 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     """Run ``python -m agentgym_lightning ARGV`` on ``nproc_per_node`` ranks of this node through
     torch's elastic launcher (``torch.distributed.run --standalone``: a free rendezvous port, no
     restarts: a rank that dies stops the others); returns the first failed rank, or ``None``."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -419,6 +432,8 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     )
     try:
         run(args)
+    except SignalException as exc:  # Ctrl-C or SIGTERM: the ranks got it too (rank 0 saves, then stops the rest)
+        return LaunchFailure(rank=0, exitcode=128 + int(exc.sigval), signal=signal.Signals(exc.sigval).name, interrupted=True)
     except ChildFailedError as exc:
         # The cause first: a rank killed by a signal (other than the SIGTERM the launcher sends the
         # rest, 143 when rank 0 saved on it), then one that failed, a rank whose collective broke

@@ -211,3 +211,39 @@ def test_a_rank_that_dies_stops_the_run_with_its_last_checkpoint_kept_and_a_resu
     from agentgym_lightning.training.checkpoint import verify_checkpoint
 
     verify_checkpoint(run / "checkpoints" / kept[-1])  # intact
+
+
+def test_ctrl_c_on_two_ranks_checkpoints_the_last_completed_step_and_exits_130(script, tiny_model_dir, tmp_path):
+    """A terminal's Ctrl-C reaches every rank: the followers leave it to rank 0, which checkpoints
+    its last completed step (a collective: the followers gather their optimizer shards) and stops them."""
+    run = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "agentgym_lightning", "train", "--env", f"{script}:make_env", "--model", str(tiny_model_dir),
+               "--steps", "8", "--tasks-per-step", "3", "--group-size", "2", "--save-steps", "5", "--output-dir", str(run),
+               "--policy-kwarg", "default_max_tokens=6", "--policy-kwarg", "max_batch_size=1", "--no-wandb", "--no-progress",
+               "--nproc-per-node", "2"]
+    launcher = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (run / "trajectories" / "step-000002.jsonl").exists():
+            assert launcher.poll() is None, launcher.stderr.read()[-4000:]
+            assert time.monotonic() < deadline, "step 2 did not start within the time limit"
+            time.sleep(0.1)
+        os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole job
+        stdout, stderr = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, stderr[-3000:]
+    assert "(interrupted: SIGINT)" in stdout
+    saved = sorted((run / "checkpoints").iterdir())
+    assert [p.name for p in saved] in (["checkpoint-000001"], ["checkpoint-000002"])  # save_steps=5: the Ctrl-C checkpoint
+    from agentgym_lightning.training.checkpoint import verify_checkpoint
+
+    verify_checkpoint(saved[-1])
+    import torch
+
+    optimizer = torch.load(saved[-1] / "optimizer.pt", weights_only=True)
+    weights = _load(saved[-1] / "model.safetensors")
+    assert len(optimizer["state"]) == len(weights)  # every weight's moments gathered, whole
+    shapes = sorted(tuple(state["exp_avg"].shape) for state in optimizer["state"].values())
+    assert shapes == sorted(tuple(w.shape) for w in weights.values())
