@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
+    args.argv = argv  # what was asked (train --nproc-per-node runs it again on every rank)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

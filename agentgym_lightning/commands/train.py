@@ -9,6 +9,7 @@
     agentgym-lightning train --resume runs/train               # continue a run from its last checkpoint
     agentgym-lightning train --rollout-workers 4 --retry-infra-failed   # episodes on 4 Ray actors
     agentgym-lightning train --max-staleness 1                 # rollouts go on while the update runs
+    agentgym-lightning train --nproc-per-node 2 --lora          # the update on 2 ranks (FSDP2; docs/scaling.md)
 
 Options come from, in order of precedence: the flags given, ``--config FILE.yaml`` (any
 :class:`~agentgym_lightning.training.LightningRLConfig` field), the resumed run's saved config
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -114,6 +116,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--rollout-workers", type=int, metavar="N", help=h("rollout_workers"))
     p.add_argument("--max-staleness", type=int, metavar="K", help=h("max_staleness"))
     p.add_argument("--ray-address", help=h("ray_address"))
+    p.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="run the update on N ranks of this machine (PyTorch FSDP2; docs/scaling.md), started through torch's "
+                   "elastic launcher; under torchrun or accelerate launch the ranks are the launcher's")
     p.add_argument("--agent-match", metavar="REGEX", help=h("agent_match") + " A mapping: --set agent_match='{\"role\": \"solver\"}'.")
     p.add_argument("--retry-infra-failed", action="store_const", const=True, default=None, help=h("retry_infra_failed"))
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="training env keyword argument (repeatable; JSON values)")
@@ -293,10 +298,13 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(args)
         config = config.replace(env=resolve_env_id(config.env))
         _check_eval_env(config)
-        _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
+        if os.environ.get("RANK", "0") == "0":  # under a launcher rank 0 owns the run folder (--overwrite once)
+            _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
+    if (args.nproc_per_node or 1) > 1 and "LOCAL_RANK" not in os.environ:
+        return _launch_ranks(args, config)
     from agentgym_lightning.training import LightningRLTrainer
     from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
     from agentgym_lightning.failed_episodes import EpisodesFailedError
@@ -306,10 +314,14 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         trainer = LightningRLTrainer(config)
+        if not trainer.ranks.is_main:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
+            trainer.train()
+            return 0
         adapters = trainer.adapters.names if trainer.adapters is not None else None
         try:
             # Before the first step: a run that cannot checkpoint would lose every step it trains.
-            check_checkpoint_space(config.output_dir, checkpoint_bytes(trainer.model, config.use_peft, trainer.optimizer, adapters))
+            saved = trainer.checkpoints
+            check_checkpoint_space(config.output_dir, checkpoint_bytes(saved.model, config.use_peft, saved.optimizer, adapters))
         except OSError as exc:
             trainer.close()
             print(f"agentgym-lightning train: {exc.strerror}", file=sys.stderr)
@@ -344,6 +356,38 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 143 if result.signal == "SIGTERM" else 130
     return 0
+
+
+def _launch_ranks(args: argparse.Namespace, config: Any) -> int:
+    """``train --nproc-per-node N``: this same command on N ranks through torch's elastic
+    launcher (the options already checked; ``--overwrite`` already done). A rank that dies stops
+    the others: one line says which, and how to continue from the last checkpoint."""
+    from agentgym_lightning.training.checkpoint import latest_checkpoint
+    from agentgym_lightning.training.ranks import launch
+
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    passed: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not (arg.startswith("--nproc-per-node=") or arg == "--overwrite"):
+            passed.append(arg)
+    failure = launch(args.nproc_per_node, passed)
+    if failure is None:
+        return 0
+    if failure.interrupted:  # rank 0 saved the last step and printed the summary
+        return 130 if failure.signal == "SIGINT" else 143
+    out = Path(config.output_dir)
+    kept = latest_checkpoint(out)
+    where = (
+        f"its last checkpoint, {kept.name}, is kept: continue with --resume {out} --nproc-per-node {args.nproc_per_node}"
+        if kept is not None else "no checkpoint was saved"
+    )
+    print(f"agentgym-lightning train: the run stopped: {failure}; {where}", file=sys.stderr)
+    return 1
 
 
 def _write_report(output_dir: Path) -> str:

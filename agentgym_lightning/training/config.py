@@ -273,6 +273,11 @@ class LightningRLConfig:
     dtype: str = field(default="float32", metadata={"help": "Weights dtype: float32 (CPU default), bfloat16, float16, auto."})
     device: str = field(default="auto", metadata={"help": "`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
+    check_memory: bool = field(
+        default=True,
+        metadata={"help": "Refuse, before loading the model, a run whose weights, gradients, optimizer state and generator "
+                  "cannot fit the device's free memory per rank (the plan is printed either way; docs/scaling.md)."},
+    )
 
     # ------------------------------------------------------------------ LoRA
     use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of every weight."})

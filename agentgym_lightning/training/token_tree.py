@@ -261,8 +261,13 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplie
 def _plain_lm_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
     """``(decoder, weight, bias)`` when ``model``'s logits are exactly ``decoder(...)``'s last hidden
     states times a plain linear head (so they can be computed a tile at a time); ``None`` when
-    they may not be (a LoRA on the head, a logit transform, no separate decoder): then the update
-    computes the logits whole, exactly as the model's forward does."""
+    they may not be (a LoRA on the head, a logit transform, no separate decoder) or the head's
+    weights are sharded (FSDP, :mod:`.ranks`: only the model's own forward gathers them): then the
+    update computes the logits whole, exactly as the model's forward does."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return None
     try:
         decoder, head = model.get_decoder(), model.get_output_embeddings()
     except (AttributeError, NotImplementedError):

@@ -111,15 +111,16 @@ from agentgym_lightning.training.generation import (
     sync_weights,
 )
 from agentgym_lightning.training.judging import JudgingService
+from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.models import (
     add_lora,
     build_optimizer,
     build_policy,
     enable_activation_checkpointing,
     reference_model,
-    trainable_model,
 )
 from agentgym_lightning.training.progress import progress_bar
+from agentgym_lightning.training.ranks import Ranks
 from agentgym_lightning.training.result import TrainingStopped, TrainResult
 from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
@@ -193,14 +194,23 @@ class LightningRLTrainer:
         self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
         probe.close()
 
+        #: The ranks of the update (:mod:`.ranks`: one unless launched on N); rank 0 alone generates.
+        self.ranks = Ranks.from_environment(cfg.device)
+        if self.ranks.distributed and cfg.max_staleness:
+            raise ValueError(
+                f"max_staleness >= 1 runs its producer beside a one-rank update; got {self.ranks.world_size} ranks: "
+                "use max_staleness 0 with --nproc-per-node, or one rank"
+            )
+        #: What each rank will hold (printed; a plan that cannot fit is refused before any weight loads).
+        self.memory_plan = check_run_memory(cfg, policy, ranks=self.ranks.world_size, device=self.ranks.device, main=self.ranks.is_main)
         # The generator and the trained model (the same object for hf).
         #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
-        self._owns_policy = policy is None
-        self.policy = policy if policy is not None else build_policy(cfg)
-        self.model, self.tokenizer = trainable_model(self.policy, cfg)
+        self._owns_policy = policy is None and self.ranks.is_main
+        self.policy = policy if policy is not None or not self.ranks.is_main else build_policy(cfg)
+        self.model, self.tokenizer = self.ranks.trained_model(self.policy, cfg)
         self.device = next(self.model.parameters()).device
         own_pad = self.policy.pad_token_id if isinstance(self.policy, ModelSharingPolicy) else None
-        self.pad_token_id = int(own_pad or self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
+        self.pad_token_id = self.ranks.from_main(int(own_pad or self.tokenizer.pad_token_id or self.tokenizer.eos_token_id))
         from trl.trainer.utils import disable_dropout_in_model
 
         disable_dropout_in_model(self.model)
@@ -217,6 +227,7 @@ class LightningRLTrainer:
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
         self.ref_model = reference_model(self.model, cfg) if cfg.beta > 0 else None
+        self.model, self.ref_model = self.ranks.shard(self.model, self.ref_model)  # N ranks: FSDP2
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self._warned_repeated_prefixes = False
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -229,7 +240,8 @@ class LightningRLTrainer:
             cfg.lr_scheduler_type, self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps * cfg.num_iterations
         )
         self.checkpoints = RunCheckpoints(
-            self.output_dir, cfg, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
+            self.output_dir, cfg, model=self.ranks.full_model(self.model), tokenizer=self.tokenizer, scheduler=self.scheduler,
+            optimizer=self.ranks.checkpointed_optimizer(self.model, self.optimizer),
             adapters=self.adapters.names if self.adapters is not None else None,
         )
         self.step = 0
@@ -245,8 +257,11 @@ class LightningRLTrainer:
 
     def _sync(self) -> float:
         """Push the trained weights (or each agent's adapter) to the generator; returns seconds."""
+        if not self.ranks.is_main:
+            return 0.0  # N ranks: rank 0 syncs the generator (a follower gathers when rank 0 says)
         names = self.adapters.names if self.adapters is not None else None
-        return sync_weights(self.policy, self.model, peft=self.config.use_peft, adapters=names)
+        model = self.ranks.gather(self.model)  # N ranks: the weights gathered into rank 0's full copy
+        return sync_weights(self.policy, model, peft=self.config.use_peft, adapters=names)
 
     @property
     def generator(self) -> Any:
@@ -265,6 +280,8 @@ class LightningRLTrainer:
         policy built from the config among it, so pass your own ``policy`` to go on generating
         with it afterwards (:attr:`model` holds the trained weights either way)."""
         cfg = self.config
+        if not self.ranks.is_main:  # N ranks: a follower does rank 0's updates, gathers and restores
+            return TrainResult(output_dir=self.output_dir, steps=self.ranks.follow(self))
         messages: list[str] = []
         if resume_from is not None:
             try:
@@ -305,6 +322,7 @@ class LightningRLTrainer:
             final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
             for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
                 result.messages.extend(lines or [])
+            self.ranks.stop(self.step)
         return result
 
     def close(self) -> None:
@@ -491,10 +509,11 @@ class LightningRLTrainer:
         statistics. The loop calls it on each step's rollouts; call it yourself to train on
         episodes from elsewhere (``trainer.samples(load_trajectories(path))``)."""
         cfg = self.config
+        self.ranks.announce("update", batch)  # N ranks: every rank runs this update on its share
         if not batch.samples:
             return {"update/skipped": 1.0}
         micro = MicroBatches(batch.samples, cfg, packed=self.packed_update, pad_token_id=self.pad_token_id, device=self.device,
-                             adapters=self.adapters)
+                             adapters=self.adapters, share=self.ranks.share if self.ranks.distributed else None)
         fixed = micro.fixed_logps(self.model, self.ref_model)  # the old policy's and the reference's, no gradients
         stats = UpdateStats(adapters=tuple(self.adapter_params))
         self.model.train()
@@ -521,6 +540,7 @@ class LightningRLTrainer:
             self.model.eval()
             if self.adapters is not None:
                 activate(self.model, self.adapters.names[0], self.adapters.names)
+        self.ranks.sum_stats(stats.totals)  # the step's loss over every rank's rows
         if not self._warned_repeated_prefixes:
             self._warned_repeated_prefixes = warn_if_prefixes_repeated(micro, self.step + 1)
         return stats.metrics(micro, learning_rate=float(self.scheduler.get_last_lr()[0]))
@@ -566,6 +586,7 @@ class LightningRLTrainer:
     def _resume(self, path: str | Path) -> list[str]:
         """Continue from the checkpoint at ``path``; returns what it says about the run folder."""
         state = self.checkpoints.resume(path)
+        self.ranks.restore(self.model, self.optimizer, self.scheduler)  # N ranks: the checkpoint to every shard
         self.step = state.step
         self.history = [dict(h) for h in state.history]
         self._async_state = state.extra.get("async_rollouts")

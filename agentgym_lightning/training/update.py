@@ -25,10 +25,11 @@ what it runs on:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,12 +114,19 @@ class FixedLogps:
     ref: list[torch.Tensor] | None = None
 
 
+#: ``share(rows, cut) -> (micro-batches, padding)``: this rank's micro-batches of a part's
+#: ``rows`` (``cut`` makes micro-batches of rows) and how many at the end only pad
+#: (:meth:`~agentgym_lightning.training.ranks.Ranks.share`).
+RowShare = Callable[[Sequence[Sample], Callable[[list[Sample]], list[list[Sample]]]], tuple[list[list[Sample]], int]]
+
+
 class MicroBatches:
     """A step's rows as micro-batches on ``device``: token trees when ``packed``, else padded rows.
 
     ``parts`` are the rows of each adapter (``lora_per_agent``) or, without adapters, one part of
     every row; each part is micro-batched apart (trees never mix adapters) and normalised on its
-    own rows. ``owners[i]`` is micro-batch ``i``'s adapter (``None``: the model's trained weights)."""
+    own rows. ``owners[i]`` is micro-batch ``i``'s adapter (``None``: the model's trained weights).
+    ``share`` (N ranks): each part's rows this rank runs, its normaliser still over all of them."""
 
     def __init__(
         self,
@@ -129,6 +137,7 @@ class MicroBatches:
         pad_token_id: int,
         device: torch.device | str,
         adapters: AgentAdapters | None = None,
+        share: RowShare | None = None,
     ) -> None:
         self.config = config
         self.loss_options = LossOptions.from_config(config)
@@ -140,14 +149,21 @@ class MicroBatches:
         groups: list[list[Sample]] = []
         self.owners: list[str | None] = []
         self.normalizers: list[float] = []
-        for owner, rows in self.parts.items():
+        #: Micro-batches run only so that every rank runs as many (N ranks): their loss counts zero.
+        self.padding: list[bool] = []
+
+        def cut(rows: list[Sample]) -> list[list[Sample]]:
             if packed:
-                owned = tree_micro_batches(rows, config.micro_batch_tokens)
-            else:
-                rows = sorted(rows, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-                owned = micro_batches(rows, config.per_device_train_batch_size, config.micro_batch_tokens)
+                return tree_micro_batches(rows, config.micro_batch_tokens)
+            rows = sorted(rows, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+            return micro_batches(rows, config.per_device_train_batch_size, config.micro_batch_tokens)
+
+        for owner, rows in self.parts.items():
+            owned, padding = share(rows, cut) if share is not None else (cut(rows), 0)
             groups += owned
             self.owners += [owner] * len(owned)
+            self.padding += [False] * (len(owned) - padding) + [True] * padding
+            # the part's normaliser over every rank's rows: N ranks' summed gradients are one rank's
             self.normalizers += [loss_normalizer(rows, config.loss_type, config.max_completion_length)] * len(owned)
         self.trees: list[TokenTree] | None = [build_token_tree(rows).to(device) for rows in groups] if packed else None
         self.padded: list[PaddedBatch] = [pad_samples(rows, pad_token_id).to(device) for rows in groups]
@@ -179,7 +195,7 @@ class MicroBatches:
     def loss(self, model: Any, i: int, fixed: FixedLogps) -> LossTerms:
         """Micro-batch ``i``'s loss under ``model`` (already divided by its part's normaliser)."""
         logps, entropy = self.token_logps(model, i)
-        return policy_loss(
+        terms = policy_loss(
             logps,
             self.padded[i],
             self.loss_options,
@@ -188,6 +204,10 @@ class MicroBatches:
             ref_logps=fixed.ref[i] if fixed.ref is not None else None,
             entropy=entropy,
         )
+        if self.padding[i]:  # the same forward and backward as a real one, nothing counted
+            zero = {name: 0.0 for name in UpdateStats._SUMS}
+            return dataclasses.replace(terms, loss=terms.loss * 0.0, **zero)
+        return terms
 
     @property
     def forward_tokens(self) -> int:

