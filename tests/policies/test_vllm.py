@@ -17,6 +17,8 @@ pytest.importorskip("transformers")
 from agentgym_lightning.llm import ChatRequest, SamplingParams  # noqa: E402
 from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
 
+from .conftest import submitted_at_random_times  # noqa: E402
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_TOKENS = 24
@@ -240,8 +242,6 @@ def test_submit_sends_each_call_to_the_running_engine_with_the_batch_tokens(vllm
     """submit: each call goes to the engine as it comes (from threads, at random times, some while
     others decode) and gets the tokens generate gives it; a short call that arrives while a long
     one decodes is answered before the long one ends (it joined the engine's running batch)."""
-    import random
-    import threading
     import time
 
     from agentgym_lightning.policies.base import schedules_per_step
@@ -251,19 +251,8 @@ def test_submit_sends_each_call_to_the_running_engine_with_the_batch_tokens(vllm
     batch = vllm_policy.generate(requests)
     assert {c.finish_reason for c in batch} == {"stop", "length"}
     for seed in range(2):
-        rng = random.Random(seed)
-        futures: list = [None] * len(requests)
-
-        def send(i: int) -> None:
-            time.sleep(rng.choice([0.0, rng.uniform(0.0, 0.5)]))
-            futures[i] = vllm_policy.submit(requests[i])
-
-        threads = [threading.Thread(target=send, args=(i,)) for i in rng.sample(range(len(requests)), len(requests))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for r, b, s in zip(requests, batch, [f.result(timeout=300) for f in futures]):
+        scheduled = submitted_at_random_times(vllm_policy, requests, seed, max_delay=0.5, timeout=300)
+        for r, b, s in zip(requests, batch, scheduled):
             assert s.completion_token_ids == b.completion_token_ids, r.sampling
             assert s.finish_reason == b.finish_reason and s.text == b.text
             assert s.prompt_token_ids == b.prompt_token_ids
