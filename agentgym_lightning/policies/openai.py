@@ -33,6 +33,11 @@ Adapters: a request routed to a LoRA adapter (``metadata["agentgym_adapter"]``, 
 trainer's ``lora_per_agent`` routing) is sent with that adapter's name as its ``model``, which is
 how ``vllm serve --enable-lora --lora-modules name=path`` and the trainer's ``PolicyServer`` select it.
 
+Scheduling: besides ``generate`` (a batch in, its answers out) the policy takes calls one at a
+time (:meth:`OpenAIPolicy.submit`): each is sent the moment it is submitted and its future
+resolves when its own answer arrives, so a driver hands it every call as the agents make it
+(the server's own continuous batching schedules them) instead of gathering batches.
+
 Failures: a request the upstream still fails after ``max_retries`` retries (connection errors,
 timeouts, 408/409/429/5xx; other 4xx are not retried) makes :meth:`OpenAIPolicy.generate` raise
 :class:`PolicyBackendError`, which callers classify as an infrastructure failure (not the
@@ -51,6 +56,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, Literal
 
 import httpx
@@ -324,6 +330,21 @@ class OpenAIPolicy(Policy):
                     completions=[None],
                 ) from exc
         return self._io.submit(self._generate(list(requests))).result()
+
+    def submit(self, request: ChatRequest) -> Future[Completion]:
+        """Send ``request`` now, from the policy's event loop; the future resolves to its
+        completion when its answer arrives, whatever else is in flight (or to the
+        :class:`PolicyBackendError` it failed with after retries). See
+        :class:`~agentgym_lightning.policies.base.SchedulingPolicy`."""
+        if self._closed:
+            raise RuntimeError("this OpenAIPolicy is closed")
+        return self._io.submit(self._submit_one(request))
+
+    async def _submit_one(self, request: ChatRequest) -> Completion:
+        self._ensure_slots()
+        if not self.model:
+            await self._detect_model()
+        return await self._one(request)
 
     async def agenerate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
         """:meth:`generate` for async callers (runs on the policy's own loop, awaited from yours)."""

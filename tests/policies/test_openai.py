@@ -610,3 +610,35 @@ def test_metadata_names_the_episode_for_the_policy_but_not_in_the_trajectory():
     (t,) = rollout(lambda: AgentEnv(agent, [1], lambda *_: 1.0), policy, episodes=1, progress=False)
     assert seen == [t.episode_id, t.episode_id]
     assert all(EPISODE_KEY not in s.request.metadata for s in t.steps)
+
+
+def test_submit_sends_each_call_as_it_comes():
+    """submit (the driver's path): a call is sent the moment it is submitted, not gathered into a
+    batch; the server sees the first call on its own (it holds each until two are in flight),
+    then the second joins it and both are answered. vllm-server is this backend (same submit)."""
+    from agentgym_lightning.policies.base import schedules_per_step
+    from agentgym_lightning.policies.vllm_server import VLLMServerPolicy
+
+    assert VLLMServerPolicy.submit is OpenAIPolicy.submit
+    with MockOpenAIServer(hold_until=2, hold_timeout=20.0) as server, OpenAIPolicy("m", base_url=server.base_url) as policy:
+        assert schedules_per_step(policy)
+        first = policy.submit(_request("first"))
+        deadline = time.monotonic() + 10
+        while server.state.in_flight < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.state.in_flight == 1 and not first.done()  # sent alone, held by the server
+        second = policy.submit(_request("second"))
+        assert first.result(timeout=10).text == "ok" and second.result(timeout=10).text == "ok"
+        stats = server.state.stats()
+    assert stats["max_in_flight"] == 2 and stats["hold_timeouts"] == 0, stats
+
+
+def test_submit_failure_is_the_calls_backend_error():
+    def reply(body):
+        return 400, {"error": {"message": "bad request", "type": "invalid_request_error"}}
+
+    with _policy(Recorder(reply)) as policy:
+        with pytest.raises(PolicyBackendError, match="bad request"):
+            policy.submit(_request()).result(timeout=10)
+    with pytest.raises(RuntimeError, match="closed"):
+        policy.submit(_request())

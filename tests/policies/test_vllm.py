@@ -17,6 +17,8 @@ pytest.importorskip("transformers")
 from agentgym_lightning.llm import ChatRequest, SamplingParams  # noqa: E402
 from agentgym_lightning.policies.chat import render_prompt_ids  # noqa: E402
 
+from .conftest import submitted_at_random_times  # noqa: E402
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_TOKENS = 24
@@ -221,3 +223,50 @@ def test_prefix_caching_is_on_and_changes_no_token(vllm_policy):
     for r, c, w in zip(reference, cold, warm):
         assert c.completion_token_ids == w.completion_token_ids == r.completion_token_ids
         assert c.logprobs == pytest.approx(r.logprobs, abs=1e-4) and w.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+
+
+# ------------------------------------------------------------------------------ the engine's own scheduling (submit)
+
+
+def _sampled_and_greedy() -> list[ChatRequest]:
+    """Seeded sampled calls (two temperatures, a top-p), greedy ones, per-row max_tokens, a stop string."""
+    base = [{"role": "user", "content": "Write three sentences about the sea."}]
+    requests = [ChatRequest(messages=base, sampling=SamplingParams(temperature=0.9, max_tokens=10 + 3 * i, seed=100 + i)) for i in range(4)]
+    requests.append(ChatRequest(messages=base, sampling=SamplingParams(temperature=0.6, top_p=0.9, max_tokens=20, seed=7)))
+    requests.append(ChatRequest(messages=base, sampling=SamplingParams(temperature=1.0, max_tokens=30, seed=8, stop=["."])))
+    requests += [ChatRequest(messages=p.messages, tools=p.tools, sampling=SamplingParams(temperature=0.0, max_tokens=8 + i)) for i, p in enumerate(PROMPTS)]
+    return requests
+
+
+def test_submit_sends_each_call_to_the_running_engine_with_the_batch_tokens(vllm_policy):
+    """submit: each call goes to the engine as it comes (from threads, at random times, some while
+    others decode) and gets the tokens generate gives it; a short call that arrives while a long
+    one decodes is answered before the long one ends (it joined the engine's running batch)."""
+    import time
+
+    from agentgym_lightning.policies.base import schedules_per_step
+
+    assert schedules_per_step(vllm_policy)
+    requests = _sampled_and_greedy()
+    batch = vllm_policy.generate(requests)
+    assert {c.finish_reason for c in batch} == {"stop", "length"}
+    for seed in range(2):
+        scheduled = submitted_at_random_times(vllm_policy, requests, seed, max_delay=0.5, timeout=300)
+        for r, b, s in zip(requests, batch, scheduled):
+            assert s.completion_token_ids == b.completion_token_ids, r.sampling
+            assert s.finish_reason == b.finish_reason and s.text == b.text
+            assert s.prompt_token_ids == b.prompt_token_ids
+
+    long = vllm_policy.submit(ChatRequest(messages=[{"role": "user", "content": "Count from one to two hundred in words."}],
+                                          sampling=SamplingParams(temperature=0.0, max_tokens=400)))
+    time.sleep(0.5)
+    assert not long.done()
+    short = vllm_policy.submit(_greedy(PROMPTS[0].messages, max_tokens=3))
+    assert len(short.result(timeout=300).completion_token_ids) == 3
+    assert not long.done()  # the short call did not wait for the long one
+    assert len(long.result(timeout=600).completion_token_ids) > 3
+
+
+def test_submit_refuses_bad_requests_at_once(vllm_policy):
+    with pytest.raises(ValueError, match="temperature"):
+        vllm_policy.submit(ChatRequest(messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(temperature=-1.0)))

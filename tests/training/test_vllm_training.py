@@ -65,6 +65,9 @@ def test_lora_per_agent_routes_each_call_of_a_batch_to_its_adapter_in_the_engine
 
     policy = VLLMPolicy("smollm2-135m", default_max_tokens=8, seed=0, max_loras=2, max_lora_rank=8)
     try:
+        from agentgym_lightning.policies.base import schedules_per_step
+
+        assert not schedules_per_step(policy)  # with adapters, calls are batched (base and adapter rows apart)
         trainer = _trainer(policy, tmp_path, lora_per_agent={"writer": "w1", "rewriter": "r1"}, lora_r=4, lora_alpha=8)
         torch.manual_seed(0)
         with torch.no_grad():  # make the two adapters differ from each other and from the base model
