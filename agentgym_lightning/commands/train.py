@@ -7,6 +7,7 @@
         --lora --air spider.exec_error=-0.1 --eval-env-kwarg split=dev
     agentgym-lightning train --config run.yaml --set beta=0.04
     agentgym-lightning train --resume runs/train               # continue a run from its last checkpoint
+    agentgym-lightning train --init-from runs/sft              # RL from an SFT run's weights (docs/improve.md)
     agentgym-lightning train --rollout-workers 4 --retry-infra-failed   # episodes on 4 Ray actors
 
 Options come from, in order of precedence: the flags given, ``--config FILE.yaml`` (any
@@ -36,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "run", "build_config"]
+__all__ = ["register", "run", "build_config", "check_output_dir", "check_envs", "write_run_report", "parse_air", "RUN_FILES"]
 
 # flag dest -> config field, for flags that map one to one
 _DIRECT = {
@@ -59,6 +60,7 @@ _DIRECT = {
     "rollout_workers": "rollout_workers",
     "ray_address": "ray_address",
     "agent_match": "agent_match",
+    "init_from": "init_from",
 }
 
 
@@ -89,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its newest intact checkpoint) or from one checkpoint folder")
     p.add_argument("--overwrite", action="store_true",
                    help=f"start over in an --output-dir that holds a run: deletes its run files ({', '.join(RUN_FILES)}), nothing else")
+    p.add_argument("--init-from", metavar="RUN", help=h("init_from"))
     p.add_argument("--env", help=h("env"))
     p.add_argument("--model", help=h("model"))
     p.add_argument("--backend", choices=["hf", "vllm", "vllm-server"], help=h("backend"))
@@ -130,7 +133,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=run)
 
 
-def _air(items: list[str]) -> dict[str, float]:
+def parse_air(items: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items:
         for pair in item.split(","):
@@ -190,7 +193,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.retry_infra_failed:
         base["retry_infra_failed"] = True
     if args.air:
-        base["air_weights"] = {**base.get("air_weights", {}), **_air(args.air)}
+        base["air_weights"] = {**base.get("air_weights", {}), **parse_air(args.air)}
     if args.env_kwarg:
         base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_kwargs(args.env_kwarg, "--env-kwarg")}
     if args.eval_env_kwarg:
@@ -215,14 +218,15 @@ def build_config(args: argparse.Namespace) -> Any:
 RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "final", "report.html", "wandb", "wandb_run_id")
 
 
-def _run_files(path: Path) -> list[str]:
-    return [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
+def _run_files(path: Path, files: Sequence[str] = RUN_FILES) -> list[str]:
+    return [name for name in files if (path / name).exists() or (path / name).is_symlink()]
 
 
-def _check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool = False) -> None:
+def check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool = False, files: Sequence[str] = RUN_FILES) -> None:
     """``path`` can take this run: writable, and holding no other run (``resume``: the checkpoint
-    resumed, whose run may be this folder's; ``overwrite``: delete the run files found)."""
-    found = _run_files(path) if path.is_dir() else []
+    resumed, whose run may be this folder's; ``overwrite``: delete the run files found, those
+    named in ``files``: the ``train`` command's by default)."""
+    found = _run_files(path, files) if path.is_dir() else []
     if found and overwrite:
         for name in found:
             target = path / name
@@ -244,7 +248,7 @@ def _check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool
         raise ValueError(f"--output-dir {path} is not writable ({exc.strerror or exc})") from None
 
 
-def _check_envs(config: Any) -> None:
+def check_envs(config: Any) -> None:
     """Build (and close) the training env and the held-out one with their kwargs: a misspelt
     kwarg is one line here, before the model loads, not a traceback from the trainer."""
     import gymnasium as gym
@@ -283,8 +287,8 @@ def run(args: argparse.Namespace) -> int:
             args.resume = str(resumed)
         config = build_config(args)
         config = config.replace(env=resolve_env_id(config.env))
-        _check_envs(config)
-        _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
+        check_envs(config)
+        check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"agentgym-lightning train: {exc}", file=sys.stderr)
         return 2
@@ -315,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning train: {exc}{resume}", file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - started
-    report = _write_report(Path(config.output_dir))
+    report = write_run_report(Path(config.output_dir))
     before, after = result.eval_before or _logged_eval(Path(config.output_dir)) or {}, result.eval_after or {}
     if args.json:
         summary = {"steps": result.steps, "updated_steps": len(result.history) - len(_not_updated(result.history)), "wall_time_s": elapsed,
@@ -332,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_report(output_dir: Path) -> str:
+def write_run_report(output_dir: Path) -> str:
     """Write the run's ``report.html`` (interrupted runs too); returns where, or why it was not."""
     from agentgym_lightning.viewer import write_report
 

@@ -1,5 +1,7 @@
 """The models a run builds from its config: the generator, the model it trains (with its LoRA),
-the frozen KL reference, and the optimizer over the trained weights.
+the frozen KL reference, and the optimizer over the trained weights. :func:`build_run_models`
+builds them all in order (the RL and SFT trainers' both), starting from ``init_from``'s weights
+when the config names a run (:mod:`.initial_weights`).
 
 With the ``hf`` backend the generator and the trained model are one object (the policy's own
 model, trained in place); a backend that holds its weights elsewhere (``vllm``) gets a fresh copy
@@ -9,15 +11,18 @@ of them to train, and the new weights after every update (:mod:`.generation`).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
-from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config
+from agentgym_lightning.training.agent_adapters import AgentAdapters, adapter_parameters, add_agent_adapters, lora_config
 from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.generation import shares_model
+from agentgym_lightning.training.initial_weights import find_initial_weights
 
-__all__ = ["build_policy", "trainable_model", "add_lora", "reference_model", "build_optimizer"]
+__all__ = ["build_policy", "trainable_model", "add_lora", "reference_model", "build_optimizer", "RunModels", "build_run_models"]
 
 
 def build_policy(config: LightningRLConfig) -> Any:
@@ -94,4 +99,59 @@ def build_optimizer(params: list[torch.nn.Parameter], config: LightningRLConfig)
     return torch.optim.AdamW(
         params, lr=config.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
         weight_decay=config.weight_decay, fused=all(p.dtype.is_floating_point for p in params),
+    )
+
+
+@dataclass
+class RunModels:
+    """What :func:`build_run_models` built for a run."""
+
+    policy: Any
+    #: The trained model (the hf policy's own; with LoRA, the PEFT model the policy generates through).
+    model: Any
+    tokenizer: Any
+    #: lora_per_agent: which agent's calls go to which adapter (``None``: one set of trained weights).
+    adapters: AgentAdapters | None
+    pad_token_id: int
+    #: Each adapter's parameters (lora_per_agent: clipped and reported per adapter).
+    adapter_params: dict[str, list[torch.nn.Parameter]]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    #: Whether the weights came from ``init_from`` (a generator of its own must get them).
+    initialized: bool
+
+
+def build_run_models(config: LightningRLConfig, policy: Policy | None = None, *, training_steps: int) -> RunModels:
+    """The generator (``policy``, or :func:`build_policy`), the trained model with ``init_from``'s
+    weights, dropout off, its LoRA (one adapter, or one per agent), gradient checkpointing, the
+    optimizer over the trained weights and the scheduler over ``training_steps`` optimizer steps."""
+    policy = policy if policy is not None else build_policy(config)
+    model, tokenizer = trainable_model(policy, config)
+    initial = find_initial_weights(config.init_from) if config.init_from else None
+    if initial is not None:
+        initial.load_base(model)
+    own_pad = policy.pad_token_id if isinstance(policy, ModelSharingPolicy) else None
+    pad_token_id = int(own_pad or tokenizer.pad_token_id or tokenizer.eos_token_id)
+    from trl.trainer.utils import disable_dropout_in_model
+
+    disable_dropout_in_model(model)
+    adapters = AgentAdapters.from_config(config)
+    if config.use_peft:
+        shared = shares_model(policy, model)
+        model = add_lora(model, config) if adapters is None else add_agent_adapters(model, config, adapters.names)
+        if shared:
+            policy.hf_model = model  # type: ignore[attr-defined] - the policy generates through the adapter
+    if initial is not None:
+        initial.load_adapters(model, peft=config.use_peft, adapters=adapters.names if adapters is not None else None)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, config)
+    from transformers import get_scheduler
+
+    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=training_steps)
+    return RunModels(
+        policy=policy, model=model, tokenizer=tokenizer, adapters=adapters, pad_token_id=pad_token_id,
+        adapter_params=adapter_parameters(model, adapters.names) if adapters is not None else {},
+        optimizer=optimizer, scheduler=scheduler, initialized=initial is not None,
     )
