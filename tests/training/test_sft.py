@@ -335,3 +335,60 @@ def test_sft_config_checks_its_options():
         SFTConfig(sources=["x"], learning_rate=-1)
     config = SFTConfig(sources=["x"], lora_per_agent=True, agent_match="writer")
     assert config.use_peft and config.update_config().temperature == 1.0 and SFTConfig.help_of("learning_rate") == "The optimizer's learning rate."
+
+
+@needs_train
+def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it(tmp_path, tiny_model_dir, monkeypatch):
+    """The Spider warm start (make sft-spider) on the bundled sample: gold episodes of train
+    questions, SFT of the writer's adapter on them (re-tokenized, reproducing the gold SQL block),
+    and RL with an adapter per agent starting from those adapters."""
+    pytest.importorskip("langgraph")
+    import warnings
+
+    monkeypatch.setenv("AGENTGYM_LIGHTNING_CACHE", str(tmp_path / "cache"))  # the bundled sample, never an imported Spider
+    monkeypatch.delenv("AGENTGYM_LIGHTNING_SPIDER_DIR", raising=False)
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.envs.spider.data import SpiderDataWarning
+    from agentgym_lightning.envs.spider.gold import recipe_env_kwargs, write_gold_episodes
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning.training.sft import SFTConfig, SFTTrainer
+
+    repo = Path(__file__).resolve().parents[2]
+    recipe = yaml.safe_load((repo / "recipes" / "sft" / "spider.yaml").read_text())
+    assert SFTConfig.from_dict({**recipe, "sources": ["gold.jsonl"]}).lora_per_agent is True  # the recipe is a valid SFT config
+    assert recipe_env_kwargs(repo / "recipes" / "spider.yaml")["split"] == "train"
+    with pytest.raises(ValueError, match="use split 'train'"):
+        write_gold_episodes(tmp_path / "x.jsonl", {"split": "dev"}, 1)
+
+    kwargs = {"split": "train", "agent": "langgraph", "max_turns": 2}
+    gold = tmp_path / "gold.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpiderDataWarning)
+        assert write_gold_episodes(gold, kwargs, episodes=3) == 3  # every gold query scores 1
+        episodes = load_sources([gold])
+        assert [[s.agent for s in t.steps] for t in episodes] == [["writer", "checker"]] * 3
+        config = _config(tiny_model_dir, tmp_path / "sft", sources=[str(gold)], agent_match="writer|rewriter", lora_per_agent=True,
+                         lora_r=4, max_steps=2, learning_rate=1e-2, success_only=True, policy_kwargs={"default_max_tokens": 4})
+        SFTTrainer(config).train()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "rows" / "round-01.jsonl").read_text().splitlines()]
+    assert [r["adapter"] for r in rows] == ["writer"] * 3 and all(r["retokenized"] for r in rows)
+    assert [tok.decode(r["completion_ids"], skip_special_tokens=True) for r in rows] == [f"```sql\n{t.task['query']}\n```" for t in episodes]
+    final = tmp_path / "sft" / "final" / "adapters"
+    assert (final / "writer" / "adapter_model.safetensors").is_file() and (final / "rewriter" / "adapter_model.safetensors").is_file()
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpiderDataWarning)
+        rl = LightningRLTrainer(LightningRLConfig(env="lightning/Spider-v0", env_kwargs=kwargs, model=str(tiny_model_dir), device="cpu",
+                                                  init_from=str(tmp_path / "sft"), agent_match="writer|rewriter", lora_per_agent=True, lora_r=4,
+                                                  output_dir=str(tmp_path / "rl"), report_to=[], progress=False))
+    writer = get_peft_model_state_dict(rl.model, adapter_name="writer")
+    saved = load_file(str(final / "writer" / "adapter_model.safetensors"))
+    assert saved.keys() == writer.keys() and all(bool((saved[k] == writer[k]).all()) for k in saved)
+    assert any(float(v.abs().sum()) > 0 for k, v in saved.items() if "lora_B" in k)  # SFT moved the writer's adapter
