@@ -392,3 +392,43 @@ def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it
     saved = load_file(str(final / "writer" / "adapter_model.safetensors"))
     assert saved.keys() == writer.keys() and all(bool((saved[k] == writer[k]).all()) for k in saved)
     assert any(float(v.abs().sum()) > 0 for k, v in saved.items() if "lora_B" in k)  # SFT moved the writer's adapter
+
+
+def test_the_sft_command_checks_its_options_before_loading_anything(tmp_path, capsys):
+    from agentgym_lightning.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sft", "--help"])
+    out = capsys.readouterr().out
+    assert "--min-reward R" in out and "--top-k K" in out and "--rounds N" in out and "--teacher-base-url" in out and "(default: 20)" in out
+    assert main(["sft", str(tmp_path / "missing.jsonl"), "--output-dir", str(tmp_path / "o")]) == 2
+    assert "no such run folder or trajectory file" in capsys.readouterr().err
+    assert main(["sft", "--output-dir", str(tmp_path / "o")]) == 2
+    assert "nothing to learn from" in capsys.readouterr().err
+    assert main(["sft", "--rounds", "1", "--env", "lightning/GuessNumber-v0", "--env-kwarg", "max_gueses=2", "--output-dir", str(tmp_path / "o")]) == 2
+    assert "--env-kwarg" in capsys.readouterr().err
+    run = tmp_path / "run"
+    (run / "rows").mkdir(parents=True)
+    (tmp_path / "e.jsonl").write_text("")
+    assert main(["sft", str(tmp_path / "e.jsonl"), "--output-dir", str(run)]) == 2  # a run is there: resume or overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@needs_train
+def test_the_sft_command_runs_and_train_init_from_takes_its_weights(tmp_path, tiny_model_dir, capsys):
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.cli import main
+
+    source = _source(tmp_path, AutoTokenizer.from_pretrained(tiny_model_dir), n=2)
+    run = tmp_path / "sft"
+    assert main(["sft", str(source), "--success-only", "--steps", "2", "--rows-per-step", "2", "--model", str(tiny_model_dir),
+                 "--set", "device=cpu", "--no-wandb", "--no-progress", "--json", "--output-dir", str(run)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["rows"] == 2 and summary["episodes_chosen"] == 2 and summary["episodes_read"] == 4
+    assert (run / "report.html").is_file() and (run / "final" / "model.safetensors").is_file()
+    from agentgym_lightning.commands.train import build_config
+    from agentgym_lightning.cli import build_parser
+
+    config = build_config(build_parser("train").parse_args(["train", "--init-from", str(run)]))
+    assert config.init_from == str(run)
