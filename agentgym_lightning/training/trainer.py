@@ -60,7 +60,7 @@ import torch
 
 from agentgym_lightning.cpu_threads import warn_if_threads_spin
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.failed_episodes import EpisodesFailedError, check_episodes_ran
+from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.metrics import episode_metrics
 from agentgym_lightning.plugin_manager import get_plugin_manager
@@ -75,11 +75,11 @@ from agentgym_lightning.training.held_out import held_out_eval
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.models import build_run_models, reference_model
 from agentgym_lightning.training.progress import progress_bar
-from agentgym_lightning.training.result import TrainingStopped, TrainResult
+from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
-from agentgym_lightning.training.signals import Terminated, deferred_interrupt, terminate_as_interrupt
+from agentgym_lightning.training.signals import deferred_interrupt
 from agentgym_lightning.training.update import MicroBatches, optimize, packed_update, warn_if_prefixes_repeated
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
@@ -186,19 +186,9 @@ class LightningRLTrainer:
         postfix: dict[str, str] = {}
         completed = False
         try:
-            with terminate_as_interrupt():
-                self._loop(result, bar, postfix)
-            completed = True
-        except KeyboardInterrupt as exc:
-            result.interrupted = True
-            result.signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-            self._save_progress()
-        except Exception as exc:
-            saved = self._save_progress()
-            if isinstance(exc, EpisodesFailedError):
-                raise
-            where = f"checkpoint of step {self.step} in {saved.parent}" if saved is not None else "no step had completed"
-            raise TrainingStopped(f"the run stopped at step {self.step + 1}: {exc!r} ({where})", saved) from exc
+            completed = run_until_stopped(
+                lambda: self._loop(result, bar, postfix), result, save_progress=self._save_progress, step=lambda: self.step
+            )
         finally:
             bar.close()
             if self._remote is not None:

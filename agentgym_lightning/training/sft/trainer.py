@@ -43,7 +43,7 @@ import torch
 
 from agentgym_lightning.cpu_threads import warn_if_threads_spin
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.failed_episodes import EpisodesFailedError, check_episodes_ran
+from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.metrics import episode_metrics
 from agentgym_lightning.plugin_manager import get_plugin_manager
@@ -54,14 +54,14 @@ from agentgym_lightning.training.generation import SamplingOverride, sync_weight
 from agentgym_lightning.training.held_out import held_out_eval
 from agentgym_lightning.training.models import build_run_models
 from agentgym_lightning.training.progress import progress_bar
-from agentgym_lightning.training.result import TrainingStopped, TrainResult
+from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.sft.config import SFT_RUN_IDENTITY, SFTConfig
 from agentgym_lightning.training.sft.episodes import choose_episodes, load_sources
 from agentgym_lightning.training.sft.rows import row_record, sft_rows
-from agentgym_lightning.training.signals import Terminated, deferred_interrupt, terminate_as_interrupt
+from agentgym_lightning.training.signals import deferred_interrupt
 from agentgym_lightning.training.update import MicroBatches, optimize, packed_update
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter, load_trajectories
 
@@ -164,19 +164,7 @@ class SFTTrainer:
         bar = progress_bar(self.update_config, self.step)
         completed = False
         try:
-            with terminate_as_interrupt():
-                self._loop(result, bar)
-            completed = True
-        except KeyboardInterrupt as exc:
-            result.interrupted = True
-            result.signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-            self._save_progress()
-        except Exception as exc:
-            saved = self._save_progress()
-            if isinstance(exc, EpisodesFailedError):
-                raise
-            where = f"checkpoint of step {self.step} in {saved.parent}" if saved is not None else "no step had completed"
-            raise TrainingStopped(f"the run stopped at step {self.step + 1}: {exc!r} ({where})", saved) from exc
+            completed = run_until_stopped(lambda: self._loop(result, bar), result, save_progress=self._save_progress, step=lambda: self.step)
         finally:
             bar.close()
             result.steps, result.history = self.step, list(self.history)
