@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -150,45 +149,18 @@ def build_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """The ``sft`` command (exit statuses: the module docstring)."""
-    from agentgym_lightning.commands.train import check_envs, check_output_dir, write_run_report
-    from agentgym_lightning.registration import resolve_env_id
-    from agentgym_lightning.training.checkpoint import intact_checkpoint
+    from agentgym_lightning.commands.train import prepare_run, run_trainer, write_run_report
 
-    try:
-        if args.overwrite and args.resume:
-            raise ValueError("--overwrite starts a run over and --resume continues one: give one of them")
-        resumed = None
-        if args.resume:
-            resumed, passed_over = intact_checkpoint(args.resume)
-            for reason in passed_over:
-                print(f"agentgym-lightning sft: {reason}; resuming from {resumed}", file=sys.stderr)
-            args.resume = str(resumed)
-        config = build_config(args)
-        config = config.replace(env=resolve_env_id(config.env))
-        if config.rounds or config.eval_env_kwargs is not None:
-            check_envs(config)
-        check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite, files=SFT_RUN_FILES)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentgym-lightning sft: {exc}", file=sys.stderr)
-        return 2
-    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    config = prepare_run(COMMAND, args, build_config, files=SFT_RUN_FILES, needs_envs=lambda c: bool(c.rounds or c.eval_env_kwargs is not None))
+    if isinstance(config, int):
+        return config
     from agentgym_lightning.metrics import json_metrics
-    from agentgym_lightning.training.result import TrainingStopped
     from agentgym_lightning.training.sft import SFTTrainer
 
     started = time.perf_counter()
-    try:
-        result = SFTTrainer(config).train(resume_from=args.resume)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentgym-lightning sft: {exc}", file=sys.stderr)
-        return 2
-    except EpisodesFailedError as exc:
-        print(f"agentgym-lightning sft: {exc}", file=sys.stderr)
-        return 1
-    except TrainingStopped as exc:
-        resume = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
-        print(f"agentgym-lightning sft: {exc}{resume}", file=sys.stderr)
-        return 1
+    result = run_trainer(COMMAND, config, SFTTrainer, args.resume)
+    if isinstance(result, int):
+        return result
     elapsed = time.perf_counter() - started
     report = write_run_report(Path(config.output_dir))
     last = result.history[-1] if result.history else {}

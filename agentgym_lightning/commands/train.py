@@ -33,11 +33,13 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "run", "build_config", "check_output_dir", "check_envs", "write_run_report", "parse_air", "RUN_FILES"]
+__all__ = [
+    "register", "run", "build_config", "check_output_dir", "check_envs", "write_run_report", "parse_air", "prepare_run", "run_trainer", "RUN_FILES",
+]
 
 # flag dest -> config field, for flags that map one to one
 _DIRECT = {
@@ -273,51 +275,15 @@ def run(args: argparse.Namespace) -> int:
     (both after saving the last completed step), 2 on a bad option, 1 when the run stopped on an
     error (a dead policy backend: the last completed step is saved) or every episode of a rollout
     failed before its first LLM call."""
-    from agentgym_lightning.registration import resolve_env_id
-    from agentgym_lightning.training.checkpoint import intact_checkpoint
-
-    try:
-        if args.overwrite and args.resume:
-            raise ValueError("--overwrite starts a run over and --resume continues one: give one of them")
-        resumed = None
-        if args.resume:
-            resumed, passed_over = intact_checkpoint(args.resume)
-            for reason in passed_over:
-                print(f"agentgym-lightning train: {reason}; resuming from {resumed}", file=sys.stderr)
-            args.resume = str(resumed)
-        config = build_config(args)
-        config = config.replace(env=resolve_env_id(config.env))
-        check_envs(config)
-        check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
-        return 2
+    config = prepare_run(COMMAND, args, build_config)
+    if isinstance(config, int):
+        return config
     from agentgym_lightning.training import LightningRLTrainer
-    from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
-    from agentgym_lightning.failed_episodes import EpisodesFailedError
-    from agentgym_lightning.training.result import TrainingStopped
 
     started = time.perf_counter()
-    try:
-        trainer = LightningRLTrainer(config)
-        adapters = trainer.adapters.names if trainer.adapters is not None else None
-        try:
-            # Before the first step: a run that cannot checkpoint would lose every step it trains.
-            check_checkpoint_space(config.output_dir, checkpoint_bytes(trainer.model, config.use_peft, trainer.optimizer, adapters))
-        except OSError as exc:
-            print(f"agentgym-lightning train: {exc.strerror}", file=sys.stderr)
-            return 2
-        result = trainer.train(resume_from=args.resume)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
-        return 2
-    except EpisodesFailedError as exc:
-        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
-        return 1
-    except TrainingStopped as exc:
-        resume = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
-        print(f"agentgym-lightning train: {exc}{resume}", file=sys.stderr)
-        return 1
+    result = run_trainer(COMMAND, config, LightningRLTrainer, args.resume)
+    if isinstance(result, int):
+        return result
     elapsed = time.perf_counter() - started
     report = write_run_report(Path(config.output_dir))
     before, after = result.eval_before or _logged_eval(Path(config.output_dir)) or {}, result.eval_after or {}
@@ -334,6 +300,69 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 143 if result.signal == "SIGTERM" else 130
     return 0
+
+
+def prepare_run(
+    command: str, args: argparse.Namespace, build: Callable[[argparse.Namespace], Any], *, files: Sequence[str] = RUN_FILES,
+    needs_envs: Callable[[Any], bool] = lambda config: True,
+) -> Any:
+    """The run's config, checked before any model loads (``train``'s and ``sft``'s): ``--resume``
+    from the newest intact checkpoint (saying which it passed over), the config ``build`` makes
+    of ``args``, its env id resolved, its envs built once (where ``needs_envs``), its output
+    folder free for it (``files``: the command's run files). A bad option is one line on stderr
+    and the exit status 2 is returned instead."""
+    from agentgym_lightning.registration import resolve_env_id
+    from agentgym_lightning.training.checkpoint import intact_checkpoint
+
+    try:
+        if args.overwrite and args.resume:
+            raise ValueError("--overwrite starts a run over and --resume continues one: give one of them")
+        resumed = None
+        if args.resume:
+            resumed, passed_over = intact_checkpoint(args.resume)
+            for reason in passed_over:
+                print(f"agentgym-lightning {command}: {reason}; resuming from {resumed}", file=sys.stderr)
+            args.resume = str(resumed)
+        config = build(args)
+        config = config.replace(env=resolve_env_id(config.env))
+        if needs_envs(config):
+            check_envs(config)
+        check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite, files=files)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
+        return 2
+    return config
+
+
+def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], resume: str | None) -> Any:
+    """Build the trainer, check that its output folder has room for a checkpoint, and train
+    (from ``resume``); returns its result, or the exit status after one line on stderr: 2 for a
+    bad option (or too little room), 1 when the run stopped on an error (its last completed step
+    saved) or every episode of a rollout failed before its first call."""
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
+    from agentgym_lightning.training.result import TrainingStopped
+
+    try:
+        trainer = make_trainer(config)
+        adapters = trainer.adapters.names if trainer.adapters is not None else None
+        try:
+            # Before the first step: a run that cannot checkpoint would lose every step it trains.
+            check_checkpoint_space(config.output_dir, checkpoint_bytes(trainer.model, config.use_peft, trainer.optimizer, adapters))
+        except OSError as exc:
+            print(f"agentgym-lightning {command}: {exc.strerror}", file=sys.stderr)
+            return 2
+        return trainer.train(resume_from=resume)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
+        return 2
+    except EpisodesFailedError as exc:
+        print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
+        return 1
+    except TrainingStopped as exc:
+        resume_hint = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
+        print(f"agentgym-lightning {command}: {exc}{resume_hint}", file=sys.stderr)
+        return 1
 
 
 def write_run_report(output_dir: Path) -> str:
