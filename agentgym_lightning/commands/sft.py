@@ -20,6 +20,7 @@ interrupted (after saving). docs/improve.md says when to use which.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -47,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the ``sft`` subcommand."""
     from agentgym_lightning.training.sft.config import RETOKENIZE, SFTConfig
 
-    defaults = SFTConfig(rounds=1).to_dict()
+    # The fields' own defaults (an SFTConfig of them has nothing to learn from, so none is built).
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(SFTConfig)}  # type: ignore[misc]
 
     def h(name: str) -> str:
         text = SFTConfig.help_of(name).rstrip()
