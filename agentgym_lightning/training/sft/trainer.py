@@ -31,6 +31,7 @@ after each round and at the end, ``final/`` (``train --init-from`` starts RL fro
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
@@ -248,8 +249,6 @@ class SFTTrainer:
             choice.episodes, tokenizer=self.tokenizer, agent_match=cfg.agent_match, adapters=self.adapters, retokenize=cfg.retokenize,
             tool_prompt=getattr(self.policy, "tool_prompt", "full"),
         )
-        import json
-
         path = self.output_dir / "rows" / f"round-{round_:02d}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(row_record(r)) + "\n" for r in made.samples), encoding="utf-8")
