@@ -26,19 +26,15 @@ HELD_OUT_SEED_OFFSET = 7_919
 
 
 def held_out_eval(
-    env_factory: Callable[[], AgentEnv],
-    generator: Any,
-    *,
-    episodes: int,
-    temperature: float,
-    max_tokens: int | None,
-    seed: int,
-    output_dir: Path,
-    step: int,
-    hook: Any,
+    env_factory: Callable[[], AgentEnv] | None, generator: Any, config: Any, *, output_dir: Path, step: int, hook: Any
 ) -> dict[str, float]:
-    """Run the held-out eval with ``generator`` (see the module docstring); returns its metrics."""
-    policy = SamplingOverride(generator, temperature=temperature, max_tokens=max_tokens)
+    """Run the held-out eval with ``generator`` (see the module docstring) as ``config`` says
+    (``eval_episodes``, ``eval_temperature``, ``max_completion_length``, ``seed``: the RL and the SFT
+    configs' fields); returns its metrics. ``RuntimeError`` when the run has no held-out env."""
+    if env_factory is None:
+        raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
+    episodes, seed = config.eval_episodes, config.seed
+    policy = SamplingOverride(generator, temperature=config.eval_temperature, max_tokens=config.max_completion_length)
     written = output_dir / "eval" / f"step-{step:06d}.jsonl"
     result = evaluate(
         env_factory,

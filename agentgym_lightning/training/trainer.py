@@ -344,13 +344,7 @@ class LightningRLTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) and log it."""
-        cfg = self.config
-        if self.eval_factory is None:
-            raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
-        return held_out_eval(
-            self.eval_factory, self.generator, episodes=cfg.eval_episodes, temperature=cfg.eval_temperature,
-            max_tokens=cfg.max_completion_length, seed=cfg.seed, output_dir=self.output_dir, step=self.step, hook=self._hook,
-        )
+        return held_out_eval(self.eval_factory, self.generator, self.config, output_dir=self.output_dir, step=self.step, hook=self._hook)
 
     # ================================================================== checkpoints
 
