@@ -19,7 +19,7 @@ RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg e
 SEED ?= 0
 LEARN_DIR ?= runs
 
-.PHONY: learn-spider learn-rag learn-math
+.PHONY: learn-spider learn-rag learn-math sft-spider
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
 
 setup: $(STAMP)
@@ -49,6 +49,15 @@ run: setup
 
 learn-spider: setup
 	$(BIN)/agentgym-lightning train --config recipes/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-s$(SEED)
+
+# The Spider SFT warm start (issue 34; docs/improve.md): gold-SQL episodes of GOLD_EPISODES train
+# questions, then `sft` on them (recipes/sft/spider.yaml); RL from it:
+# agentgym-lightning train --config recipes/spider.yaml --init-from $(LEARN_DIR)/spider-sft-s$(SEED)
+GOLD_EPISODES ?= 256
+
+sft-spider: setup
+	$(BIN)/python -m agentgym_lightning.envs.spider.gold --config recipes/spider.yaml --episodes $(GOLD_EPISODES) --seed $(SEED) --output $(LEARN_DIR)/spider-gold-s$(SEED).jsonl
+	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/spider-gold-s$(SEED).jsonl --config recipes/sft/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-sft-s$(SEED)
 
 learn-rag: setup
 	$(BIN)/agentgym-lightning train --config recipes/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-s$(SEED)

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "agentgym_lightning.commands.eval",
     "agentgym_lightning.commands.train",
     "agentgym_lightning.commands.optimize_prompt",
+    "agentgym_lightning.commands.sft",
     "agentgym_lightning.commands.serve",
     "agentgym_lightning.commands.report",
     "agentgym_lightning.commands.view",

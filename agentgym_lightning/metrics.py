@@ -38,7 +38,7 @@ from typing import Any
 
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["summarize", "episode_metrics", "finite_or_none", "json_metrics"]
+__all__ = ["summarize", "succeeded", "episode_metrics", "finite_or_none", "json_metrics"]
 
 
 def finite_or_none(value: Any) -> Any:
@@ -55,12 +55,18 @@ def _unscored(t: Trajectory) -> bool:
     return t.status is Status.SUCCEEDED and t.final_reward is None
 
 
+def succeeded(t: Trajectory) -> bool:
+    """Whether an episode counts as a success: status ``succeeded`` and a positive final reward
+    (what ``success_rate`` counts, and what SFT's ``success_only`` keeps)."""
+    return t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0
+
+
 def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str, float]:
     """The eval metrics of finished trajectories (defined in the module docstring)."""
     n = len(trajectories)
     scored = [t for t in trajectories if t.status is not Status.INFRA_FAILED and not _unscored(t)]
     rewards = [float(t.final_reward or 0.0) for t in scored]
-    successes = [t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0 for t in scored]
+    successes = [succeeded(t) for t in scored]
     turns = [len(t.steps) for t in trajectories]
     completions = [s.completion for t in trajectories for s in t.steps if s.completion is not None]
     tokens = sum(len(c.completion_token_ids or []) for c in completions)

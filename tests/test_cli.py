@@ -128,14 +128,14 @@ def test_an_output_dir_holding_a_run_is_refused_without_resume_or_overwrite(tmp_
 
 
 def test_overwrite_deletes_the_run_files_and_nothing_else(tmp_path):
-    from agentgym_lightning.commands.train import _check_output_dir
+    from agentgym_lightning.commands.train import check_output_dir
 
     run = _a_run(tmp_path / "run")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("x")
     (run / "final").symlink_to(elsewhere)  # a link is removed, never followed
-    _check_output_dir(run, overwrite=True)
+    check_output_dir(run, overwrite=True)
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
     assert (elsewhere / "keep.txt").read_text() == "x"
-    _check_output_dir(_a_run(tmp_path / "again"), resume=tmp_path / "again" / "checkpoints" / "checkpoint-000001")  # its own run: fine
+    check_output_dir(_a_run(tmp_path / "again"), resume=tmp_path / "again" / "checkpoints" / "checkpoint-000001")  # its own run: fine

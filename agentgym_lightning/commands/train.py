@@ -7,6 +7,7 @@
         --lora --air spider.exec_error=-0.1 --eval-env-kwarg split=dev
     agentgym-lightning train --config run.yaml --set beta=0.04
     agentgym-lightning train --resume runs/train               # continue a run from its last checkpoint
+    agentgym-lightning train --init-from runs/sft              # RL from an SFT run's weights (docs/improve.md)
     agentgym-lightning train --rollout-workers 4 --retry-infra-failed   # episodes on 4 Ray actors
     agentgym-lightning train --max-staleness 1                 # rollouts go on while the update runs
     agentgym-lightning train --nproc-per-node 2 --lora          # the update on 2 ranks (FSDP2; docs/scaling.md)
@@ -35,11 +36,13 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "run", "build_config"]
+__all__ = [
+    "register", "run", "build_config", "check_output_dir", "check_envs", "write_run_report", "parse_air", "prepare_run", "run_trainer", "RUN_FILES",
+]
 
 # flag dest -> config field, for flags that map one to one
 _DIRECT = {
@@ -63,6 +66,7 @@ _DIRECT = {
     "max_staleness": "max_staleness",
     "ray_address": "ray_address",
     "agent_match": "agent_match",
+    "init_from": "init_from",
 }
 
 
@@ -93,6 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its newest intact checkpoint) or from one checkpoint folder")
     p.add_argument("--overwrite", action="store_true",
                    help=f"start over in an --output-dir that holds a run: deletes its run files ({', '.join(RUN_FILES)}), nothing else")
+    p.add_argument("--init-from", metavar="RUN", help=h("init_from"))
     p.add_argument("--env", help=h("env"))
     p.add_argument("--model", help=h("model"))
     p.add_argument("--backend", choices=["hf", "vllm", "vllm-server"], help=h("backend"))
@@ -141,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=run)
 
 
-def _air(items: list[str]) -> dict[str, float]:
+def parse_air(items: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items:
         for pair in item.split(","):
@@ -202,7 +207,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.retry_infra_failed:
         base["retry_infra_failed"] = True
     if args.air:
-        base["air_weights"] = {**base.get("air_weights", {}), **_air(args.air)}
+        base["air_weights"] = {**base.get("air_weights", {}), **parse_air(args.air)}
     if args.env_kwarg:
         base["env_kwargs"] = {**base.get("env_kwargs", {}), **parse_kwargs(args.env_kwarg, "--env-kwarg")}
     if args.resource:
@@ -232,14 +237,15 @@ def build_config(args: argparse.Namespace) -> Any:
 RUN_FILES = ("metrics.jsonl", "checkpoints", "trajectories", "eval", "superseded", "final", "report.html", "wandb", "wandb_run_id")
 
 
-def _run_files(path: Path) -> list[str]:
-    return [name for name in RUN_FILES if (path / name).exists() or (path / name).is_symlink()]
+def _run_files(path: Path, files: Sequence[str] = RUN_FILES) -> list[str]:
+    return [name for name in files if (path / name).exists() or (path / name).is_symlink()]
 
 
-def _check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool = False) -> None:
+def check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool = False, files: Sequence[str] = RUN_FILES) -> None:
     """``path`` can take this run: writable, and holding no other run (``resume``: the checkpoint
-    resumed, whose run may be this folder's; ``overwrite``: delete the run files found)."""
-    found = _run_files(path) if path.is_dir() else []
+    resumed, whose run may be this folder's; ``overwrite``: delete the run files found, those
+    named in ``files``: the ``train`` command's by default)."""
+    found = _run_files(path, files) if path.is_dir() else []
     if found and overwrite:
         for name in found:
             target = path / name
@@ -261,87 +267,42 @@ def _check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool
         raise ValueError(f"--output-dir {path} is not writable ({exc.strerror or exc})") from None
 
 
-def _check_eval_env(config: Any) -> None:
-    """Build (and close) the held-out env with its kwargs: a misspelt ``--eval-env-kwarg`` is one
-    line here, before the model loads, not an error at the first evaluation. (The trainer builds
-    the training env before its model: a misspelt ``--env-kwarg`` is one line from there, and the
-    env is built once.)"""
+def check_envs(config: Any, *, training: bool = True) -> None:
+    """Build (and close) the training env (``training``) and the held-out one with their kwargs: a
+    misspelt kwarg is one line here, before the model loads, not an error later. (``train``
+    checks only the held-out env: its trainer builds the training env before its model, once.)"""
     from agentgym_lightning.registration import EnvKwargsError, env_kwargs_refused, make_env_factory
 
-    if not isinstance(config.env, str) or config.eval_env_kwargs is None:
+    if not isinstance(config.env, str):
         return
-    kwargs = {**config.env_kwargs, **config.eval_env_kwargs}
-    try:
-        with env_kwargs_refused(config.env, kwargs):
-            make_env_factory(config.env, kwargs)().close()
-    except EnvKwargsError as exc:
-        raise ValueError(f"--eval-env-kwarg: {exc}") from None
-
+    kinds = [("--env-kwarg", config.env_kwargs)] if training else []
+    if config.eval_env_kwargs is not None:
+        kinds.append(("--eval-env-kwarg", {**config.env_kwargs, **config.eval_env_kwargs}))
+    for flag, kwargs in kinds:
+        try:
+            with env_kwargs_refused(config.env, kwargs):
+                make_env_factory(config.env, kwargs)().close()
+        except EnvKwargsError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
 
 def run(args: argparse.Namespace) -> int:
     """The ``train`` command. Exit 0 when done, 130 when interrupted (Ctrl-C), 143 on SIGTERM
     (both after saving the last completed step), 2 on a bad option, 1 when the run stopped on an
     error (a dead policy backend: the last completed step is saved) or every episode of a rollout
     failed before its first LLM call."""
-    from agentgym_lightning.registration import resolve_env_id
-    from agentgym_lightning.training.checkpoint import intact_checkpoint
-
-    try:
-        if args.overwrite and args.resume:
-            raise ValueError("--overwrite starts a run over and --resume continues one: give one of them")
-        resumed = None
-        if args.resume:
-            resumed, passed_over = intact_checkpoint(args.resume)
-            for reason in passed_over:
-                print(f"agentgym-lightning train: {reason}; resuming from {resumed}", file=sys.stderr)
-            args.resume = str(resumed)
-        config = build_config(args)
-        config = config.replace(env=resolve_env_id(config.env))
-        _check_eval_env(config)
-        if os.environ.get("RANK", "0") == "0":  # under a launcher rank 0 owns the run folder (--overwrite once)
-            _check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
-        return 2
+    config = prepare_run(COMMAND, args, build_config, training_env=False)
+    if isinstance(config, int):
+        return config
     if (args.nproc_per_node or 1) > 1 and "LOCAL_RANK" not in os.environ:
         return _launch_ranks(args, config)
     from agentgym_lightning.training import LightningRLTrainer
-    from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
-    from agentgym_lightning.failed_episodes import EpisodesFailedError
-    from agentgym_lightning.registration import EnvKwargsError
-    from agentgym_lightning.training.result import TrainingStopped
 
     started = time.perf_counter()
-    try:
-        trainer = LightningRLTrainer(config)
-        if not trainer.ranks.is_main:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
-            trainer.train()
-            return 0
-        adapters = trainer.adapters.names if trainer.adapters is not None else None
-        try:
-            # Before the first step: a run that cannot checkpoint would lose every step it trains.
-            saved = trainer.checkpoints
-            check_checkpoint_space(config.output_dir, checkpoint_bytes(saved.model, config.use_peft, saved.optimizer, adapters))
-        except OSError as exc:
-            trainer.close()
-            print(f"agentgym-lightning train: {exc.strerror}", file=sys.stderr)
-            return 2
-        result = trainer.train(resume_from=args.resume)
-    except EnvKwargsError as exc:  # the trainer's training env (built before the model loads)
-        print(f"agentgym-lightning train: --env-kwarg: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
-        return 2
-    except EpisodesFailedError as exc:
-        print(f"agentgym-lightning train: {exc}", file=sys.stderr)
-        return 1
-    except TrainingStopped as exc:
-        resume = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
-        print(f"agentgym-lightning train: {exc}{resume}", file=sys.stderr)
-        return 1
+    result = run_trainer(COMMAND, config, LightningRLTrainer, args.resume)
+    if isinstance(result, int):
+        return result
     elapsed = time.perf_counter() - started
-    report = _write_report(Path(config.output_dir))
+    report = write_run_report(Path(config.output_dir))
     before, after = result.eval_before or _logged_eval(Path(config.output_dir)) or {}, result.eval_after or {}
     if args.json:
         summary = {"steps": result.steps, "updated_steps": len(result.history) - len(_not_updated(result.history)), "wall_time_s": elapsed,
@@ -390,7 +351,84 @@ def _launch_ranks(args: argparse.Namespace, config: Any) -> int:
     return 1
 
 
-def _write_report(output_dir: Path) -> str:
+def prepare_run(
+    command: str, args: argparse.Namespace, build: Callable[[argparse.Namespace], Any], *, files: Sequence[str] = RUN_FILES,
+    needs_envs: Callable[[Any], bool] = lambda config: True, training_env: bool = True,
+) -> Any:
+    """The run's config, checked before any model loads (``train``'s and ``sft``'s): ``--resume``
+    from the newest intact checkpoint (saying which it passed over), the config ``build`` makes
+    of ``args``, its env id resolved, its envs built once (where ``needs_envs``; the training env
+    too where ``training_env``), its output folder free for it (``files``: the command's run
+    files; under a launcher rank 0 alone checks it, and ``--overwrite`` happens once). A bad option is one line on stderr
+    and the exit status 2 is returned instead."""
+    from agentgym_lightning.registration import resolve_env_id
+    from agentgym_lightning.training.checkpoint import intact_checkpoint
+
+    try:
+        if args.overwrite and args.resume:
+            raise ValueError("--overwrite starts a run over and --resume continues one: give one of them")
+        resumed = None
+        if args.resume:
+            resumed, passed_over = intact_checkpoint(args.resume)
+            for reason in passed_over:
+                print(f"agentgym-lightning {command}: {reason}; resuming from {resumed}", file=sys.stderr)
+            args.resume = str(resumed)
+        config = build(args)
+        config = config.replace(env=resolve_env_id(config.env))
+        if needs_envs(config):
+            check_envs(config, training=training_env)
+        if os.environ.get("RANK", "0") == "0":
+            check_output_dir(Path(config.output_dir), resume=resumed, overwrite=args.overwrite, files=files)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
+        return 2
+    return config
+
+
+def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], resume: str | None) -> Any:
+    """Build the trainer, check that its output folder has room for a checkpoint, and train
+    (from ``resume``); returns its result, or the exit status after one line on stderr: 2 for a
+    bad option (or too little room), 1 when the run stopped on an error (its last completed step
+    saved) or every episode of a rollout failed before its first call."""
+    from agentgym_lightning.failed_episodes import EpisodesFailedError
+    from agentgym_lightning.training.checkpoint import check_checkpoint_space, checkpoint_bytes
+    from agentgym_lightning.training.result import TrainingStopped
+
+    from agentgym_lightning.registration import EnvKwargsError
+
+    try:
+        trainer = make_trainer(config)
+        ranks = getattr(trainer, "ranks", None)
+        if ranks is not None and not ranks.is_main:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
+            trainer.train()
+            return 0
+        adapters = trainer.adapters.names if trainer.adapters is not None else None
+        try:
+            # Before the first step: a run that cannot checkpoint would lose every step it trains.
+            saved = trainer.checkpoints
+            check_checkpoint_space(config.output_dir, checkpoint_bytes(saved.model, config.use_peft, saved.optimizer, adapters))
+        except OSError as exc:
+            if hasattr(trainer, "close"):
+                trainer.close()
+            print(f"agentgym-lightning {command}: {exc.strerror}", file=sys.stderr)
+            return 2
+        return trainer.train(resume_from=resume)
+    except EnvKwargsError as exc:  # the trainer's training env (built before the model loads)
+        print(f"agentgym-lightning {command}: --env-kwarg: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
+        return 2
+    except EpisodesFailedError as exc:
+        print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
+        return 1
+    except TrainingStopped as exc:
+        resume_hint = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
+        print(f"agentgym-lightning {command}: {exc}{resume_hint}", file=sys.stderr)
+        return 1
+
+
+def write_run_report(output_dir: Path) -> str:
     """Write the run's ``report.html`` (interrupted runs too); returns where, or why it was not."""
     from agentgym_lightning.viewer import write_report
 

@@ -59,7 +59,8 @@ from agentgym_lightning.metrics import json_metrics
 __all__ = [
     "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "save_final_model", "CHECKPOINT_DIR",
     "NonFiniteWeightsError", "CheckpointNotSavedWarning", "CorruptCheckpointError", "CorruptCheckpointWarning", "MANIFEST",
-    "verify_checkpoint", "intact_checkpoint", "checkpoint_bytes", "check_checkpoint_space",
+    "verify_checkpoint", "intact_checkpoint", "checkpoint_bytes", "check_checkpoint_space", "load_full_weights", "read_weights",
+    "weights_file",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -181,6 +182,11 @@ def save_checkpoint(
 
 def _weights_name(peft: bool) -> str:
     return "adapter.safetensors" if peft else "model.safetensors"
+
+
+def weights_file(peft: bool) -> str:
+    """The name of a checkpoint's weights file: the LoRA adapter's (``peft``) or every weight's."""
+    return _weights_name(peft)
 
 
 def _as_os_error(exc: Exception, folder: Path, weights: dict[str, torch.Tensor], optimizer: Any) -> Exception:
@@ -410,15 +416,26 @@ def load_checkpoint(
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds a LoRA adapter, not full weights: resume with use_peft")
-        missing, unexpected = model.load_state_dict(_load_weights(weights), strict=False)
-        # Tied weights were saved once; anything else missing means a different model.
-        tied = {n for n in missing if n.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"{checkpoint} does not fit this model: missing {sorted(set(missing) - tied)[:5]}, unexpected {unexpected[:5]}")
+        load_full_weights(model, _load_weights(weights), checkpoint)
     optimizer.load_state_dict(_load(checkpoint / "optimizer.pt"))
     scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
     _set_rng_state(_load(checkpoint / "rng.pt"))
     return TrainerState(step=int(data["step"]), config=data["config"], history=data.get("history", []), extra=data.get("extra", {}))
+
+
+def load_full_weights(model: Any, weights: dict[str, torch.Tensor], where: str | Path) -> None:
+    """Load a full fine-tune's saved ``weights`` (tied weights saved once) into ``model``, in
+    place; ``ValueError`` naming ``where`` when they are another model's."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # Tied weights were saved once; anything else missing means a different model.
+    tied = {n for n in missing if n.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"{where} does not fit this model: missing {sorted(set(missing) - tied)[:5]}, unexpected {unexpected[:5]}")
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file (:class:`CorruptCheckpointError` when it cannot be read)."""
+    return _load_weights(Path(path))
 
 
 def _rng_state() -> dict[str, Any]:

@@ -18,12 +18,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.training.agent_adapters import agent_routes
 
-__all__ = ["LightningRLConfig", "LOSS_TYPES", "AGGREGATIONS", "ASYNC_BACKENDS"]
+__all__ = ["LightningRLConfig", "DataclassConfig", "LOSS_TYPES", "AGGREGATIONS", "ASYNC_BACKENDS"]
 
 #: Loss variants (TRL's names and definitions; see :mod:`agentgym_lightning.training.loss`).
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "cispo")
@@ -41,8 +41,61 @@ ASYNC_BACKENDS = ("hf", "vllm")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
 
+class DataclassConfig:
+    """What a run's config dataclass can do besides its fields (the config idiom shared by
+    :class:`LightningRLConfig` and the SFT trainer's ``SFTConfig``): a plain dict of it, built
+    back from one (unknown keys named), from a YAML file, a validated copy with changes, and each
+    field's help. A subclass is a ``@dataclass`` with a ``validate()`` that runs on construction."""
+
+    def validate(self) -> None:  # pragma: no cover - every subclass defines its own
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build from a mapping; unknown keys are an error that lists the valid ones."""
+        names = set(cls.field_names())
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> Self:
+        """Load a YAML mapping of options; ``overrides`` win over the file."""
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path} must hold a mapping of option: value, not {type(data).__name__}")
+        return cls.from_dict({**data, **overrides})
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    @classmethod
+    def help_of(cls, name: str) -> str:
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name == name:
+                return str(f.metadata.get("help", ""))
+        raise KeyError(name)
+
+
 @dataclass
-class LightningRLConfig:
+class LightningRLConfig(DataclassConfig):
     """Configuration of :class:`~agentgym_lightning.training.trainer.LightningRLTrainer`.
 
     Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``train`` command's
@@ -78,6 +131,15 @@ class LightningRLConfig:
     )
     policy_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Extra keyword arguments for the policy backend (`device`, `max_batch_size`...)."}
+    )
+    init_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "Start from another run's trained weights (an SFT run's, docs/improve.md): a run folder (its final/, "
+            "else its newest checkpoint), a final/ folder or a checkpoint folder. Full weights load into the model before "
+            "any LoRA; a LoRA adapter into this run's adapter (each agent's under lora_per_agent). Weights only: the "
+            "optimizer and step start afresh. None: the model's own weights."
+        },
     )
     output_dir: str = field(
         default="runs/train", metadata={"help": "Where checkpoints, metrics.jsonl, trajectories.jsonl and the final model go."}
@@ -484,47 +546,3 @@ class LightningRLConfig:
         """The upper clipping bound's epsilon (``epsilon_high``, defaulting to ``epsilon``)."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
-    # ------------------------------------------------------------------ (de)serialisation
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LightningRLConfig:
-        """Build from a mapping; unknown keys are an error that lists the valid ones."""
-        names = set(cls.field_names())
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown config option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}")
-        return cls(**dict(data))
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> LightningRLConfig:
-        """Load a YAML mapping of options; ``overrides`` win over the file."""
-        import yaml
-
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path} is not valid YAML: {exc}") from None
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{path} must hold a mapping of option: value, not {type(data).__name__}")
-        return cls.from_dict({**data, **overrides})
-
-    def replace(self, **changes: Any) -> LightningRLConfig:
-        """A copy with ``changes`` applied (validated)."""
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def help_of(cls, name: str) -> str:
-        for f in dataclasses.fields(cls):
-            if f.name == name:
-                return str(f.metadata.get("help", ""))
-        raise KeyError(name)

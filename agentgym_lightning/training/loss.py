@@ -73,7 +73,10 @@ import torch
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.samples import Sample
 
-__all__ = ["PaddedBatch", "pad_samples", "micro_batches", "per_token_logps", "loss_normalizer", "LossOptions", "policy_loss", "LossTerms"]
+__all__ = [
+    "PaddedBatch", "pad_samples", "micro_batches", "per_token_logps", "loss_normalizer", "LossOptions", "policy_loss", "LossTerms",
+    "sft_loss",
+]
 
 
 @dataclass
@@ -339,6 +342,28 @@ def policy_loss(
             ratio_sum=float((ratio.expand_as(mask) * mask).sum()),
             sampling_ratio_sum=float((sampling_ratio.expand_as(mask) * mask).sum()) if sampling_ratio is not None else tokens,
             sampling_truncated=float((truncated.expand_as(mask) * mask).sum()) if truncated is not None else 0.0,
+        )
+
+
+def sft_loss(logps: torch.Tensor, batch: PaddedBatch, *, normalizer: float, entropy: torch.Tensor | None = None) -> LossTerms:
+    """Supervised fine-tuning's loss for one micro-batch: the negative log-likelihood of the
+    completion tokens in the loss (``completion_mask``), each row weighted, summed and divided by
+    the step's ``normalizer`` (:func:`loss_normalizer` with ``"dapo"``: the weighted count of loss
+    tokens, so micro-batching gives the token mean of the whole step). Advantages and sampling
+    logprobs are not read; the ratio statistics are those of an on-policy step (ratio 1)."""
+    mask = batch.completion_mask
+    loss = (-logps * mask * batch.weights.unsqueeze(-1)).sum() / normalizer
+    with torch.no_grad():
+        tokens = float(mask.sum())
+        return LossTerms(
+            loss=loss,
+            tokens=tokens,
+            kl_sum=0.0,
+            entropy_sum=float((entropy * mask).sum()) if entropy is not None else 0.0,
+            clipped_low=0.0,
+            clipped_high=0.0,
+            ratio_sum=tokens,
+            sampling_ratio_sum=tokens,
         )
 
 

@@ -1,5 +1,7 @@
 """The models a run builds from its config: the generator, the model it trains (with its LoRA),
-the frozen KL reference, and the optimizer over the trained weights.
+the frozen KL reference, and the optimizer over the trained weights. :func:`build_run_models`
+builds them all in order (the RL and SFT trainers' both), starting from ``init_from``'s weights
+when the config names a run (:mod:`.initial_weights`).
 
 With the ``hf`` backend the generator and the trained model are one object (the policy's own
 model, trained in place); a backend that holds its weights elsewhere (``vllm``) gets a fresh copy

@@ -1,11 +1,16 @@
-"""What a training run ends with: its :class:`TrainResult`, or :class:`TrainingStopped` on an error."""
+"""What a training run ends with: its :class:`TrainResult`, or :class:`TrainingStopped` on an error
+(:func:`run_until_stopped`: how the RL and SFT trainers' loops may end)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["TrainResult", "TrainingStopped"]
+from agentgym_lightning.failed_episodes import EpisodesFailedError
+from agentgym_lightning.training.signals import Terminated, terminate_as_interrupt
+
+__all__ = ["TrainResult", "TrainingStopped", "run_until_stopped"]
 
 
 @dataclass
@@ -31,3 +36,29 @@ class TrainingStopped(RuntimeError):
     def __init__(self, message: str, checkpoint: Path | None) -> None:
         super().__init__(message)
         self.checkpoint = checkpoint
+
+
+def run_until_stopped(
+    loop: Callable[[], None], result: TrainResult, *, save_progress: Callable[[], Path | None], step: Callable[[], int]
+) -> bool:
+    """Run a trainer's ``loop`` with SIGTERM taken as Ctrl-C; returns whether it completed.
+
+    Ctrl-C or SIGTERM: ``save_progress()`` (the last completed step's checkpoint) and return
+    ``False`` with ``result.interrupted`` and ``result.signal`` set. An error: ``save_progress()``
+    too, then :class:`TrainingStopped` from it, naming the step it stopped at (``step()``: the
+    steps completed) and the checkpoint; an :class:`EpisodesFailedError` is raised as is."""
+    try:
+        with terminate_as_interrupt():
+            loop()
+        return True
+    except KeyboardInterrupt as exc:
+        result.interrupted = True
+        result.signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+        save_progress()
+        return False
+    except Exception as exc:
+        saved = save_progress()
+        if isinstance(exc, EpisodesFailedError):
+            raise
+        where = f"checkpoint of step {step()} in {saved.parent}" if saved is not None else "no step had completed"
+        raise TrainingStopped(f"the run stopped at step {step() + 1}: {exc!r} ({where})", saved) from exc

@@ -29,7 +29,6 @@ from agentgym_lightning.training.checkpoint import (
     save_checkpoint,
     save_final_model,
 )
-from agentgym_lightning.training.config import LightningRLConfig
 
 __all__ = ["RUN_IDENTITY", "SUPERSEDED", "RunCheckpoints"]
 
@@ -52,21 +51,28 @@ _STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
 
 class RunCheckpoints:
     """The checkpoints of the run in ``output_dir``: of ``model`` (its LoRA adapter with
-    ``use_peft``; each of ``adapters`` with ``lora_per_agent``), ``optimizer`` and ``scheduler``."""
+    ``use_peft``; each of ``adapters`` with ``lora_per_agent``), ``optimizer`` and ``scheduler``.
+
+    ``config`` is the run's config dataclass (:class:`LightningRLConfig`, or the SFT trainer's
+    ``SFTConfig``: anything with ``use_peft``, ``save_total_limit``, ``to_dict``, ``from_dict`` and
+    ``field_names``), saved with every checkpoint; ``identity`` names its fields that a resumed run
+    must not change (default: :data:`RUN_IDENTITY`)."""
 
     def __init__(
         self,
         output_dir: Path,
-        config: LightningRLConfig,
+        config: Any,
         *,
         model: Any,
         tokenizer: Any,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         adapters: Sequence[str] | None = None,
+        identity: Sequence[str] = RUN_IDENTITY,
     ) -> None:
         self.output_dir = output_dir
         self.config = config
+        self.identity = tuple(identity)
         self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
         self.adapters = adapters
         #: The step of the newest checkpoint this run saved or resumed from (0: none).
@@ -112,11 +118,12 @@ class RunCheckpoints:
     def resume(self, path: str | Path) -> TrainerState:
         """Restore the weights, optimizer, scheduler and RNG states of the checkpoint at ``path``
         (a checkpoint, or a run folder: its newest); returns its state. A checkpoint of a run
-        whose :data:`RUN_IDENTITY` differs from this config's is refused (``ValueError``)."""
+        whose identity fields (:data:`RUN_IDENTITY`) differ from this config's are refused (``ValueError``)."""
         checkpoint = find_checkpoint(path)
         saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["config"]
-        saved_config = LightningRLConfig.from_dict({k: v for k, v in saved.items() if k in LightningRLConfig.field_names()})
-        changed = [k for k in RUN_IDENTITY if getattr(saved_config, k) != getattr(self.config, k)]
+        kind = type(self.config)
+        saved_config = kind.from_dict({k: v for k, v in saved.items() if k in kind.field_names()})
+        changed = [k for k in self.identity if getattr(saved_config, k) != getattr(self.config, k)]
         if changed:
             raise ValueError(
                 f"cannot resume from {checkpoint}: the run's {', '.join(changed)} changed (saved: "

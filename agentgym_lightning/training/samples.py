@@ -112,6 +112,9 @@ class Sample:
     steps: list[int] = field(default_factory=list)
     #: The LoRA adapter the row trains (``lora_per_agent``); ``None``: the model's trainable weights.
     adapter: str | None = None
+    #: Where the row's ids came from when not from the generator as recorded (SFT's re-tokenized
+    #: teacher text: ``{"retokenized": True, "tokenizer": ..., "teacher_model": ...}``).
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

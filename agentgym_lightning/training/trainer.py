@@ -81,58 +81,31 @@ import torch
 
 from agentgym_lightning.cpu_threads import warn_if_threads_spin
 from agentgym_lightning.env import AgentEnv
-from agentgym_lightning.failed_episodes import EpisodesFailedError, check_episodes_ran
+from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.metrics import episode_metrics
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.judge import JudgeConfig
-from agentgym_lightning.policies.base import ModelSharingPolicy
-from agentgym_lightning.registration import env_kwargs_refused, is_file_factory, make_env_factory
+from agentgym_lightning.registration import env_kwargs_refused
 from agentgym_lightning.rollouts.base import Rollouts
-from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
-from agentgym_lightning.training.agent_adapters import (
-    AdapterRouting,
-    AgentAdapters,
-    activate,
-    adapter_parameters,
-    adapter_rollout_metrics,
-    add_agent_adapters,
-    warn_if_air_reaches_every_adapter,
-)
+from agentgym_lightning.training.agent_adapters import AdapterRouting, adapter_rollout_metrics, warn_if_air_reaches_every_adapter
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.async_rollouts import AsyncRollouts
-from agentgym_lightning.training.generation import (
-    SamplingOverride,
-    VersionStamping,
-    generator_metrics,
-    separate_generator,
-    shares_model,
-    sync_weights,
-)
+from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
+from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
+from agentgym_lightning.training.held_out import held_out_eval
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.memory_plan import check_run_memory
-from agentgym_lightning.training.models import (
-    add_lora,
-    build_optimizer,
-    build_policy,
-    enable_activation_checkpointing,
-    reference_model,
-)
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.ranks import Ranks
-from agentgym_lightning.training.result import TrainingStopped, TrainResult
+from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
+from agentgym_lightning.training.run_models import build_run_models
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
-from agentgym_lightning.training.signals import Terminated, deferred_interrupt, terminate_as_interrupt
-from agentgym_lightning.training.update import (
-    MicroBatches,
-    UpdateStats,
-    clip_gradients,
-    packed_update,
-    warn_if_prefixes_repeated,
-)
+from agentgym_lightning.training.signals import deferred_interrupt
+from agentgym_lightning.training.update import MicroBatches, optimize, packed_update, warn_if_prefixes_repeated
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
 __all__ = ["LightningRLTrainer"]
@@ -172,24 +145,11 @@ class LightningRLTrainer:
         self._hook = get_plugin_manager().hook
 
         # The envs: every call of a training episode is seeded from its episode (reproducible).
-        env_kwargs = dict(cfg.env_kwargs)
         target = env or cfg.env
-        if isinstance(target, str) and not is_file_factory(target):
-            if cfg.air_weights:
-                env_kwargs["air_weights"] = {**dict(env_kwargs.get("air_weights") or {}), **cfg.air_weights}
-            self.env_factory = _seeding(make_env_factory(target, env_kwargs))
-        else:
-            # A factory (the caller's, its kwargs baked in, or a file's) need not take air_weights:
-            # the config's are merged into the env it returns instead.
-            factory = make_env_factory(target, env_kwargs) if isinstance(target, str) else make_env_factory(target)
-            self.env_factory = _seeding(factory, cfg.air_weights)
-        self.eval_factory: Callable[[], AgentEnv] | None = None
-        if eval_env is not None:
-            self.eval_factory = make_env_factory(eval_env)
-        elif cfg.eval_env_kwargs is not None:
-            self.eval_factory = make_env_factory(cfg.env, {**cfg.env_kwargs, **cfg.eval_env_kwargs})
+        self.env_factory = training_env_factory(target, cfg.env_kwargs, cfg.air_weights)
+        self.eval_factory: Callable[[], AgentEnv] | None = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         # The one env built at the start, before the model loads: a misspelt env kwarg fails here (EnvKwargsError).
-        with env_kwargs_refused(target, env_kwargs) if isinstance(target, str) else contextlib.nullcontext():
+        with env_kwargs_refused(target, cfg.env_kwargs) if isinstance(target, str) else contextlib.nullcontext():
             probe = self.env_factory()
         self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
         probe.close()
@@ -203,42 +163,21 @@ class LightningRLTrainer:
             )
         #: What each rank will hold (printed; a plan that cannot fit is refused before any weight loads).
         self.memory_plan = check_run_memory(cfg, policy, ranks=self.ranks.world_size, device=self.ranks.device, main=self.ranks.is_main)
-        # The generator and the trained model (the same object for hf).
         #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
         self._owns_policy = policy is None and self.ranks.is_main
-        self.policy = policy if policy is not None or not self.ranks.is_main else build_policy(cfg)
-        self.model, self.tokenizer = self.ranks.trained_model(self.policy, cfg)
+        # The generator and the trained model (the same object for hf), its LoRA, the reference, the optimizer.
+        built = build_run_models(cfg, policy, training_steps=cfg.max_steps * cfg.num_iterations, ranks=self.ranks)
+        self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
         self.device = next(self.model.parameters()).device
-        own_pad = self.policy.pad_token_id if isinstance(self.policy, ModelSharingPolicy) else None
-        self.pad_token_id = self.ranks.from_main(int(own_pad or self.tokenizer.pad_token_id or self.tokenizer.eos_token_id))
-        from trl.trainer.utils import disable_dropout_in_model
-
-        disable_dropout_in_model(self.model)
-        if cfg.max_staleness and shares_model(self.policy, self.model):
-            separate_generator(self.policy, self.model)  # episodes decode on while the update changes the model
         #: lora_per_agent: which agent's calls go to which adapter (None: one set of trained weights).
-        self.adapters = AgentAdapters.from_config(cfg)
+        self.adapters = built.adapters
         warn_if_air_reaches_every_adapter(cfg, self.adapters)
-        if cfg.use_peft:
-            shared = shares_model(self.policy, self.model)
-            self.model = add_lora(self.model, cfg) if self.adapters is None else add_agent_adapters(self.model, cfg, self.adapters.names)
-            if shared:
-                self.policy.hf_model = self.model  # the policy generates through the adapter
-        if cfg.gradient_checkpointing:
-            enable_activation_checkpointing(self.model)
-        self.ref_model = reference_model(self.model, cfg) if cfg.beta > 0 else None
-        self.model, self.ref_model = self.ranks.shard(self.model, self.ref_model)  # N ranks: FSDP2
+        self.ref_model = built.ref_model
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self._warned_repeated_prefixes = False
-        params = [p for p in self.model.parameters() if p.requires_grad]
         #: Each adapter's parameters (lora_per_agent: clipped and reported per adapter).
-        self.adapter_params = adapter_parameters(self.model, self.adapters.names) if self.adapters is not None else {}
-        self.optimizer = build_optimizer(params, cfg)
-        from transformers import get_scheduler
-
-        self.scheduler = get_scheduler(
-            cfg.lr_scheduler_type, self.optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps * cfg.num_iterations
-        )
+        self.adapter_params = built.adapter_params
+        self.optimizer, self.scheduler = built.optimizer, built.scheduler
         self.checkpoints = RunCheckpoints(
             self.output_dir, cfg, model=self.ranks.full_model(self.model), tokenizer=self.tokenizer, scheduler=self.scheduler,
             optimizer=self.ranks.checkpointed_optimizer(self.model, self.optimizer),
@@ -252,8 +191,10 @@ class LightningRLTrainer:
         self._async: AsyncRollouts | None = None  # max_staleness >= 1: the producer and its buffer, made on first use
         self._async_state: dict[str, Any] | None = None  # a resumed checkpoint's buffer, for it
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
-        if self.adapters is not None:
-            self._sync()  # a generator of its own must hold every adapter before the first call names one
+        if self.adapters is not None or built.initialized:
+            # A generator of its own must hold every adapter before the first call names one, and
+            # the weights the run starts from (init_from) before the first rollout.
+            self._sync()
 
     def _sync(self) -> float:
         """Push the trained weights (or each agent's adapter) to the generator; returns seconds."""
@@ -299,19 +240,9 @@ class LightningRLTrainer:
         postfix: dict[str, str] = {}
         completed = False
         try:
-            with terminate_as_interrupt():
-                self._loop(result, bar, postfix)
-            completed = True
-        except KeyboardInterrupt as exc:
-            result.interrupted = True
-            result.signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-            self._save_progress()
-        except Exception as exc:
-            saved = self._save_progress()
-            if isinstance(exc, EpisodesFailedError):
-                raise
-            where = f"checkpoint of step {self.step} in {saved.parent}" if saved is not None else "no step had completed"
-            raise TrainingStopped(f"the run stopped at step {self.step + 1}: {exc!r} ({where})", saved) from exc
+            completed = run_until_stopped(
+                lambda: self._loop(result, bar, postfix), result, save_progress=self._save_progress, step=lambda: self.step
+            )
         finally:
             bar.close()
             self.close()
@@ -515,31 +446,10 @@ class LightningRLTrainer:
         micro = MicroBatches(batch.samples, cfg, packed=self.packed_update, pad_token_id=self.pad_token_id, device=self.device,
                              adapters=self.adapters, share=self.ranks.share if self.ranks.distributed else None)
         fixed = micro.fixed_logps(self.model, self.ref_model)  # the old policy's and the reference's, no gradients
-        stats = UpdateStats(adapters=tuple(self.adapter_params))
-        self.model.train()
-        try:
-            for _ in range(cfg.num_iterations):
-                self.optimizer.zero_grad(set_to_none=True)
-                for i in range(len(micro)):
-                    terms = micro.loss(self.model, i, fixed)
-                    terms.loss.backward()
-                    stats.add(terms, micro.owners[i])
-                grad_norm, adapter_norms = clip_gradients(self.model, self.adapter_params, cfg.max_grad_norm)
-                if not stats.finite(grad_norm):
-                    # A NaN/inf step would ruin the weights for good: never apply it (counted, warned).
-                    self.optimizer.zero_grad(set_to_none=True)
-                    stats.skip_nonfinite(self.step + 1, grad_norm)
-                    continue
-                stats.add_grad_norms(grad_norm, adapter_norms)
-                self.optimizer.step()
-                self.scheduler.step()
-                # Nothing reads the gradients again: freed now, they don't sit through the next
-                # rollouts and evals (a full fine-tune's gradients are as big as its weights).
-                self.optimizer.zero_grad(set_to_none=True)
-        finally:
-            self.model.eval()
-            if self.adapters is not None:
-                activate(self.model, self.adapters.names[0], self.adapters.names)
+        stats = optimize(
+            micro, lambda i: micro.loss(self.model, i, fixed), model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            adapter_params=self.adapter_params, max_grad_norm=cfg.max_grad_norm, iterations=cfg.num_iterations, step=self.step + 1,
+        )
         self.ranks.sum_stats(stats.totals)  # the step's loss over every rank's rows
         if not self._warned_repeated_prefixes:
             self._warned_repeated_prefixes = warn_if_prefixes_repeated(micro, self.step + 1)
@@ -549,27 +459,7 @@ class LightningRLTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) and log it."""
-        cfg = self.config
-        if self.eval_factory is None:
-            raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
-        policy = SamplingOverride(self.generator, temperature=cfg.eval_temperature, max_tokens=cfg.max_completion_length)
-        written = self.output_dir / "eval" / f"step-{self.step:06d}.jsonl"
-        result = evaluate(
-            self.eval_factory,
-            policy,
-            episodes=cfg.eval_episodes,
-            concurrency=cfg.eval_episodes,
-            seed=cfg.seed + 7_919,  # the same held-out episodes at every evaluation
-            output=written,
-            progress=False,
-            log_metrics=False,  # logged below, with the step, once the episodes are known to have run
-            strict=True,  # Ctrl-C and a failed write stop the run (train() checkpoints)
-        )
-        release_freed_memory()
-        check_episodes_ran(result.trajectories, f"the evaluation at step {self.step}", written)
-        metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
-        self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
-        return metrics
+        return held_out_eval(self.eval_factory, self.generator, self.config, output_dir=self.output_dir, step=self.step, hook=self._hook)
 
     # ================================================================== checkpoints
 
@@ -599,19 +489,6 @@ class LightningRLTrainer:
 
 
 # ====================================================================== building blocks
-
-
-def _seeding(factory: Callable[[], AgentEnv], air_weights: dict[str, float] | None = None) -> Callable[[], AgentEnv]:
-    """``factory`` whose envs seed every call (and get ``air_weights`` over their own, if given)."""
-
-    def make() -> AgentEnv:
-        env = factory()
-        env.seed_calls = True
-        if air_weights:
-            env.air_weights = {**env.air_weights, **{k: float(v) for k, v in air_weights.items()}}
-        return env
-
-    return make
 
 
 def _step_seed(seed: int, step: int) -> int:

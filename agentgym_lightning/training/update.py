@@ -18,6 +18,7 @@ what it runs on:
   against the rows' generator logprobs is taken against it (:mod:`.loss`'s docstring).
 * :class:`UpdateStats` — the loss's statistics summed over micro-batches and iterations, the
   non-finite guard (:class:`NonFiniteUpdateWarning`) and the metrics the step logs.
+* :func:`optimize` — the optimizer loop over the micro-batches (the RL and SFT trainers' both).
 * :func:`clip_gradients` — one norm over the trained weights, or each adapter clipped on its own.
 * :func:`warn_if_prefixes_repeated` — :class:`MicroBatchesRepeatPrefixesWarning`, once per run.
 """
@@ -46,6 +47,7 @@ from agentgym_lightning.training.loss import (
     pad_samples,
     per_token_logps,
     policy_loss,
+    sft_loss,
 )
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.token_tree import (
@@ -59,7 +61,7 @@ from agentgym_lightning.training.token_tree import (
 
 __all__ = [
     "FixedLogps", "MicroBatches", "MicroBatchesRepeatPrefixesWarning", "NonFiniteUpdateWarning", "UpdateStats", "clip_gradients",
-    "packed_update", "warn_if_prefixes_repeated",
+    "optimize", "packed_update", "warn_if_prefixes_repeated",
 ]
 
 
@@ -209,6 +211,13 @@ class MicroBatches:
             return dataclasses.replace(terms, loss=terms.loss * 0.0, **zero)
         return terms
 
+    def sft_loss(self, model: Any, i: int) -> LossTerms:
+        """Micro-batch ``i``'s supervised loss under ``model`` (:func:`~.loss.sft_loss`: the
+        negative log-likelihood of its loss tokens at temperature 1, over the step's weighted loss
+        tokens); the SFT trainer's, with ``config.loss_type`` a token-sum one (``dapo``)."""
+        logps, entropy = self.token_logps(model, i)
+        return sft_loss(logps, self.padded[i], normalizer=self.normalizers[i], entropy=entropy)
+
     @property
     def forward_tokens(self) -> int:
         """Token positions one trained forward runs (the old/reference passes run them again)."""
@@ -267,7 +276,7 @@ class UpdateStats:
             f"step {step}: the update's loss ({self.totals['loss']}) or gradient norm ({float(grad_norm)}) "
             "is not finite; it was skipped and the weights are unchanged (update/nonfinite_skipped)",
             NonFiniteUpdateWarning,
-            stacklevel=3,  # the caller of LightningRLTrainer.update
+            stacklevel=4,  # the caller of the trainer's update (through optimize)
         )
 
     def add_grad_norms(self, grad_norm: torch.Tensor, norms: dict[str, float]) -> None:
@@ -309,6 +318,52 @@ class UpdateStats:
             "update/tokens/unique": float(count_unique_tokens(micro.samples)),
             "update/packed": float(micro.trees is not None),
         }
+
+
+def optimize(
+    micro: MicroBatches,
+    loss_of: Callable[[int], LossTerms],
+    *,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    adapter_params: dict[str, list[Any]],
+    max_grad_norm: float,
+    iterations: int = 1,
+    step: int,
+) -> UpdateStats:
+    """The optimizer loop over ``micro``'s micro-batches, ``iterations`` times: zero the gradients,
+    backward each micro-batch's ``loss_of(i)``, clip (:func:`clip_gradients`), step the optimizer
+    and the scheduler, and free the gradients. An iteration whose loss or gradient norm is not
+    finite is never applied (counted and warned: :class:`NonFiniteUpdateWarning`, naming ``step``).
+    The model trains in between and is left in eval mode, its first adapter active. The RL
+    trainer's update (the policy loss) and the SFT trainer's (the supervised loss) both run it."""
+    stats = UpdateStats(adapters=tuple(adapter_params))
+    model.train()
+    try:
+        for _ in range(iterations):
+            optimizer.zero_grad(set_to_none=True)
+            for i in range(len(micro)):
+                terms = loss_of(i)
+                terms.loss.backward()
+                stats.add(terms, micro.owners[i])
+            grad_norm, adapter_norms = clip_gradients(model, adapter_params, max_grad_norm)
+            if not stats.finite(grad_norm):
+                # A NaN/inf step would ruin the weights for good: never apply it (counted, warned).
+                optimizer.zero_grad(set_to_none=True)
+                stats.skip_nonfinite(step, grad_norm)
+                continue
+            stats.add_grad_norms(grad_norm, adapter_norms)
+            optimizer.step()
+            scheduler.step()
+            # Nothing reads the gradients again: freed now, they don't sit through the next
+            # rollouts and evals (a full fine-tune's gradients are as big as its weights).
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        model.eval()
+        if micro.adapters is not None:
+            activate(model, micro.adapters.names[0], micro.adapters.names)
+    return stats
 
 
 def warn_if_prefixes_repeated(micro: MicroBatches, step: int) -> bool:

@@ -265,6 +265,7 @@ def make_env(
 
 def gold_policy(observation: Any, task: Mapping[str, Any]) -> str:
     """A scripted policy that answers with the gold SQL and accepts it at the check (tests)."""
-    if observation.request.metadata.get("role") == "checker":
+    metadata = observation.request.metadata
+    if (metadata.get("role") or metadata.get("agent")) == "checker":  # the scratch agent names roles, LangGraph's nodes agents
         return "The query answers the question.\nVERDICT: CORRECT"
     return f"```sql\n{task['query']}\n```"

@@ -1,0 +1,54 @@
+"""A run's held-out evaluation: the same episodes every time, written, checked and logged.
+
+The RL trainer's and the SFT trainer's (before training, every ``eval_steps``, at the end): the
+held-out env's ``episodes`` tasks, one episode each, at ``temperature`` (greedy by default),
+seeded from the run's seed so every evaluation runs the same tasks; the episodes go to
+``<output_dir>/eval/step-<step>.jsonl`` and the metrics (``eval/...``) to the
+``agentgym_log_metrics`` hook at ``step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.failed_episodes import check_episodes_ran
+from agentgym_lightning.memory import release_freed_memory
+from agentgym_lightning.rollouts.evaluation import evaluate
+from agentgym_lightning.training.generation import SamplingOverride
+
+__all__ = ["held_out_eval", "HELD_OUT_SEED_OFFSET"]
+
+#: Added to the run's seed for the held-out episodes (the same at every evaluation).
+HELD_OUT_SEED_OFFSET = 7_919
+
+
+def held_out_eval(
+    env_factory: Callable[[], AgentEnv] | None, generator: Any, config: Any, *, output_dir: Path, step: int, hook: Any
+) -> dict[str, float]:
+    """Run the held-out eval with ``generator`` (see the module docstring) as ``config`` says
+    (``eval_episodes``, ``eval_temperature``, ``max_completion_length``, ``seed``: the RL and the SFT
+    configs' fields); returns its metrics. ``RuntimeError`` when the run has no held-out env."""
+    if env_factory is None:
+        raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
+    episodes, seed = config.eval_episodes, config.seed
+    policy = SamplingOverride(generator, temperature=config.eval_temperature, max_tokens=config.max_completion_length)
+    written = output_dir / "eval" / f"step-{step:06d}.jsonl"
+    result = evaluate(
+        env_factory,
+        policy,
+        episodes=episodes,
+        concurrency=episodes,
+        seed=seed + HELD_OUT_SEED_OFFSET,  # the same held-out episodes at every evaluation
+        output=written,
+        progress=False,
+        log_metrics=False,  # logged below, with the step, once the episodes are known to have run
+        strict=True,  # Ctrl-C and a failed write stop the run (the trainer checkpoints)
+    )
+    release_freed_memory()
+    check_episodes_ran(result.trajectories, f"the evaluation at step {step}", written)
+    metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
+    hook.agentgym_log_metrics(metrics=metrics, step=step)
+    return metrics

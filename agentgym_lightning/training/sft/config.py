@@ -1,0 +1,245 @@
+"""``SFTConfig``: every option of a supervised fine-tuning run, typed, defaulted and documented.
+
+The same idiom as :class:`~agentgym_lightning.training.config.LightningRLConfig` (a dataclass
+whose fields carry their help, validated on construction, from YAML or flags, saved with every
+checkpoint), and the same fields wherever an option means the same thing: the model, its backend,
+the optimizer, LoRA (or an adapter per agent), micro-batching, evaluation, checkpoints and logging
+are *the RL config's own fields*, copied from it with their help (``_same``), so the two commands
+read alike and a value means one thing. What is SFT's own: the sources and which of their episodes
+are chosen (``min_reward``, ``top_k``, ``success_only``, ``agent_match``), how many rows a step
+trains on, whether to re-tokenize (a teacher's text), and the rounds of rollouts (rejection
+sampling; with a ``teacher``, distillation).
+
+:meth:`SFTConfig.update_config` is the RL config the shared machinery reads (models, LoRA, the
+token-tree micro-batches, checkpoints): SFT is the same update with another loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym_lightning.training.config import DataclassConfig, LightningRLConfig
+
+__all__ = ["SFTConfig", "RETOKENIZE", "SFT_RUN_IDENTITY"]
+
+#: When a call's text is tokenized again with the student's chat template.
+RETOKENIZE = ("auto", "always", "never")
+
+_RL_FIELDS = {f.name: f for f in dataclasses.fields(LightningRLConfig)}
+
+
+def _same(name: str, *, help: str | None = None, **default: Any) -> Any:
+    """The RL config's field ``name`` (its default and help), with another ``default`` /
+    ``default_factory`` or ``help`` where SFT means something more specific."""
+    rl = _RL_FIELDS[name]
+    if not default:
+        default = {"default_factory": rl.default_factory} if rl.default_factory is not dataclasses.MISSING else {"default": rl.default}
+    return field(**default, metadata={"help": help if help is not None else rl.metadata["help"]})
+
+
+#: The fields the SFT config shares with the RL config (``update_config`` hands them on).
+_SHARED = (
+    "env", "env_kwargs", "model", "backend", "generator_url", "policy_kwargs", "init_from", "output_dir", "max_steps", "seed",
+    "num_generations", "concurrency", "temperature", "top_p", "max_completion_length", "air_weights", "agent_match", "optim",
+    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+    "max_grad_norm", "per_device_train_batch_size", "micro_batch_tokens", "packed_update", "gradient_checkpointing", "dtype",
+    "device", "num_threads", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_per_agent",
+    "eval_env_kwargs", "eval_episodes", "eval_steps", "eval_temperature", "save_steps", "save_total_limit", "logging_steps",
+    "report_to", "run_name", "progress",
+)
+
+#: Config fields that decide what an SFT run computes: a resumed run must not change them.
+SFT_RUN_IDENTITY = (
+    "sources", "min_reward", "top_k", "success_only", "agent_match", "retokenize", "env", "env_kwargs", "model", "seed", "max_steps",
+    "rows_per_step", "rounds", "tasks_per_round", "num_generations", "temperature", "top_p", "max_completion_length", "air_weights",
+    "teacher", "use_peft", "lora_r", "lora_alpha", "lora_target_modules", "lora_per_agent", "learning_rate", "optim", "init_from",
+)
+
+
+@dataclass
+class SFTConfig(DataclassConfig):
+    """Configuration of :class:`~agentgym_lightning.training.sft.trainer.SFTTrainer`.
+
+    Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``sft`` command's flags;
+    :meth:`validate` runs on construction and names any bad value."""
+
+    # ------------------------------------------------------------------ what to learn from
+    sources: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Episodes to learn from: run folders (their trajectories/ and rollouts/; never eval/, the held-out episodes) or trajectory "
+            "JSONL files (what `eval --output` writes). May be empty when `rounds` roll episodes out."
+        },
+    )
+    min_reward: float | None = field(
+        default=None, metadata={"help": "Keep episodes whose return (final reward plus AIR and emitted rewards) is at least this."}
+    )
+    top_k: int | None = field(
+        default=None, metadata={"help": "Keep at most the K best episodes (by return) of each task (None: all that pass)."}
+    )
+    success_only: bool = field(
+        default=False, metadata={"help": "Keep only successful episodes (status succeeded and a positive final reward)."}
+    )
+    agent_match: str | dict[str, Any] | None = _same(
+        "agent_match",
+        help="Which calls of a kept episode are trained (the RL config's `agent_match`): a regular expression matched in "
+        "full against the call's agent name or role (`writer|rewriter`), or a mapping of `agent`, `role`, `name`, "
+        "`variables`. None: every trainable call.",
+    )
+    retokenize: str = field(
+        default="auto",
+        metadata={
+            "help": "Tokenize a call again with the student's chat template: `auto` (the calls recorded without token ids: "
+            "an API backend's, a teacher's), `always` (every call: a teacher with a tokenizer of its own that returned its "
+            "ids), `never` (such calls are skipped). The one place text is re-tokenized; each such row says so."
+        },
+    )
+
+    # ------------------------------------------------------------------ the model
+    model: str = _same("model")
+    backend: str = _same("backend")
+    generator_url: str | None = _same("generator_url")
+    policy_kwargs: dict[str, Any] = _same("policy_kwargs")
+    init_from: str | None = _same("init_from")
+    output_dir: str = _same("output_dir", default="runs/sft", help="Where checkpoints, metrics.jsonl, the rows, rollouts and the final model go.")
+
+    # ------------------------------------------------------------------ the steps
+    max_steps: int = _same(
+        "max_steps", default=20,
+        help="Optimizer steps per round (with `rounds` 0: of the run), each on `rows_per_step` rows of the chosen episodes.",
+    )
+    rows_per_step: int = field(
+        default=16,
+        metadata={"help": "Rows (one trained LLM call each) per optimizer step, walked in epochs of a seeded permutation."},
+    )
+    seed: int = _same("seed", help="Seeds the rows' order, the rounds' tasks and sampling, and torch.")
+
+    # ------------------------------------------------------------------ rounds: rejection sampling, distillation
+    rounds: int = field(
+        default=0,
+        metadata={
+            "help": "Rounds of rollouts (0: none, learn from `sources` alone). Each round rolls `tasks_per_round` x "
+            "`num_generations` episodes out with the current student (rejection sampling) or the `teacher` "
+            "(distillation), adds them to the pool, keeps the best as chosen, and trains `max_steps` steps."
+        },
+    )
+    tasks_per_round: int = field(default=24, metadata={"help": "Distinct tasks each round rolls out."})
+    num_generations: int = _same("num_generations", default=8, help="Episodes per task in a round (1 or more).")
+    teacher: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "Roll the rounds out with an OpenAI-compatible teacher instead of the student (distillation): the "
+            "`openai` backend's options, `base_url` and optionally `model`, `api_key`, `max_concurrency`. Its text is "
+            "re-tokenized with the student's chat template (`retokenize`)."
+        },
+    )
+    concurrency: int | None = _same("concurrency", help="Episodes running at once in a round (default: all of it).")
+    temperature: float = _same("temperature", help="Sampling temperature of the rounds' calls (the loss is at temperature 1).")
+    top_p: float = _same("top_p")
+    max_completion_length: int | None = _same("max_completion_length", help="Caps `max_tokens` of every call of a round or evaluation.")
+    air_weights: dict[str, float] = _same("air_weights", help="AIR weights of the rounds' env (their returns choose the episodes).")
+    env: str = _same("env", help="The environment the rounds roll out and the held-out evaluation runs on.")
+    env_kwargs: dict[str, Any] = _same("env_kwargs", help="Keyword arguments of the rounds' env (`gym.make(env, **env_kwargs)`).")
+
+    # ------------------------------------------------------------------ optimisation (the RL config's)
+    optim: str = _same("optim")
+    learning_rate: float = _same("learning_rate")
+    lr_scheduler_type: str = _same("lr_scheduler_type")
+    warmup_steps: int = _same("warmup_steps")
+    weight_decay: float = _same("weight_decay")
+    adam_beta1: float = _same("adam_beta1")
+    adam_beta2: float = _same("adam_beta2")
+    adam_epsilon: float = _same("adam_epsilon")
+    max_grad_norm: float = _same("max_grad_norm")
+    per_device_train_batch_size: int = _same("per_device_train_batch_size")
+    micro_batch_tokens: int | None = _same("micro_batch_tokens")
+    packed_update: bool | str = _same("packed_update")
+    gradient_checkpointing: bool = _same("gradient_checkpointing")
+    dtype: str = _same("dtype")
+    device: str = _same("device")
+    num_threads: int | None = _same("num_threads")
+
+    # ------------------------------------------------------------------ LoRA (the RL config's)
+    use_peft: bool = _same("use_peft")
+    lora_r: int = _same("lora_r")
+    lora_alpha: int = _same("lora_alpha")
+    lora_dropout: float = _same("lora_dropout")
+    lora_target_modules: list[str] | str = _same("lora_target_modules")
+    lora_per_agent: bool | dict[str, str] = _same("lora_per_agent")
+
+    # ------------------------------------------------------------------ evaluation, checkpoints, logging (the RL config's)
+    eval_env_kwargs: dict[str, Any] | None = _same("eval_env_kwargs")
+    eval_episodes: int = _same("eval_episodes")
+    eval_steps: int | None = _same("eval_steps", help="Also evaluate every K steps (always before, after each round, and at the end).")
+    eval_temperature: float = _same("eval_temperature")
+    save_steps: int = _same("save_steps", help="Checkpoint every N steps (and at the end of each round, and on Ctrl-C).")
+    save_total_limit: int | None = _same("save_total_limit")
+    logging_steps: int = _same("logging_steps")
+    report_to: list[str] = _same("report_to")
+    run_name: str | None = _same("run_name")
+    progress: bool = _same("progress")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ValueError` naming the first bad option and what it accepts. The shared
+        fields are checked by the RL config they are handed to (:meth:`update_config`)."""
+        if isinstance(self.sources, str):
+            self.sources = [self.sources]
+        if not isinstance(self.sources, list) or not all(isinstance(s, str) for s in self.sources):
+            raise ValueError(f"sources must be a list of paths; got {self.sources!r}")
+        for name, low in (("rows_per_step", 1), ("tasks_per_round", 1), ("num_generations", 1), ("rounds", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 or None; got {self.top_k!r}")
+        if self.min_reward is not None and (isinstance(self.min_reward, bool) or not isinstance(self.min_reward, (int, float))
+                                            or not math.isfinite(self.min_reward)):
+            raise ValueError(f"min_reward must be a finite number or None; got {self.min_reward!r}")
+        if self.retokenize not in RETOKENIZE:
+            raise ValueError(f"retokenize must be one of {', '.join(RETOKENIZE)}; got {self.retokenize!r}")
+        if self.teacher is not None:
+            if not isinstance(self.teacher, Mapping) or not self.teacher.get("base_url"):
+                raise ValueError(f"teacher must be a mapping with a base_url (the OpenAI-compatible endpoint); got {self.teacher!r}")
+            if self.rounds < 1:
+                raise ValueError("a teacher rolls the rounds out: set rounds >= 1 (--rounds 1 distills once)")
+        if not self.sources and self.rounds < 1:
+            raise ValueError("nothing to learn from: give sources (run folders or trajectory JSONL files) or rounds >= 1 to roll episodes out")
+        self.update_config()  # the shared fields, checked as the RL config checks them
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        if self.lora_per_agent is not False:
+            self.use_peft = True
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run: ``max_steps`` per round (one pass without rounds)."""
+        return self.max_steps * max(self.rounds, 1)
+
+    def update_config(self) -> LightningRLConfig:
+        """The RL config the shared machinery reads (the generator and trained model, LoRA,
+        adapters, the optimizer, the token-tree micro-batches): this config's shared fields, the
+        logprobs at temperature 1, a token-sum normaliser (``dapo``'s: the step's token mean), one
+        iteration, no reference model, no sampling correction."""
+        shared = {name: getattr(self, name) for name in _SHARED}
+        shared.update(
+            temperature=1.0,
+            num_generations=max(2, self.num_generations),
+            tasks_per_step=self.tasks_per_round,
+            loss_type="dapo",
+            num_iterations=1,
+            beta=0.0,
+            sampling_correction=False,
+            max_steps=self.total_steps,
+        )
+        if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
+            raise ValueError(f"temperature must be in (0, 2] (the rounds' sampling); got {self.temperature!r}")
+        return LightningRLConfig(**shared)

@@ -1,0 +1,98 @@
+"""The episodes SFT learns from: read from run folders and trajectory files, and the best chosen.
+
+A source is a run folder (every episode file in its ``trajectories/``: an RL run's training
+episodes; and ``rollouts/``: an SFT run's rounds — never ``eval/``, the held-out episodes) or a
+trajectory JSONL file (``eval --output``). Episodes are
+chosen in this order: infrastructure failures and unfinished episodes never; then
+``success_only`` (status succeeded and a positive final reward, :func:`~agentgym_lightning.metrics.succeeded`);
+then ``min_reward`` on the return (:attr:`~agentgym_lightning.trajectory.Trajectory.total_reward`:
+the final reward plus AIR and emitted rewards, what RL trains on); then the ``top_k`` best of each
+task (the same task, compared as JSON), ties broken by seed and episode id so the choice does not
+depend on file order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentgym_lightning.metrics import succeeded
+from agentgym_lightning.trajectory import Trajectory, load_trajectories
+
+__all__ = ["EpisodeChoice", "load_sources", "source_files", "choose_episodes", "task_key"]
+
+#: Episode files of a run folder: an RL run's training episodes, an SFT run's rounds (never eval/:
+#: the held-out episodes must not be trained on).
+_RUN_FOLDERS = ("trajectories", "rollouts")
+
+
+def source_files(sources: Sequence[str | Path]) -> list[Path]:
+    """The episode files of ``sources`` (run folders or JSONL files), in a fixed order;
+    ``FileNotFoundError`` naming a source that is neither, or a run folder without episodes."""
+    files: list[Path] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = sorted(p for folder in _RUN_FOLDERS for p in (path / folder).glob("*.jsonl"))
+            if not found:
+                raise FileNotFoundError(
+                    f"SFT source {path} holds no episodes: a run folder has them in {', '.join(f'{f}/' for f in _RUN_FOLDERS)}; "
+                    "or pass a trajectory JSONL file"
+                )
+            files.extend(found)
+        else:
+            raise FileNotFoundError(f"SFT source {path}: no such run folder or trajectory file")
+    return files
+
+
+def load_sources(sources: Sequence[str | Path]) -> list[Trajectory]:
+    """Every episode of ``sources`` (see :func:`source_files`)."""
+    return [t for path in source_files(sources) for t in load_trajectories(path)]
+
+
+def task_key(t: Trajectory) -> str:
+    """The episode's task as a comparable key (its JSON)."""
+    return json.dumps(t.task, sort_keys=True, default=str)
+
+
+@dataclass
+class EpisodeChoice:
+    """The episodes chosen, and how many each rule left out (logged as ``data/...``)."""
+
+    episodes: list[Trajectory] = field(default_factory=list)
+    counts: dict[str, float] = field(default_factory=dict)
+
+
+def choose_episodes(
+    trajectories: Iterable[Trajectory], *, min_reward: float | None = None, top_k: int | None = None, success_only: bool = False
+) -> EpisodeChoice:
+    """The episodes to learn from (the rules and their order: the module docstring)."""
+    counts: dict[str, float] = defaultdict(float)
+    kept: list[Trajectory] = []
+    for t in trajectories:
+        counts["episodes/read"] += 1
+        if not t.trainable:
+            counts["episodes/not_finished"] += 1
+        elif success_only and not succeeded(t):
+            counts["episodes/not_successful"] += 1
+        elif min_reward is not None and t.total_reward < min_reward:
+            counts["episodes/below_min_reward"] += 1
+        else:
+            kept.append(t)
+    if top_k is not None:
+        by_task: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in kept:
+            by_task[task_key(t)].append(t)
+        kept = []
+        for members in by_task.values():
+            members.sort(key=lambda t: (-t.total_reward, t.seed if t.seed is not None else 0, t.episode_id))
+            kept.extend(members[:top_k])
+            counts["episodes/beyond_top_k"] += max(0, len(members) - top_k)
+    counts["episodes/chosen"] = float(len(kept))
+    counts["tasks/chosen"] = float(len({task_key(t) for t in kept}))
+    return EpisodeChoice(episodes=kept, counts=dict(counts))

@@ -1,0 +1,329 @@
+"""Supervised fine-tuning on chosen episodes: SFT, rejection sampling and distillation, one loop.
+
+Each round (one, without ``rounds``):
+
+1. **Episodes.** The pool is the ``sources``' episodes (run folders, trajectory files) plus, with
+   ``rounds``, every round's rollouts so far: ``tasks_per_round`` tasks (a function of the seed and
+   the round, :class:`~agentgym_lightning.training.schedule.TaskSchedule`) times
+   ``num_generations`` episodes, rolled out with the current student — *rejection sampling* — or
+   with an OpenAI-compatible ``teacher`` — *distillation* — and written to
+   ``rollouts/round-NN.jsonl``.
+2. **Choice.** The best are kept (:mod:`.episodes`: ``success_only``, ``min_reward``, ``top_k``
+   per task) and their trained calls become rows (:mod:`.rows`: ``agent_match``, adapters; a
+   teacher's text re-tokenized once, :mod:`.retokenize`), written to ``rows/round-NN.jsonl``.
+3. **Steps.** ``max_steps`` optimizer steps of ``rows_per_step`` rows each, walked in epochs of a
+   seeded permutation (so a resumed run takes the same rows), the negative log-likelihood of the
+   completion tokens (:func:`~agentgym_lightning.training.loss.sft_loss`) through the same update as
+   RL: the token-tree micro-batches (shared prefixes once) and the optimizer loop of
+   :mod:`~agentgym_lightning.training.update`, full weights, LoRA or an adapter per agent.
+
+The run folder is ``train``'s: ``metrics.jsonl`` (and W&B) through the same hooks, checkpoints
+every ``save_steps`` and at each round's end (``--resume`` continues exactly: a finished round's
+rollouts are read back, not rolled again), the held-out ``eval/`` before, every ``eval_steps``,
+after each round and at the end, ``final/`` (``train --init-from`` starts RL from it) and the report.
+
+::
+
+    from agentgym_lightning.training.sft import SFTConfig, SFTTrainer
+
+    SFTTrainer(SFTConfig(sources=["runs/main"], top_k=1, min_reward=1.0, output_dir="runs/sft")).train()
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentgym_lightning.cpu_threads import warn_if_threads_spin
+from agentgym_lightning.env import AgentEnv
+from agentgym_lightning.failed_episodes import check_episodes_ran
+from agentgym_lightning.memory import release_freed_memory
+from agentgym_lightning.metrics import episode_metrics
+from agentgym_lightning.plugin_manager import get_plugin_manager
+from agentgym_lightning.rollouts.in_process import InProcessRollouts
+from agentgym_lightning.training.agent_adapters import AdapterRouting
+from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
+from agentgym_lightning.training.generation import SamplingOverride, sync_weights
+from agentgym_lightning.training.held_out import held_out_eval
+from agentgym_lightning.training.models import build_run_models
+from agentgym_lightning.training.progress import progress_bar
+from agentgym_lightning.training.result import TrainResult, run_until_stopped
+from agentgym_lightning.training.run_checkpoints import RunCheckpoints
+from agentgym_lightning.training.samples import Sample
+from agentgym_lightning.training.schedule import TaskSchedule
+from agentgym_lightning.training.sft.config import SFT_RUN_IDENTITY, SFTConfig
+from agentgym_lightning.training.sft.episodes import choose_episodes, load_sources
+from agentgym_lightning.training.sft.rows import row_record, sft_rows
+from agentgym_lightning.training.signals import deferred_interrupt
+from agentgym_lightning.training.update import MicroBatches, optimize, packed_update
+from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter, load_trajectories
+
+__all__ = ["SFTTrainer"]
+
+#: The update's statistics that mean something for SFT (the policy loss's clip and ratio ones do not).
+_SFT_METRICS = ("loss", "grad_norm", "entropy", "learning_rate", "update/nonfinite_skipped", "update/tokens/forward",
+                "update/tokens/unique", "update/packed")
+
+
+class SFTTrainer:
+    """Fine-tunes the policy of an environment's agent on chosen episodes (see the module docstring).
+
+    Args:
+        config: The run's options (:class:`~agentgym_lightning.training.sft.config.SFTConfig`).
+        env: The rounds' env: an id or a factory returning an
+            :class:`~agentgym_lightning.env.AgentEnv` (default: ``config.env`` with ``config.env_kwargs``).
+        policy: The student's generator (default: built from ``config.backend`` and ``config.model``).
+        eval_env: The held-out env (default: ``config.env`` with ``config.eval_env_kwargs``; none when that is ``None``).
+        teacher: The policy that rolls the rounds out instead of the student (default: the
+            ``openai`` backend at ``config.teacher``'s ``base_url``, when given).
+    """
+
+    def __init__(
+        self,
+        config: SFTConfig,
+        *,
+        env: str | Callable[[], AgentEnv] | None = None,
+        policy: Any = None,
+        eval_env: str | Callable[[], AgentEnv] | None = None,
+        teacher: Any = None,
+    ) -> None:
+        config.validate()
+        self.config = cfg = config
+        self.output_dir = Path(cfg.output_dir)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        warn_if_threads_spin(torch.get_num_threads())
+        self._hook = get_plugin_manager().hook
+        #: The RL config the shared machinery reads (models, LoRA, micro-batches).
+        self.update_config = view = cfg.update_config()
+        self.sources = load_sources(cfg.sources)  # read first: a missing source is an error before the model loads
+        self.env_factory = training_env_factory(env or cfg.env, cfg.env_kwargs, cfg.air_weights) if cfg.rounds else None
+        self.eval_factory = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
+        self._schedule: TaskSchedule | None = None
+
+        built = build_run_models(view, policy, training_steps=cfg.total_steps)
+        self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
+        self.device = next(self.model.parameters()).device
+        self.adapters = built.adapters
+        self.adapter_params = built.adapter_params
+        self.optimizer, self.scheduler = built.optimizer, built.scheduler
+        self.packed_update = packed_update(self.model, cfg.packed_update)
+        self.checkpoints = RunCheckpoints(
+            self.output_dir, cfg, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
+            adapters=self.adapters.names if self.adapters is not None else None, identity=SFT_RUN_IDENTITY,
+        )
+        self.teacher = teacher if teacher is not None else _teacher_policy(cfg.teacher)
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self._rollouts: dict[int, list[Trajectory]] = {}
+        self._mid_update = False
+        self.model.eval()
+        if self.adapters is not None or built.initialized:
+            self._sync()
+
+    @property
+    def generator(self) -> Any:
+        """The student: the policy, each call routed to its agent's adapter under ``lora_per_agent``."""
+        return self.policy if self.adapters is None else AdapterRouting(self.policy, self.adapters)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of the run (one without ``rounds``)."""
+        return max(self.config.rounds, 1)
+
+    def _sync(self) -> float:
+        names = self.adapters.names if self.adapters is not None else None
+        return sync_weights(self.policy, self.model, peft=self.config.use_peft, adapters=names)
+
+    # ================================================================== the loop
+
+    def train(self, resume_from: str | Path | None = None) -> TrainResult:
+        """Run every round's steps, evaluating before, every ``eval_steps``, after each round and
+        at the end. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
+        (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`."""
+        if resume_from is not None:
+            state = self.checkpoints.resume(resume_from)
+            self.step, self.history = state.step, [dict(h) for h in state.history]
+            self._sync()
+        result = TrainResult(output_dir=self.output_dir, steps=self.step)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        for lines in self._hook.agentgym_train_start(config=self.config.to_dict(), output_dir=str(self.output_dir), step=self.step):
+            result.messages.extend(lines or [])
+        for line in result.messages:
+            print(line, file=sys.stderr)
+        bar = progress_bar(self.update_config, self.step)
+        completed = False
+        try:
+            completed = run_until_stopped(lambda: self._loop(result, bar), result, save_progress=self._save_progress, step=lambda: self.step)
+        finally:
+            bar.close()
+            result.steps, result.history = self.step, list(self.history)
+            if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
+                result.messages.append(unsaved)
+            final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
+            for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
+                result.messages.extend(lines or [])
+        return result
+
+    def _loop(self, result: TrainResult, bar: Any) -> None:
+        cfg = self.config
+        if self.eval_factory is not None and self.step == 0:
+            result.eval_before = self.evaluate()
+        while self.step < cfg.total_steps:
+            round_ = self.step // cfg.max_steps + 1
+            rows, counts = self.round_rows(round_)
+            order = TaskSchedule(rows, cfg.rows_per_step, _round_seed(cfg.seed, round_)) if rows else None
+            end = round_ * cfg.max_steps
+            while self.step < end:
+                metrics = self.train_step(order, round_, counts)
+                bar.update(1)
+                bar.set_postfix({"loss": f"{metrics.get('loss', float('nan')):.3f}"})
+                due = cfg.eval_steps and self.step % cfg.eval_steps == 0
+                if self.eval_factory is not None and self.step < cfg.total_steps and (due or self.step == end):
+                    self.evaluate()  # every eval_steps, and after each round but the last
+        if self.eval_factory is not None:
+            result.eval_after = self.evaluate()
+
+    # ================================================================== a round's data
+
+    def rollout(self, round_: int) -> list[Trajectory]:
+        """Round ``round_``'s episodes (1-based): read back when its file is complete (a resumed
+        run), else rolled out with the teacher or the current student and written."""
+        if round_ in self._rollouts:
+            return self._rollouts[round_]
+        cfg = self.config
+        assert self.env_factory is not None
+        path = self.output_dir / "rollouts" / f"round-{round_:02d}.jsonl"
+        expected = cfg.tasks_per_round * cfg.num_generations
+        if path.is_file():
+            saved = list(load_trajectories(path, on_error="skip"))
+            if len(saved) == expected:
+                self._rollouts[round_] = sorted(saved, key=lambda t: t.seed or 0)
+                return self._rollouts[round_]
+        if self.step != (round_ - 1) * cfg.max_steps:
+            raise ValueError(
+                f"cannot resume at step {self.step}: {path} does not hold round {round_}'s {expected} episodes, and they "
+                "cannot be rolled out again with the weights they were rolled out with; start the run over"
+            )
+        if self._schedule is None:
+            probe = self.env_factory()
+            self._schedule = TaskSchedule(probe.tasks, cfg.tasks_per_round, cfg.seed)
+            probe.close()
+        generator = self.teacher if self.teacher is not None else self.generator
+        sampling = SamplingOverride(generator, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
+        started = time.perf_counter()
+        with TrajectoryWriter(path) as writer:
+            episodes = InProcessRollouts(self.env_factory, sampling).rollout(
+                episodes=expected, group_size=cfg.num_generations, concurrency=cfg.concurrency or expected,
+                seed=_round_seed(cfg.seed, round_), tasks=self._schedule.tasks_for(round_ - 1), progress=False,
+                on_trajectory=writer.write,
+            )
+        seconds = time.perf_counter() - started
+        release_freed_memory()
+        check_episodes_ran(episodes, f"round {round_}'s rollout", path)
+        episodes.sort(key=lambda t: t.seed or 0)
+        self._hook.agentgym_log_metrics(metrics={**episode_metrics(episodes, seconds, prefix="rollout/"), "round": float(round_)}, step=self.step)
+        self._rollouts[round_] = episodes
+        return episodes
+
+    def round_rows(self, round_: int) -> tuple[list[Sample], dict[str, float]]:
+        """Round ``round_``'s rows (the pool chosen and made rows, written to
+        ``rows/round-NN.jsonl``) and the counts of how (``data/...``)."""
+        cfg = self.config
+        pool = list(self.sources)
+        for earlier in range(1, round_ + 1 if cfg.rounds else 1):
+            pool.extend(self.rollout(earlier))
+        choice = choose_episodes(pool, min_reward=cfg.min_reward, top_k=cfg.top_k, success_only=cfg.success_only)
+        made = sft_rows(
+            choice.episodes, tokenizer=self.tokenizer, agent_match=cfg.agent_match, adapters=self.adapters, retokenize=cfg.retokenize,
+            tool_prompt=getattr(self.policy, "tool_prompt", "full"),
+        )
+        path = self.output_dir / "rows" / f"round-{round_:02d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row_record(r)) + "\n" for r in made.samples), encoding="utf-8")
+        counts = {f"data/{k}": float(v) for k, v in {**choice.counts, **made.counts}.items()}
+        return made.samples, counts
+
+    # ================================================================== a step
+
+    def train_step(self, order: TaskSchedule | None, round_: int, counts: dict[str, float]) -> dict[str, float]:
+        """One optimizer step on the next ``rows_per_step`` rows of the round (``order``; ``None``:
+        the round has no rows, nothing is updated); returns its metrics."""
+        cfg = self.config
+        started = time.perf_counter()
+        in_round = self.step - (round_ - 1) * cfg.max_steps
+        rows: Sequence[Sample] = order.tasks_for(in_round) if order is not None else []
+        with deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
+            self._mid_update = True
+            update: dict[str, float] = {"update/skipped": 1.0}
+            if rows:
+                micro = MicroBatches(rows, self.update_config, packed=self.packed_update, pad_token_id=self.pad_token_id,
+                                     device=self.device, adapters=self.adapters)
+                stats = optimize(
+                    micro, lambda i: micro.sft_loss(self.model, i), model=self.model, optimizer=self.optimizer,
+                    scheduler=self.scheduler, adapter_params=self.adapter_params, max_grad_norm=cfg.max_grad_norm, step=self.step + 1,
+                )
+                every = stats.metrics(micro, learning_rate=float(self.scheduler.get_last_lr()[0]))
+                update = {k: v for k, v in every.items() if k in _SFT_METRICS or k.startswith("adapters/")}
+            update_s = time.perf_counter() - started
+            release_freed_memory()
+            sync_s = self._sync()
+            self.step += 1
+            self._mid_update = False
+            metrics = {
+                **counts,
+                **update,
+                "samples/rows": float(len(rows)),
+                "samples/loss_tokens": float(sum(r.num_loss_tokens for r in rows)),
+                "round": float(round_),
+                "epoch": order.epoch_of(in_round) if order is not None else float("nan"),
+                "time/update_s": update_s,
+                "time/sync_s": sync_s,
+                "time/step_s": time.perf_counter() - started,
+            }
+            self.history.append({"step": float(self.step), **metrics})
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.total_steps:
+                self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
+            if self.step % cfg.save_steps == 0 or self.step % cfg.max_steps == 0:
+                self.checkpoints.save(self.step, self.history)
+        interrupted.raise_if_received()
+        return metrics
+
+    # ================================================================== evaluation, checkpoints
+
+    def evaluate(self) -> dict[str, float]:
+        """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) with the student and log it."""
+        return held_out_eval(self.eval_factory, self.generator, self.config, output_dir=self.output_dir, step=self.step, hook=self._hook)
+
+    def _save_progress(self) -> Path | None:
+        """On the way out: checkpoint the last completed step unless it is saved (never mid-update)."""
+        if self._mid_update or self.checkpoints.is_saved(self.step):
+            return self.checkpoints.newest()
+        return self.checkpoints.save(self.step, self.history)
+
+
+def _teacher_policy(options: dict[str, Any] | None) -> Any:
+    """The ``openai`` policy of ``config.teacher`` (``None`` without one). Its token ids are not
+    asked for: they would be the teacher's vocabulary; its text is re-tokenized instead."""
+    if options is None:
+        return None
+    from agentgym_lightning.policies import make_policy
+
+    kwargs = {k: v for k, v in options.items() if k != "model"}
+    kwargs.setdefault("return_token_ids", False)
+    return make_policy("openai", options.get("model") or "", **kwargs)
+
+
+def _round_seed(seed: int, round_: int) -> int:
+    return (seed * 1_000_003 + round_ * 7_919 + 17) % 2**31
