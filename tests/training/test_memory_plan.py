@@ -73,12 +73,12 @@ def test_a_plan_that_cannot_fit_is_refused_naming_the_options_and_the_trainer_pr
 
 
 def test_the_trainer_refuses_before_loading_the_model(tiny_model_dir, tmp_path, monkeypatch):
-    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer, memory_plan, trainer
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer, memory_plan, run_models
     from agentgym_lightning.training.memory_plan import MemoryPlanError
 
     monkeypatch.setattr(memory_plan, "available_memory", lambda device: 1000)
     loaded = []
-    monkeypatch.setattr(trainer, "build_policy", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr(run_models, "build_policy", lambda *a, **k: loaded.append(1))
     config = LightningRLConfig(env="lightning/GuessNumber-v0", model=str(tiny_model_dir), output_dir=str(tmp_path), report_to=[], progress=False)
     with pytest.raises(MemoryPlanError, match="per rank"):
         LightningRLTrainer(config)

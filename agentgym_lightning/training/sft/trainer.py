@@ -53,7 +53,7 @@ from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, sync_weights
 from agentgym_lightning.training.held_out import held_out_eval
-from agentgym_lightning.training.models import build_run_models
+from agentgym_lightning.training.run_models import build_run_models
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
