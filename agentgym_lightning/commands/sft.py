@@ -116,7 +116,8 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.config:
         if not Path(args.config).is_file():
             raise ValueError(f"--config {args.config}: no such file")
-        base = SFTConfig.from_yaml(args.config).to_dict()
+        # The sources given on the command line complete the file (a recipe names none: they vary by run).
+        base = SFTConfig.from_yaml(args.config, **({"sources": list(args.sources)} if args.sources else {})).to_dict()
     elif args.resume:
         saved = json.loads((find_checkpoint(args.resume) / "trainer_state.json").read_text(encoding="utf-8"))["config"]
         base = {k: v for k, v in saved.items() if k in SFTConfig.field_names()}

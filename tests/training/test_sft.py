@@ -414,6 +414,21 @@ def test_the_sft_command_checks_its_options_before_loading_anything(tmp_path, ca
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_the_sources_on_the_command_line_complete_a_config_file_that_names_none(tmp_path):
+    """`make sft-spider`'s form: a recipe (no sources: they vary by run) and the sources as arguments."""
+    from agentgym_lightning.cli import build_parser
+    from agentgym_lightning.commands.sft import build_config
+
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("env: lightning/GuessNumber-v0\nmax_steps: 3\n")
+    source = tmp_path / "gold.jsonl"
+    source.write_text("")
+    config = build_config(build_parser("sft").parse_args(["sft", str(source), "--config", str(recipe), "--output-dir", str(tmp_path / "o")]))
+    assert config.sources == [str(source)] and config.max_steps == 3
+    with pytest.raises(ValueError, match="nothing to learn from"):
+        build_config(build_parser("sft").parse_args(["sft", "--config", str(recipe), "--output-dir", str(tmp_path / "o")]))
+
+
 @needs_train
 def test_the_sft_command_runs_and_train_init_from_takes_its_weights(tmp_path, tiny_model_dir, capsys):
     from transformers import AutoTokenizer
