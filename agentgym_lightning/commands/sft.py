@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def build_config(args: argparse.Namespace) -> Any:
     """The run's :class:`SFTConfig` from the command line (see the module docstring)."""
     from agentgym_lightning.commands.eval import parse_kwargs
-    from agentgym_lightning.commands.train import parse_air
+    from agentgym_lightning.commands.train import apply_run_options, parse_air
     from agentgym_lightning.training.checkpoint import find_checkpoint
     from agentgym_lightning.training.sft.config import SFTConfig
 
@@ -140,13 +140,7 @@ def build_config(args: argparse.Namespace) -> Any:
     teacher = {k: getattr(args, f"teacher_{k}") for k in ("base_url", "model", "api_key") if getattr(args, f"teacher_{k}") is not None}
     if teacher:
         base["teacher"] = {**(base.get("teacher") or {}), **teacher}
-    base.update(parse_kwargs(args.set, "--set"))
-    if args.no_wandb:
-        base["report_to"] = []
-    if args.no_progress:
-        base["progress"] = False
-    if args.resume and not args.output_dir:
-        base["output_dir"] = str(find_checkpoint(args.resume).parent.parent)
+    apply_run_options(base, args)
     return SFTConfig.from_dict(base)
 
 

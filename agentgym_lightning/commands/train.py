@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "register", "run", "build_config", "check_output_dir", "check_envs", "write_run_report", "parse_air", "prepare_run", "run_trainer", "RUN_FILES",
+    "register", "run", "build_config", "apply_run_options", "check_output_dir", "check_envs", "write_run_report", "parse_air", "prepare_run", "run_trainer", "RUN_FILES",
 ]
 
 # flag dest -> config field, for flags that map one to one
@@ -222,15 +222,23 @@ def build_config(args: argparse.Namespace) -> Any:
     judge = _judge_options(args)
     if judge:
         base["judge"] = {**(base.get("judge") or {}), **judge}
+    apply_run_options(base, args)
+    return LightningRLConfig.from_dict(base)
+
+
+def apply_run_options(base: dict[str, Any], args: argparse.Namespace) -> None:
+    """The options ``train`` and ``sft`` share, last (they win): ``--set``, ``--no-wandb``,
+    ``--no-progress``, and a ``--resume`` without ``--output-dir`` writing into the run it resumes."""
+    from agentgym_lightning.commands.eval import parse_kwargs
+    from agentgym_lightning.training.checkpoint import find_checkpoint
+
     base.update(parse_kwargs(args.set, "--set"))
     if args.no_wandb:
         base["report_to"] = []
     if args.no_progress:
         base["progress"] = False
     if args.resume and not args.output_dir:
-        found = find_checkpoint(args.resume)
-        base["output_dir"] = str(found.parent.parent)
-    return LightningRLConfig.from_dict(base)
+        base["output_dir"] = str(find_checkpoint(args.resume).parent.parent)
 
 
 #: What a run writes in its output folder (``--overwrite`` deletes these and nothing else).

@@ -4,10 +4,14 @@ ranks of the update), the reference model, the optimizer and its scheduler."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from agentgym_lightning.cpu_threads import warn_if_threads_spin
 
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy
 from agentgym_lightning.training.agent_adapters import AgentAdapters, adapter_parameters, add_agent_adapters
@@ -23,7 +27,18 @@ from agentgym_lightning.training.models import (
 )
 from agentgym_lightning.training.ranks import Ranks
 
-__all__ = ["RunModels", "build_run_models"]
+__all__ = ["RunModels", "build_run_models", "seed_process"]
+
+
+def seed_process(seed: int, num_threads: int | None) -> None:
+    """Seed Python's, NumPy's and torch's generators with the run's ``seed`` and set torch's CPU
+    threads (``None``: torch's own), before anything is built: a run is a function of its seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    warn_if_threads_spin(torch.get_num_threads())  # torch imported before this package: no OMP_WAIT_POLICY
 
 
 @dataclass

@@ -69,17 +69,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from agentgym_lightning.cpu_threads import warn_if_threads_spin
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
@@ -101,7 +96,7 @@ from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.ranks import Ranks
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
-from agentgym_lightning.training.run_models import build_run_models
+from agentgym_lightning.training.run_models import build_run_models, seed_process
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.signals import deferred_interrupt
@@ -136,12 +131,7 @@ class LightningRLTrainer:
         config.validate()
         self.config = cfg = config
         self.output_dir = Path(cfg.output_dir)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
-        torch.manual_seed(cfg.seed)
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)
-        warn_if_threads_spin(torch.get_num_threads())  # torch imported before this package: no OMP_WAIT_POLICY
+        seed_process(cfg.seed, cfg.num_threads)
         self._hook = get_plugin_manager().hook
 
         # The envs: every call of a training episode is seeded from its episode (reproducible).

@@ -32,17 +32,12 @@ after each round and at the end, ``final/`` (``train --init-from`` starts RL fro
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from agentgym_lightning.cpu_threads import warn_if_threads_spin
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
@@ -53,10 +48,10 @@ from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, sync_weights
 from agentgym_lightning.training.held_out import held_out_eval
-from agentgym_lightning.training.run_models import build_run_models
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
+from agentgym_lightning.training.run_models import build_run_models, seed_process
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.sft.config import SFT_RUN_IDENTITY, SFTConfig
@@ -98,12 +93,7 @@ class SFTTrainer:
         config.validate()
         self.config = cfg = config
         self.output_dir = Path(cfg.output_dir)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
-        torch.manual_seed(cfg.seed)
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)
-        warn_if_threads_spin(torch.get_num_threads())
+        seed_process(cfg.seed, cfg.num_threads)
         self._hook = get_plugin_manager().hook
         #: The RL config the shared machinery reads (models, LoRA, micro-batches).
         self.update_config = view = cfg.update_config()
