@@ -86,6 +86,9 @@ def _run(env: str, k: int, args: argparse.Namespace) -> dict[str, float]:
         trainer = LightningRLTrainer(config, env=_tool_env(tuple(args.tool_latency), args.tool_calls) if env == "tool" else None)
         cpu, wall = _cpu_seconds(), time.perf_counter()
         result = trainer.train()
+        if result.interrupted:  # a run cut short (Ctrl-C, SIGTERM: an outer `timeout`) does not compare
+            raise SystemExit(f"bench_async: the {env} run at k = {k} was interrupted ({result.signal}) after "
+                             f"{result.steps} of {args.steps} updates: its row would not compare; give it more time")
         wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
         trainer.policy.close()
     history = result.history
