@@ -33,6 +33,33 @@ def no_leaked_agents():
     pytest.fail(f"agent threads left running after the test: {[t.name for t in leaked]}")
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs for the module (the ray extra), shut down after it: none of its
+    processes may outlive the module."""
+    ray = pytest.importorskip("ray", reason="needs the ray extra (pip install 'agentgym-lightning[ray]')")
+    import psutil
+
+    from agentgym_lightning.rollouts.ray_workers import init_ray
+
+    started = time.perf_counter()
+    # Children from earlier tests (the Spider env's SQL worker pool lives for the process) are not Ray's.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    init_ray(num_cpus=2)
+    print(f"local Ray started in {time.perf_counter() - started:.1f} s")
+    yield
+    ray.shutdown()
+    # Ray's processes are our children (raylet, GCS, workers): none may outlive the module.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"Ray left processes running: {[p.name() for p in left]}"
+
+
 @pytest.fixture(scope="session")
 def smol_path():
     """The embedded SmolLM2-135M folder (converted into the user cache on first use)."""

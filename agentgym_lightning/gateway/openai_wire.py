@@ -76,7 +76,8 @@ def _logprobs(request: ChatRequest, completion: Completion) -> dict[str, Any] | 
 
 
 def completion_body(request: ChatRequest, completion: Completion, call_id: str) -> dict[str, Any]:
-    """A ``chat.completion`` object; token ids ride along as vLLM's extension fields."""
+    """A ``chat.completion`` object; token ids ride along as vLLM's extension fields, and the
+    policy version that answered (when stamped) as ``policy_version``."""
     choice: dict[str, Any] = {
         "index": 0,
         "message": assistant_message(completion),
@@ -95,6 +96,8 @@ def completion_body(request: ChatRequest, completion: Completion, call_id: str) 
     }
     if completion.prompt_token_ids is not None:
         body["prompt_token_ids"] = completion.prompt_token_ids
+    if completion.policy_version is not None:  # our extension: the trainer's generator served to Ray workers
+        body["policy_version"] = completion.policy_version
     return body
 
 

@@ -20,6 +20,8 @@ A server that does not give them leaves :class:`~agentgym_lightning.llm.Completi
 ``prompt_token_ids``/``completion_token_ids``/``logprobs`` as ``None``: unavailable, never
 guessed. With ``return_token_ids="auto"`` (the default) the extension is asked for until the
 server rejects it once (a 400 naming the field, as OpenAI's own API answers), then no more.
+The trainer's generator served to its Ray workers (``policies/policy_server.py``) also says which
+policy version answered (a top-level ``policy_version``): it becomes ``Completion.policy_version``.
 
 Replicas: ``base_url`` may list several servers serving the same model (``vllm serve`` on each
 GPU); requests are spread over them, sticky per episode (an episode's calls all go to one replica,
@@ -720,7 +722,14 @@ class OpenAIPolicy(Policy):
             logprobs=logprobs,
             model=str(data.get("model") or self.model or "") or None,
             tool_call_errors=tool_call_errors,
+            policy_version=_policy_version(data.get("policy_version")),
         )
+
+
+def _policy_version(value: Any) -> int | None:
+    """The ``policy_version`` our policy server stamps on an answer (the trainer's generator
+    served to its Ray workers), or ``None`` when absent or not a version."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -21,6 +21,9 @@ Faults (the contract; ``tests/rollouts/test_ray_workers.py`` checks it):
   second outcome is returned instead; what is lost again stays ``infra_failed``. Either way a
   rollout returns exactly ``episodes`` trajectories.
 - A dead worker is replaced by a fresh actor at the start of the next :meth:`~RayRolloutRunner.rollout`.
+- :meth:`RayRolloutStream.stop` (asynchronous training's shutdown, ``training/async_rollouts.py``)
+  ends the episodes running on the workers as ``truncated`` and yields them; episodes not started
+  yet are not run, and nothing is retried or marked ``infra_failed`` for the stop.
 
 Ray starts on first use: ``ray.init(address=ray_address)``, a local Ray of ``num_cpus`` CPUs
 (no dashboard, no usage stats) when no address is given and none is running. Install with
@@ -32,6 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,7 +48,7 @@ from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.in_process import DEFAULT_MAX_BATCH_WAIT, RolloutStream, plan_rollout
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["RayRolloutRunner", "RolloutWorker", "RolloutStats", "init_ray"]
+__all__ = ["RayRolloutRunner", "RayRolloutStream", "RolloutWorker", "RolloutStats", "init_ray"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 class RolloutWorker:
     """One rollout worker (a Ray actor when made by :class:`RayRolloutRunner`): its own envs,
     gateway, agents and policy; runs the episodes of a plan and yields ``(index, trajectory)``
-    as each finishes (``index``: the episode's position in the plan it was given)."""
+    as each finishes (``index``: the episode's position in the plan it was given). The actor
+    takes two calls at once, so :meth:`stop` reaches a :meth:`run` in progress."""
 
     def __init__(
         self,
@@ -89,13 +94,19 @@ class RolloutWorker:
         self.factory = make_env_factory(env, env_kwargs)
         self.policy = policy_factory()
         self.max_batch_wait = max_batch_wait
+        self._lock = threading.Lock()
+        self._running: dict[str, RolloutStream] = {}
+        self._stopped: set[str] = set()  # runs stopped before they started
 
     def pid(self) -> int:
         """The worker's process id (tests kill it)."""
         return os.getpid()
 
-    def run(self, plan: Sequence[PlanItem], concurrency: int) -> Iterator[tuple[int, Trajectory]]:
+    def run(self, plan: Sequence[PlanItem], concurrency: int, run_id: str = "") -> Iterator[tuple[int, Trajectory]]:
         stream = RolloutStream(self.factory, self.policy, concurrency=concurrency, max_batch_wait=self.max_batch_wait)
+        with self._lock:
+            self._running[run_id] = stream
+            stopped = run_id in self._stopped
         index_of: dict[str, int] = {}
 
         def started(index: int, env: AgentEnv | None) -> None:
@@ -105,9 +116,26 @@ class RolloutWorker:
         for index, (task, group_id, seed) in enumerate(plan):
             stream.submit(task, group_id=group_id, seed=seed, on_start=functools.partial(started, index))
         stream.end()
-        with stream:
-            for trajectory in stream:
-                yield index_of[trajectory.episode_id], trajectory
+        if stopped:
+            stream.stop()
+        try:
+            with stream:
+                for trajectory in stream:
+                    yield index_of[trajectory.episode_id], trajectory
+        finally:
+            with self._lock:
+                self._running.pop(run_id, None)
+                self._stopped.discard(run_id)
+
+    def stop(self, run_id: str = "") -> None:
+        """End run ``run_id``'s running episodes as truncated (its :meth:`run` yields them and
+        ends) and start none of its others; a run not started yet will stop at once."""
+        with self._lock:
+            stream = self._running.get(run_id)
+            if stream is None:
+                self._stopped.add(run_id)
+        if stream is not None:
+            stream.stop()
 
     def close(self) -> None:
         close = getattr(self.policy, "close", None)
@@ -128,6 +156,11 @@ class RolloutStats:
     #: Of those retried, the ones that succeeded the second time (any status but infra_failed).
     recovered: int = 0
     per_worker: dict[int, int] = field(default_factory=dict)
+
+    def add(self, **counts: int) -> None:
+        """Add ``counts`` to the fields of those names."""
+        for name, n in counts.items():
+            setattr(self, name, getattr(self, name) + n)
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
         return {
@@ -193,13 +226,16 @@ class RayRolloutRunner(Rollouts):
         self._actor_class = ray.remote(RolloutWorker)
         self._workers: list[Any] = [None] * num_workers
         self.stats = RolloutStats()
+        self._stats_lock = threading.Lock()
+        self._untaken = RolloutStats()  # counted since the last take_stats()
 
     # ------------------------------------------------------------------ workers
 
     def _ensure_workers(self) -> None:
         for i, worker in enumerate(self._workers):
             if worker is None:
-                self._workers[i] = self._actor_class.options(num_cpus=self.worker_cpus, max_restarts=0).remote(
+                # Two calls at once: stop() reaches a run() in progress.
+                self._workers[i] = self._actor_class.options(num_cpus=self.worker_cpus, max_restarts=0, max_concurrency=2).remote(
                     self.env, self.policy_factory, self.env_kwargs, self.max_batch_wait
                 )
 
@@ -248,7 +284,9 @@ class RayRolloutRunner(Rollouts):
         concurrency: int = 8,
         seed: int = 0,
         tasks: Sequence[Any] | None = None,
-    ) -> Iterator[Trajectory]:
+    ) -> RayRolloutStream:
+        """The trajectories of the plan as they finish (see :meth:`Rollouts.iter_rollout`), as a
+        :class:`RayRolloutStream` (:meth:`~RayRolloutStream.stop` ends it early)."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         probe = make_env_factory(self.env, self.env_kwargs)()
@@ -258,35 +296,59 @@ class RayRolloutRunner(Rollouts):
             probe.close()
         self.stats = RolloutStats()
         self.worker_pids()  # every worker up before the clock of worker_timeout starts
+        stopping = threading.Event()
+        run_id = uuid.uuid4().hex
+        return RayRolloutStream(self._iterate(plan, concurrency, run_id, stopping), functools.partial(self._stop, run_id, stopping))
+
+    def take_stats(self) -> RolloutStats:
+        """What happened to the workers since the last call (over every rollout since; thread-safe):
+        a step's worker faults when rollouts run on beside the update (``max_staleness`` >= 1)."""
+        with self._stats_lock:
+            taken, self._untaken = self._untaken, RolloutStats()
+        return taken
+
+    def _count(self, **counts: int) -> None:
+        with self._stats_lock:
+            self.stats.add(**counts)
+            self._untaken.add(**counts)
+
+    def _stop(self, run_id: str, stopping: threading.Event) -> None:
+        stopping.set()
+        for worker in self._workers:
+            if worker is not None:
+                worker.stop.remote(run_id)  # not awaited: the worker's stream ends with its episodes
+
+    def _iterate(self, plan: list[PlanItem], concurrency: int, run_id: str, stopping: threading.Event) -> Iterator[Trajectory]:
         lost: list[tuple[PlanItem, Trajectory]] = []
-        for outcome in self._run(plan, list(range(self.num_workers)), concurrency):
+        for outcome in self._run(plan, list(range(self.num_workers)), concurrency, run_id, stopping):
             if isinstance(outcome, Trajectory):
                 yield outcome
             elif self.retry_infra_failed:
                 lost.append(outcome)  # its retry's outcome is yielded instead
             else:
-                self.stats.infra_failed += 1
+                self._count(infra_failed=1)
                 yield outcome[1]
-        if not lost:
+        if not lost or stopping.is_set():
             return
-        self.stats.infra_failed = self.stats.retried = len(lost)
+        self._count(infra_failed=len(lost), retried=len(lost))
         alive = [i for i, w in enumerate(self._workers) if w is not None]
         if not alive:
             self._ensure_workers()
             alive = list(range(self.num_workers))
         log.warning("re-running %d episodes lost with their workers, on %d workers", len(lost), len(alive))
-        for outcome in self._run([item for item, _ in lost], alive, concurrency):
+        for outcome in self._run([item for item, _ in lost], alive, concurrency, run_id, stopping):
             if isinstance(outcome, Trajectory):
-                self.stats.recovered += outcome.status is not Status.INFRA_FAILED
+                self._count(recovered=int(outcome.status is not Status.INFRA_FAILED))
                 yield outcome
             else:
                 yield outcome[1]
 
     def _run(
-        self, plan: list[PlanItem], workers: list[int], concurrency: int
+        self, plan: list[PlanItem], workers: list[int], concurrency: int, run_id: str, stopping: threading.Event
     ) -> Iterator[Trajectory | tuple[PlanItem, Trajectory]]:
         """Deal ``plan``'s groups to ``workers`` and stream the results back; an episode lost
-        with its worker comes as ``(plan item, infra_failed trajectory)``."""
+        with its worker comes as ``(plan item, infra_failed trajectory)``. Once ``stopping`` is
+        set, a worker's stream may end before its share (the stop ended it): not a loss."""
         ray = self._ray
         groups: dict[str, list[PlanItem]] = {}
         for item in plan:
@@ -300,7 +362,7 @@ class RayRolloutRunner(Rollouts):
         for i, share in shares.items():
             if share:
                 per_worker = -(-concurrency // len(workers))
-                streams[i] = self._workers[i].run.options(num_returns="streaming").remote(share, per_worker)
+                streams[i] = self._workers[i].run.options(num_returns="streaming").remote(share, per_worker, run_id)
                 left[i] = dict(enumerate(share))
                 last_heard[i] = time.monotonic()
         by_stream = {id(s): i for i, s in streams.items()}
@@ -312,15 +374,17 @@ class RayRolloutRunner(Rollouts):
                     index, trajectory = ray.get(next(gen), timeout=self.worker_timeout)
                 except StopIteration:
                     del streams[i]
-                    yield from self._lose(i, left.pop(i), "its stream ended early")
+                    if not stopping.is_set():
+                        yield from self._lose(i, left.pop(i), "its stream ended early")
                     continue
                 except Exception as exc:  # noqa: BLE001 - RayActorError and friends: the worker is gone
                     del streams[i]
-                    yield from self._lose(i, left.pop(i), f"{type(exc).__name__}: {exc}"[:500])
+                    yield from self._lose(i, left.pop(i), f"{type(exc).__name__}: {exc}"[:500], stopping)
                     continue
                 last_heard[i] = time.monotonic()
                 left[i].pop(index, None)
-                self.stats.per_worker[i] = self.stats.per_worker.get(i, 0) + 1
+                with self._stats_lock:
+                    self.stats.per_worker[i] = self.stats.per_worker.get(i, 0) + 1
                 yield trajectory
                 if not left[i]:
                     del streams[i]  # everything came back; the generator's end is not awaited
@@ -328,19 +392,25 @@ class RayRolloutRunner(Rollouts):
             for i in [i for i in streams if now - last_heard[i] > self.worker_timeout]:
                 del streams[i]
                 self.kill_worker(i)
-                yield from self._lose(i, left.pop(i), f"no episode finished for {self.worker_timeout} s: killed as hung")
+                yield from self._lose(i, left.pop(i), f"no episode finished for {self.worker_timeout} s: killed as hung", stopping)
 
-    def _lose(self, worker: int, items: Mapping[int, PlanItem], why: str) -> Iterator[tuple[PlanItem, Trajectory]]:
+    def _lose(
+        self, worker: int, items: Mapping[int, PlanItem], why: str, stopping: threading.Event | None = None
+    ) -> Iterator[tuple[PlanItem, Trajectory]]:
+        """Count worker ``worker`` lost and yield its ``items`` as ``infra_failed``; none when the
+        rollout was being stopped (they were to end unfinished anyway: never failures)."""
         if not items:
             return
         log.error("rollout worker %d lost with %d episodes in flight: %s", worker, len(items), why)
-        self.stats.workers_lost += 1
+        self._count(workers_lost=1)
         if self._workers[worker] is not None:
             try:
                 self._ray.kill(self._workers[worker], no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
             self._workers[worker] = None
+        if stopping is not None and stopping.is_set():
+            return
         env_id = self.env if isinstance(self.env, str) else None
         now = time.time()
         for item in items.values():
@@ -355,3 +425,29 @@ class RayRolloutRunner(Rollouts):
                 started_at=now,
                 ended_at=now,
             )
+
+
+class RayRolloutStream:
+    """The trajectories of one :meth:`RayRolloutRunner.iter_rollout`, as they finish (an
+    iterator). :meth:`stop` (any thread) ends it early: the workers end their running episodes
+    as ``truncated``, which are still yielded; then iteration stops. :meth:`close` drops the
+    rest unread."""
+
+    def __init__(self, trajectories: Iterator[Trajectory], stop: Callable[[], None]) -> None:
+        self._trajectories = trajectories
+        self._stop = stop
+
+    def __iter__(self) -> RayRolloutStream:
+        return self
+
+    def __next__(self) -> Trajectory:
+        return next(self._trajectories)
+
+    def stop(self) -> None:
+        """Ask the workers to end the running episodes as truncated (does not wait)."""
+        self._stop()
+
+    def close(self) -> None:
+        close = getattr(self._trajectories, "close", None)
+        if close is not None:
+            close()

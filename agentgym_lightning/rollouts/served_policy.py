@@ -8,17 +8,22 @@ calls from all workers are batched together into one ``generate``. With an adapt
 (``lora_per_agent``) the trainer passes ``wrap_worker_policy`` (its adapter routing): each
 worker routes its calls and its ``openai`` policy sends the adapter as the request's ``model``,
 which the trainer's routing honours: every call reaches the generator with its agent's adapter.
+
+Each answer carries the policy version that wrote it (``Completion.policy_version``, stamped in
+the trainer by :class:`~agentgym_lightning.training.generation.VersionStamping`) in the
+response's ``policy_version`` field, which the worker's ``openai`` policy reads back: the
+worker's episode records it as ``Step.policy_version``, as an episode in this process does.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.rollouts.base import Rollouts
-from agentgym_lightning.trajectory import Trajectory
+from agentgym_lightning.rollouts.ray_workers import RayRolloutStream
 
 __all__ = ["ServedPolicyRollouts"]
 
@@ -83,12 +88,14 @@ class ServedPolicyRollouts(Rollouts):
         concurrency: int = 8,
         seed: int = 0,
         tasks: Sequence[Any] | None = None,
-    ) -> Iterator[Trajectory]:
+    ) -> RayRolloutStream:
         return self.runner.iter_rollout(episodes=episodes, group_size=group_size, concurrency=concurrency, seed=seed, tasks=tasks)
 
     def metrics(self) -> dict[str, float]:
-        """The last rollout's worker faults (``rollout/workers_lost``...)."""
-        return self.runner.stats.as_metrics()
+        """The worker faults since the last call (``rollout/workers_lost``...): the last
+        rollout's when called once per step, and those of every rollout that ran during the
+        step when rollouts run on beside the update (``max_staleness`` >= 1)."""
+        return self.runner.take_stats().as_metrics()
 
     def close(self) -> None:
         self.runner.close()

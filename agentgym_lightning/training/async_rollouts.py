@@ -19,7 +19,10 @@
 
 The weights reach the generator while episodes run: the trainer syncs after each update and
 calls :meth:`AsyncRollouts.advance`, so the next call of a running episode is answered by (and
-stamped with) the new version.
+stamped with) the new version. On Ray rollout workers (``rollout_workers``) the producer drives
+the remote rollouts the same way: the generator stays in the trainer, served to the workers, and
+each answer carries its stamp back to the worker's episode; a worker lost mid-plan costs that
+plan's episodes on it, retried or ended ``infra_failed`` and counted as in the synchronous loop.
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ class AsyncRollouts:
     """The producer thread and the buffer of finished groups (see the module docstring).
 
     Args:
-        rollouts: The front-end that runs a plan (``iter_rollout``; in this process).
+        rollouts: The front-end that runs a plan (``iter_rollout``): in this process, or on Ray
+            workers served the stamped generator (their answers carry the stamp back); a stream
+            with ``stop()`` ends its running episodes truncated on :meth:`close`.
         stamping: The generator wrapper whose ``version`` stamps every answer (the producer's
             policy answers through it).
         schedule: The run's task schedule (``tasks_for(step)``).

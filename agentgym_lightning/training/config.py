@@ -178,7 +178,7 @@ class LightningRLConfig(DataclassConfig):
             "k >= 1 runs rollouts continuously on a thread while the update runs; a step trains on the next "
             "tasks_per_step finished groups none of whose calls was answered more than k policy versions before "
             "the version being updated (staler groups are dropped and counted). The hf and vllm backends, in "
-            "this process (docs/training.md, \"Asynchronous training\")."
+            "this process or on rollout_workers Ray actors (docs/training.md, \"Asynchronous training\")."
         },
     )
 
@@ -517,8 +517,6 @@ class LightningRLConfig(DataclassConfig):
                 f"max_staleness >= 1 runs with the {' and '.join(ASYNC_BACKENDS)} backends; got {self.backend!r} "
                 "(a vllm-server generator refuses answers of weights older than its last sync): use max_staleness 0"
             )
-        if self.rollout_workers:
-            raise ValueError("max_staleness >= 1 runs rollouts in this process: use rollout_workers 0 (or max_staleness 0 with Ray workers)")
         if self.judge is not None:
             raise ValueError("max_staleness >= 1 does not run an LLM judge yet: use max_staleness 0 with judge")
         if self.lora_per_agent is not False:

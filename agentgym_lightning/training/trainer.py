@@ -177,6 +177,8 @@ class LightningRLTrainer:
         self._mid_update = False
         self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
+        self._stamped: VersionStamping | None = None  # the generator, stamping each answer with its version (made on first use)
+        self._sampling: SamplingOverride | None = None  # that, sampling the training way: what rollouts call
         self._judge: Any = None  # the LLM judge (config.judge), made on first use
         self._async: AsyncRollouts | None = None  # max_staleness >= 1: the producer and its buffer, made on first use
         self._async_state: dict[str, Any] | None = None  # a resumed checkpoint's buffer, for it
@@ -352,19 +354,9 @@ class LightningRLTrainer:
         cfg = self.config
         tasks = self.schedule.tasks_for(self.step)
         t0 = time.perf_counter()
-        stamped = VersionStamping(self.generator, self.step)
-        sampling = SamplingOverride(stamped, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
-        if cfg.rollout_workers and self._remote is None:
-            from agentgym_lightning.rollouts.served_policy import ServedPolicyRollouts
-
-            self._remote = ServedPolicyRollouts(
-                self.env_factory, sampling, workers=cfg.rollout_workers, host=cfg.generation_host, ray_address=cfg.ray_address,
-                worker_timeout=cfg.rollout_worker_timeout, retry_infra_failed=cfg.retry_infra_failed,
-                wrap_worker_policy=functools.partial(AdapterRouting, adapters=self.adapters) if self.adapters is not None else None,
-            )
+        rollouts = self._rollouts()
         written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
         with TrajectoryWriter(written) as writer, self._judged(writer.write) as on_trajectory:
-            rollouts: Rollouts = self._remote if self._remote is not None else InProcessRollouts(self.env_factory, sampling)
             trajectories = rollouts.rollout(
                 episodes=cfg.episodes_per_step,
                 group_size=cfg.num_generations,
@@ -383,10 +375,10 @@ class LightningRLTrainer:
         metrics."""
         cfg = self.config
         if self._async is None:
-            stamped = VersionStamping(self.generator, self.step)
-            sampling = SamplingOverride(stamped, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
+            rollouts = self._rollouts()  # in this process, or on Ray workers served this generator
+            assert self._stamped is not None  # made by _rollouts()
             self._async = AsyncRollouts(
-                InProcessRollouts(self.env_factory, sampling), stamped, self.schedule, functools.partial(_step_seed, cfg.seed),
+                rollouts, self._stamped, self.schedule, functools.partial(_step_seed, cfg.seed),
                 max_staleness=cfg.max_staleness, group_size=cfg.num_generations,
                 concurrency=cfg.concurrency or cfg.episodes_per_step, output_dir=self.output_dir,
             )
@@ -401,6 +393,26 @@ class LightningRLTrainer:
             for trajectory in taken.trajectories:
                 writer.write(trajectory)
         return taken.trajectories, time.perf_counter() - t0, written, taken.metrics
+
+    def _rollouts(self) -> Rollouts:
+        """1-2's front-end, its calls sampled the training way and stamped with the generator's
+        version (:attr:`step`, set here; the asynchronous rollouts advance it after each sync):
+        in this process, or on ``rollout_workers`` Ray actors the generator is served to (made
+        once; their answers carry the stamp back to the workers' episodes)."""
+        cfg = self.config
+        if self._stamped is None:
+            self._stamped = VersionStamping(self.generator, self.step)
+            self._sampling = SamplingOverride(self._stamped, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_length)
+        self._stamped.version = self.step
+        if cfg.rollout_workers and self._remote is None:
+            from agentgym_lightning.rollouts.served_policy import ServedPolicyRollouts
+
+            self._remote = ServedPolicyRollouts(
+                self.env_factory, self._sampling, workers=cfg.rollout_workers, host=cfg.generation_host, ray_address=cfg.ray_address,
+                worker_timeout=cfg.rollout_worker_timeout, retry_infra_failed=cfg.retry_infra_failed,
+                wrap_worker_policy=functools.partial(AdapterRouting, adapters=self.adapters) if self.adapters is not None else None,
+            )
+        return self._remote if self._remote is not None else InProcessRollouts(self.env_factory, self._sampling)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the weights: the asynchronous rollouts' buffer."""

@@ -1,13 +1,16 @@
 """Rollouts on Ray workers (local Ray, 2 workers): the same trajectories as in one process, and
-the documented counts when a worker dies or hangs. One Ray for the module; it is shut down and
-leaves no process behind."""
+the documented counts when a worker dies or hangs. One Ray for the module (``local_ray``,
+tests/conftest.py); it is shut down and leaves no process behind."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+import threading
 import time
+import uuid
 
 import pytest
 
@@ -53,28 +56,6 @@ class Scripted:
             )
             for r in requests
         ]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    started = time.perf_counter()
-    from agentgym_lightning.rollouts.ray_workers import init_ray
-
-    # Children from earlier tests (the Spider env's SQL worker pool lives for the process) are not Ray's.
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    init_ray(num_cpus=2)
-    print(f"local Ray started in {time.perf_counter() - started:.1f} s")
-    yield
-    ray.shutdown()
-    # Ray's processes are our children (raylet, GCS, workers): none may outlive the module.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        left = [p for p in psutil.Process().children(recursive=True)
-                if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not left:
-            break
-        time.sleep(0.2)
-    assert not left, f"Ray left processes running: {[p.name() for p in left]}"
 
 
 def _content(trajectories):
@@ -137,6 +118,45 @@ def test_a_hung_worker_is_killed_after_worker_timeout(local_ray, tmp_path):
     assert [t.status for t in out] == [Status.INFRA_FAILED] * 2 and "hung" in out[0].error
     assert runner.stats.workers_lost == 1
     assert waited < 15  # the timeout, not forever
+
+
+def waiting_agent(task, ctx):
+    ctx.chat_completion([{"role": "user", "content": str(task["id"])}])
+    if "running" not in task:
+        return "done"
+    open(os.path.join(task["running"], uuid.uuid4().hex), "w").close()  # noqa: SIM115 - a marker file
+    while not ctx.cancelled.is_set():  # a tool that never answers: only a stop ends it
+        time.sleep(0.02)
+    return "never"
+
+
+def make_waiting_env(folder):
+    return AgentEnv(waiting_agent, [{"id": i, "running": folder} for i in range(4)], lambda task, result: 1.0, seed_calls=True)
+
+
+def test_stop_ends_the_workers_running_episodes_truncated_and_starts_no_other(local_ray, tmp_path):
+    """What asynchronous training's shutdown does (``RayRolloutStream.stop``): the episodes running
+    on the workers come back truncated, never infra_failed; the unstarted ones are not run, no
+    worker is counted lost, and the workers run the next rollout whole."""
+    with RayRolloutRunner(functools.partial(make_waiting_env, str(tmp_path)), Scripted, num_workers=2) as runner:
+        stream = runner.iter_rollout(episodes=8, group_size=2, concurrency=4, seed=0)  # 2 running per worker
+        stopped = []
+        reader = threading.Thread(target=lambda: stopped.extend(stream))  # iterating drives the rollout
+        reader.start()
+        deadline = time.monotonic() + 120
+        while len(os.listdir(tmp_path)) < 4:
+            assert time.monotonic() < deadline, "the four episodes did not start"
+            time.sleep(0.05)
+        stream.stop()
+        reader.join(120)
+        assert not reader.is_alive(), "the stopped stream did not end"
+        stream.close()
+        stats = runner.take_stats()
+        assert len(stopped) == 4 and {t.status for t in stopped} == {Status.TRUNCATED}
+        assert all(len(t.steps) == 1 for t in stopped)  # what they did before the stop is kept
+        assert stats.workers_lost == 0 and stats.infra_failed == 0
+        again = runner.rollout(episodes=4, group_size=2, concurrency=4, seed=1, tasks=[{"id": 9, "calls": 1}] * 2, progress=False)
+    assert len(again) == 4
 
 
 def llm_agent(task, ctx):

