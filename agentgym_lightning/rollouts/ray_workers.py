@@ -349,6 +349,8 @@ class RayRolloutRunner(Rollouts):
         """Deal ``plan``'s groups to ``workers`` and stream the results back; an episode lost
         with its worker comes as ``(plan item, infra_failed trajectory)``. Once ``stopping`` is
         set, a worker's stream may end before its share (the stop ended it): not a loss."""
+        if stopping.is_set():
+            return  # stopped before it started: nothing runs
         ray = self._ray
         groups: dict[str, list[PlanItem]] = {}
         for item in plan:

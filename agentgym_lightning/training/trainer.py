@@ -30,7 +30,8 @@ With ``max_staleness`` k >= 1, moves 1-2 run continuously on a thread instead
 (:mod:`.async_rollouts`): a step trains on the next B finished groups none of whose calls was
 answered more than k policy versions before the one being updated (``Step.policy_version``),
 and the sync reaches running episodes (``hf`` then generates on a copy of its own, refreshed
-between two decode steps). k = 0 is the loop above, unchanged.
+between two decode steps), in this process or on ``rollout_workers`` Ray actors (each answer
+carries its version back to the worker's episode). k = 0 is the loop above, unchanged.
 6. **Log, evaluate, checkpoint.** Metrics go to the ``agentgym_log_metrics`` hook (W&B and the
    local ``metrics.jsonl`` are plugins on it); the held-out eval runs before training, every
    ``eval_steps`` and at the end; checkpoints every ``save_steps``, at the end, and on Ctrl-C.

@@ -16,7 +16,6 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="needs the ray extra (pip install 'agentgym-lightning[ray]')")
 import cloudpickle  # noqa: E402 - installed with ray
-import psutil  # noqa: E402
 
 from agentgym_lightning.env import AgentEnv  # noqa: E402
 from agentgym_lightning.llm import Completion  # noqa: E402

@@ -211,16 +211,14 @@ def test_a_group_past_the_bound_is_dropped_counted_and_never_trained_on(tmp_path
     assert buffer.state()["groups_dropped_total"] == 1
 
 
-def test_sigterm_saves_the_buffered_groups_and_ends_running_episodes_truncated(tiny_model_dir, tmp_path):
-    from agentgym_lightning.trajectory import Status, load_trajectories
-
-    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=4, save_steps=10)
-    BETWEEN_CALLS["hook"] = lambda task: time.sleep(0.5)  # a tool call: episodes are in flight at the signal
+def _train_until_sigterm_in_step_2(trainer, ready, what):
+    """Train, sending SIGTERM during step 2's update once ``ready()`` (deferred until the step is
+    checkpointed); the run must stop there."""
     real_update = trainer.update
 
     def update(batch):
-        if trainer.step == 1:  # during step 2: SIGTERM (deferred until the step is checkpointed)
-            _wait(lambda: trainer._async._stream is not None, "plan 2's episodes")
+        if trainer.step == 1:
+            _wait(ready, what)
             os.kill(os.getpid(), signal.SIGTERM)
         return real_update(batch)
 
@@ -228,13 +226,27 @@ def test_sigterm_saves_the_buffered_groups_and_ends_running_episodes_truncated(t
     result = trainer.train()
     trainer.policy.close()
     assert result.interrupted and result.signal == "SIGTERM" and result.steps == 2
-    state = json.loads((tmp_path / "checkpoints" / "checkpoint-000002" / "trainer_state.json").read_text())
-    buffered = state["extra"]["async_rollouts"]
-    assert buffered["next_plan"] == 2  # plan 2 was running: a resume runs it again
-    interrupted = list(load_trajectories(tmp_path / "trajectories" / "interrupted.jsonl"))
+    return result
+
+
+def _check_stopped_in_plan_2(run):
+    """The checkpoint restarts from plan 2 (it was running), whose running episodes were written
+    truncated (never as failures) to ``interrupted.jsonl``."""
+    from agentgym_lightning.trajectory import Status, load_trajectories
+
+    state = json.loads((run / "checkpoints" / "checkpoint-000002" / "trainer_state.json").read_text())
+    assert state["extra"]["async_rollouts"]["next_plan"] == 2  # plan 2 was running: a resume runs it again
+    interrupted = list(load_trajectories(run / "trajectories" / "interrupted.jsonl"))
     assert interrupted and {t.status for t in interrupted} <= {Status.TRUNCATED, Status.SUCCEEDED}
     assert Status.TRUNCATED in {t.status for t in interrupted}  # in flight: truncated, never a failure
     assert all(t.error is None or "stopped" in t.error for t in interrupted)
+
+
+def test_sigterm_saves_the_buffered_groups_and_ends_running_episodes_truncated(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=4, save_steps=10)
+    BETWEEN_CALLS["hook"] = lambda task: time.sleep(0.5)  # a tool call: episodes are in flight at the signal
+    _train_until_sigterm_in_step_2(trainer, lambda: trainer._async._stream is not None, "plan 2's episodes")
+    _check_stopped_in_plan_2(tmp_path)
 
 
 def test_resume_trains_on_the_buffered_groups_within_k_and_drops_the_others(tiny_model_dir, tmp_path):
@@ -330,29 +342,13 @@ def test_k1_on_two_ray_workers_trains_within_the_bound_and_each_call_carries_its
 
 
 def test_sigterm_on_ray_workers_ends_their_running_episodes_truncated(local_ray, tiny_model_dir, tmp_path):
-    from agentgym_lightning.trajectory import Status, load_trajectories
-
     markers = tmp_path / "markers"
     markers.mkdir()
     trainer = _trainer(tiny_model_dir, tmp_path / "run", env=functools.partial(make_tool_env, str(markers)),
                        max_staleness=1, max_steps=4, save_steps=10, rollout_workers=2)
-    real_update = trainer.update
-
-    def update(batch):
-        if trainer.step == 1:  # during step 2, once a plan-2 episode is in its tool call (plans 0 and 1 had 8)
-            _wait(lambda: len(os.listdir(markers)) > 8, "a plan-2 episode on a worker")
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_update(batch)
-
-    trainer.update = update
-    result = trainer.train()
-    trainer.policy.close()
-    assert result.interrupted and result.signal == "SIGTERM" and result.steps == 2
-    state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint-000002" / "trainer_state.json").read_text())
-    assert state["extra"]["async_rollouts"]["next_plan"] == 2  # plan 2 was running: a resume runs it again
-    interrupted = list(load_trajectories(tmp_path / "run" / "trajectories" / "interrupted.jsonl"))
-    assert Status.TRUNCATED in {t.status for t in interrupted}  # in flight on a worker: truncated, never a failure
-    assert {t.status for t in interrupted} <= {Status.TRUNCATED, Status.SUCCEEDED}
+    # Once a plan-2 episode is in its tool call on a worker (plans 0 and 1 left 8 markers).
+    result = _train_until_sigterm_in_step_2(trainer, lambda: len(os.listdir(markers)) > 8, "a plan-2 episode on a worker")
+    _check_stopped_in_plan_2(tmp_path / "run")
     assert result.history[-1]["rollout/workers_lost"] == 0.0
 
 
