@@ -334,11 +334,14 @@ def test_each_adapters_update_is_what_it_would_be_alone(tiny_model_dir, tmp_path
 
 @needs_train
 def test_resume_restores_every_adapter_and_continues_exactly(tiny_model_dir, tmp_path):
-    straight = _trainer(tiny_model_dir, tmp_path / "straight", max_steps=3)
+    # One call per decode batch: which calls share a batch (timing, on a loaded machine) changes the
+    # behaviour logprobs in their last bits, and at this learning rate Adam turns that into
+    # different weights (CI saw it once); the claim here is the checkpoint's, not the batching's.
+    straight = _trainer(tiny_model_dir, tmp_path / "straight", max_batch_size=1, max_steps=3)
     straight.train()
-    first = _trainer(tiny_model_dir, tmp_path / "stopped", max_steps=2)
+    first = _trainer(tiny_model_dir, tmp_path / "stopped", max_batch_size=1, max_steps=2)
     first.train()
-    resumed = _trainer(tiny_model_dir, tmp_path / "stopped", max_steps=3)
+    resumed = _trainer(tiny_model_dir, tmp_path / "stopped", max_batch_size=1, max_steps=3)
     resumed.train(resume_from=tmp_path / "stopped")
     for adapter in ("writer", "rewriter"):
         a, b = _lora_weights(straight.model, adapter), _lora_weights(resumed.model, adapter)
