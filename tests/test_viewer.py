@@ -359,7 +359,7 @@ def test_charts_dir_writes_each_chart_as_an_svg_file_with_a_held_out_curve(run_d
     heldout = (charts / "heldout.svg").read_text()
     # A standalone image: the XML declaration and the SVG namespace, no page around it.
     assert heldout.startswith('<?xml version="1.0"') and 'xmlns="http://www.w3.org/2000/svg"' in heldout and "<html" not in heldout
-    assert "Held-out evaluation" in heldout and ">reward<" in heldout and ">success rate<" in heldout
+    assert "Held-out evaluation" in heldout and ">reward = success rate<" in heldout  # the synthetic scores are 0 or 1
     # The report shows the same held-out chart (before: the held-out reward was one line among the train curves).
     assert "Held-out evaluation" in out.read_text()
 
@@ -367,11 +367,15 @@ def test_charts_dir_writes_each_chart_as_an_svg_file_with_a_held_out_curve(run_d
 def test_the_held_out_chart_draws_the_eval_scores_not_its_counts_or_times():
     from agentgym_lightning.viewer.charts import held_out, run_charts
 
-    series = _series(eval__reward__mean=[0.1, 0.2], eval__metrics__strict=[0.1, 0.2], eval__success_rate=[0.0, 0.5],
+    series = _series(eval__reward__mean=[0.1, 0.2], eval__metrics__strict=[0.1, 0.3], eval__success_rate=[0.0, 0.5],
                      eval__episodes=[32, 32], eval__wall_time_s=[500, 400], eval__turns__mean=[2, 2], train__reward__mean=[0, 0])
     chart = held_out([series])
     assert chart.name == "heldout"
     assert chart.lines == (("eval/reward/mean", "reward"), ("eval/success_rate", "success rate"), ("eval/metrics/strict", "strict"))
+    # Scores equal everywhere are one line (before: four lines drawn on top of each other, one seen).
+    same = _series(eval__reward__mean=[0.1, 0.2], eval__metrics__strict=[0.1, 0.2], eval__metrics__official=[0.1, 0.2])
+    assert held_out([same]).lines == (("eval/reward/mean", "reward = official = strict"),)
+    assert len(held_out([same, {**same, "eval/metrics/strict": [(1, 0.0), (2, 0.2)]}]).lines) == 2  # equal in one seed only
     assert held_out([_series(train__reward__mean=[0.0])]) is None
     assert [c.name for c in run_charts([series])][:2] == ["reward", "heldout"]
     assert "heldout" not in [c.name for c in run_charts([_series(loss=[1.0])])]
@@ -383,7 +387,7 @@ def test_charts_dir_overlays_several_seeds_on_one_held_out_chart(tmp_path):
              for s in range(2)]
     assert cli.main(["report", *seeds, "-o", str(tmp_path / "r.html"), "--charts-dir", str(tmp_path / "img")]) == 0
     heldout = (tmp_path / "img" / "heldout.svg").read_text()
-    assert "reward (mean of 2)" in heldout and "success rate (mean of 2)" in heldout
+    assert "reward = success rate (mean of 2)" in heldout  # each seed faint, their mean bold, their spread a band
 
 
 def _agent_run(folder: Path) -> Path:
@@ -433,3 +437,12 @@ def test_the_calls_command_prints_an_early_and_a_late_step(tmp_path, capsys):
     assert out.count("call rewards: runs +0.500") == 4 and "checker" not in out
     assert cli.main(["calls", str(run), "--steps", "3"]) == 2
     assert "step-000003.jsonl: no such episode file" in capsys.readouterr().err
+
+
+def test_the_held_out_chart_starts_at_zero_so_one_episode_in_32_does_not_fill_it():
+    from agentgym_lightning.viewer.charts import chart_svg, held_out
+
+    series = {"eval/reward/mean": [(0, 0.0625), (10, 0.0625), (20, 0.03125)]}
+    ticks = {t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", chart_svg(held_out([series]), [series], ["run"]))}
+    # Before: the y axis ran from 0.030 to 0.064, drawing 2/32 -> 1/32 as a fall from top to bottom.
+    assert "0.00" in ticks or "0.000" in ticks, ticks

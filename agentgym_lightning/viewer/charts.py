@@ -40,13 +40,16 @@ class Chart:
     zero_when_absent: tuple[str, ...] = ()
     #: The chart's file name without ``.svg`` (stable, so docs can link a chart of a run).
     name: str = "chart"
+    #: Scores and rates: the y axis starts at 0 (when no value is below it), so a change of one
+    #: episode in 32 does not fill the chart's height.
+    from_zero: bool = False
 
 
 #: The charts of every run view, in order (metric names: docs/metrics.md).
 CHARTS: tuple[Chart, ...] = (
     Chart("Reward", (("train/reward/mean", "task (train)"), ("train/reward/total", "with AIR (train)"), ("eval/reward/mean", "held-out")),
           name="reward"),
-    Chart("Success rate", (("train/success_rate", "train"), ("eval/success_rate", "held-out")), name="success"),
+    Chart("Success rate", (("train/success_rate", "train"), ("eval/success_rate", "held-out")), name="success", from_zero=True),
     Chart("Turns per episode", (("train/turns/mean", "train"), ("eval/turns/mean", "held-out")), name="turns"),
     Chart("Loss", (("loss", "loss"),), name="loss"),
     Chart("KL to reference", (("kl", "kl"),), name="kl"),
@@ -72,13 +75,18 @@ def air_sources(series_by_run: Sequence[Series]) -> Chart | None:
 def held_out(series_by_run: Sequence[Series]) -> Chart | None:
     """The held-out curve: one line per score of the evaluations (``eval/reward/mean``,
     ``eval/success_rate`` and each env metric ``eval/metrics/<name>``; counts, tokens and times
-    are not scores), if any run evaluated."""
+    are not scores), if any run evaluated. Scores equal at every point of every run are one line
+    named ``a = b`` (else the last drawn hides the others)."""
     logged = {n for s in series_by_run for n in s if s.get(n)}
     scores = [(n, label) for n, label in (("eval/reward/mean", "reward"), ("eval/success_rate", "success rate")) if n in logged]
     scores += [(n, n.removeprefix("eval/metrics/")) for n in sorted(logged) if n.startswith("eval/metrics/")]
     if not scores:
         return None
-    return Chart("Held-out evaluation", tuple(scores), name="heldout")
+    lines: dict[tuple[tuple[tuple[int, float], ...], ...], tuple[str, list[str]]] = {}
+    for metric, label in scores:
+        points = tuple(tuple(s.get(metric) or ()) for s in series_by_run)
+        lines.setdefault(points, (metric, []))[1].append(label)
+    return Chart("Held-out evaluation", tuple((metric, " = ".join(labels)) for metric, labels in lines.values()), name="heldout", from_zero=True)
 
 
 def run_charts(series_by_run: Sequence[Series]) -> list[Chart]:
@@ -151,6 +159,8 @@ def _draw(
     steps = [x for s in series_by_run for pts in s.values() for x, _ in pts]
     if steps and max(steps) - min(steps) < 2:  # one or two steps: room around them, not 1.900-2.100
         ax.set_xlim(min(steps) - 1, max(steps) + 1)
+    if chart.from_zero and ax.has_data() and ax.get_ylim()[0] > 0:
+        ax.set_ylim(bottom=0)
     if ax.has_data():
         ax.legend(fontsize=7, frameon=False)
     fig.subplots_adjust(left=0.12, right=0.98, top=0.9, bottom=0.17)  # fixed: tight_layout doubles the drawing time
