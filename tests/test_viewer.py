@@ -404,7 +404,8 @@ def _agent_run(folder: Path) -> Path:
                         request = ChatRequest.from_openai({"model": "m", "messages": messages})
                         completion = Completion(text=f"{agent} answer at step {step}, task {task}, seed {seed}" + " x" * 300)
                         steps.append(Step(index=i, request=request, completion=completion, agent=agent,
-                                          rewards=[Reward(0.5, "runs")] if agent == "writer" else []))
+                                          rewards=[Reward(0.5, "runs")] if agent == "writer" else [],
+                                          outcome={"sql": "SELECT 1", "sql_status": "executes"} if agent == "writer" else {}))
                     w.write(Trajectory(episode_id=f"s{step}-q{task}-{seed}", task={"id": f"q{task}", "question": "?"}, steps=steps,
                                        group_id=f"g{task}", seed=seed, status=Status.SUCCEEDED, final_reward=float(seed)))
     return folder
@@ -423,8 +424,11 @@ def test_call_examples_quote_an_agents_calls_by_a_fixed_rule(tmp_path):
     assert len(first.answer) < 100 and first.task == "q0" and first.rewards == () and first.episode_reward == 0.0
     writer = call_examples(run, 1, count=1)[0]  # no agent given: each episode's first call
     assert (writer.agent, writer.rewards, writer.step) == ("writer", (("runs", 0.5),), 1)
+    assert writer.outcome == '{"sql": "SELECT 1", "sql_status": "executes"}' and first.outcome == ""
     text = format_examples(examples[:1])
     assert text.startswith("step 9 · task q0 · episode s9-q0-0 · call 1 (checker) · call rewards: none · episode reward 0.000\n  asked:\n    checker asks about q0\n  answer:\n    checker answer")
+    assert "outcome:" not in text
+    assert format_examples([writer]).endswith('more characters)\n  outcome:\n    {"sql": "SELECT 1", "sql_status": "executes"}')
     with pytest.raises(KeyError, match="no such episode file"):
         call_examples(run, 5)
 

@@ -6,8 +6,8 @@
     agentgym-lightning calls runs/spider --steps 0 40 --eval                # held-out episodes
 
 For each step it prints up to N calls chosen by a fixed rule (one episode of each GRPO group in
-turn, its first call of the agent): the call's last user message, the policy's answer, the call's
-rewards and its episode's final reward. Any env. See docs/viewer.md.
+turn, its first call of the agent): the call's last user message, the policy's answer, what the
+agent emitted after it (its outcome), the call's rewards and its episode's final reward. Any env. See docs/viewer.md.
 """
 
 from __future__ import annotations

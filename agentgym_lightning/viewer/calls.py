@@ -6,7 +6,9 @@ Which calls is a rule, not a choice, so that a quote is not picked for how it lo
 episodes by GRPO group as the report lists them, one episode of each group in turn (different
 tasks first), and of each episode its first call (its first call of ``agent`` when given: a
 call's ``agent`` or ``role``). Each example holds the call's last user message (what the agent
-asked), the policy's answer, the call's rewards (AIR) and its episode's final reward.
+asked), the policy's answer, what the agent emitted after it (its ``outcome``: what the env made of
+the answer, e.g. the SQL it ran and whether it ran), the call's rewards (AIR) and its episode's
+final reward.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class CallExample:
     asked: str
     #: The policy's answer: its text and tool calls (or the error it was answered with).
     answer: str
+    #: What the agent emitted after the answer (:attr:`~agentgym_lightning.trajectory.Step.outcome`),
+    #: as JSON cut at the limit; ``""`` when nothing.
+    outcome: str
     #: The call's reward components, as ``(source, value)``.
     rewards: tuple[tuple[str, float], ...]
     episode_reward: float | None
@@ -92,13 +97,15 @@ def _example(kind: str, step_number: int, episode: Trajectory, index: int, step:
         agent=step.agent or step.role,
         asked=_asked(step, limit),
         answer=shorten(answer, limit),
+        outcome=shorten(json.dumps(step.outcome, default=str, ensure_ascii=False), limit) if step.outcome else "",
         rewards=tuple((r.source, r.value) for r in step.rewards),
         episode_reward=episode.final_reward,
     )
 
 
 def format_examples(examples: Sequence[CallExample]) -> str:
-    """The examples as text, one block each: a header line, then what was asked and the answer, indented."""
+    """The examples as text, one block each: a header line, then what was asked, the answer and
+    the outcome (when there is one), indented."""
     blocks = []
     for x in examples:
         what = "evaluation after step" if x.kind == "eval" else "step"
@@ -108,7 +115,8 @@ def format_examples(examples: Sequence[CallExample]) -> str:
             f"{what} {x.step} · task {x.task} · episode {x.episode_id} · call {x.call}"
             f"{f' ({x.agent})' if x.agent else ''} · call rewards: {rewards} · episode reward {final}"
         )
-        blocks.append(f"{head}\n  asked:\n{_indent(x.asked)}\n  answer:\n{_indent(x.answer)}")
+        outcome = f"\n  outcome:\n{_indent(x.outcome)}" if x.outcome else ""
+        blocks.append(f"{head}\n  asked:\n{_indent(x.asked)}\n  answer:\n{_indent(x.answer)}{outcome}")
     return "\n\n".join(blocks)
 
 
