@@ -450,3 +450,15 @@ def test_the_held_out_chart_starts_at_zero_so_one_episode_in_32_does_not_fill_it
     ticks = {t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", chart_svg(held_out([series]), [series], ["run"]))}
     # Before: the y axis ran from 0.030 to 0.064, drawing 2/32 -> 1/32 as a fall from top to bottom.
     assert "0.00" in ticks or "0.000" in ticks, ticks
+
+
+def test_the_report_shows_the_last_step_with_episodes_call_by_call_not_an_empty_one(run_dir, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "trajectories" / "step-000005.jsonl").write_text("")  # the run stopped as step 5 began
+    text = report([RunFolder(run)])
+    # Before: "episodes of step 5, call by call" with nothing under it.
+    assert "episodes of step 4, call by call" in text and "episodes of step 5, call by call" not in text
+    assert "id='r0-train-4-s4-t0-m0'" in text

@@ -454,13 +454,15 @@ def episode_detail(
 def report(runs: Sequence[RunFolder], *, limit: int = 4000) -> str:
     """The whole report as one self-contained HTML page: the overview, every step's and
     evaluation's episode table, and the episodes of the last training step and of the last
-    evaluation call by call, messages cut at ``limit`` characters (so the report stays small
+    evaluation (the last whose file is not empty) call by call, messages cut at ``limit`` characters (so the report stays small
     enough to attach to an issue; ``view`` shows every episode, whole)."""
     last: list[tuple[int, EpisodeFile]] = []
     for i, run in enumerate(runs):
         files = run.episode_files()
         for kind in ("train", "eval"):
-            newest = max((f for f in files if f.kind == kind), key=lambda f: f.step, default=None)
+            # A run stopped (or caught) just as a step began leaves that step's file empty: show the last with episodes.
+            written = [f for f in files if f.kind == kind and f.path.stat().st_size > 0]
+            newest = max(written, key=lambda f: f.step, default=None)
             if newest is not None:
                 last.append((i, newest))
     links = report_links(set(last))
