@@ -347,3 +347,118 @@ def test_each_call_shows_the_policy_version_that_answered_it(tmp_path):
         w.write(t)
     text = report([RunFolder(run)])
     assert text.index("policy v3") < text.index("policy v4")
+
+
+def test_charts_dir_writes_each_chart_as_an_svg_file_with_a_held_out_curve(run_dir, tmp_path, capsys):
+    out, charts = tmp_path / "r.html", tmp_path / "img"
+    assert cli.main(["report", str(run_dir), "-o", str(out), "--charts-dir", str(charts)]) == 0
+    # Stable names a doc can link, one file a chart, in the report's order.
+    names = ["reward", "heldout", "air", "success", "turns", "loss", "kl", "entropy", "grad_norm", "clip", "zero_variance", "tokens_per_s", "time"]
+    assert sorted(p.name for p in charts.iterdir()) == sorted(f"{n}.svg" for n in names)
+    assert f"charts: {charts}/ ({', '.join(f'{n}.svg' for n in names)})" in capsys.readouterr().out
+    heldout = (charts / "heldout.svg").read_text()
+    # A standalone image: the XML declaration and the SVG namespace, no page around it.
+    assert heldout.startswith('<?xml version="1.0"') and 'xmlns="http://www.w3.org/2000/svg"' in heldout and "<html" not in heldout
+    assert "Held-out evaluation" in heldout and ">reward = success rate<" in heldout  # the synthetic scores are 0 or 1
+    # The report shows the same held-out chart (before: the held-out reward was one line among the train curves).
+    assert "Held-out evaluation" in out.read_text()
+
+
+def test_the_held_out_chart_draws_the_eval_scores_not_its_counts_or_times():
+    from agentgym_lightning.viewer.charts import held_out, run_charts
+
+    series = _series(eval__reward__mean=[0.1, 0.2], eval__metrics__strict=[0.1, 0.3], eval__success_rate=[0.0, 0.5],
+                     eval__episodes=[32, 32], eval__wall_time_s=[500, 400], eval__turns__mean=[2, 2], train__reward__mean=[0, 0])
+    chart = held_out([series])
+    assert chart.name == "heldout"
+    assert chart.lines == (("eval/reward/mean", "reward"), ("eval/success_rate", "success rate"), ("eval/metrics/strict", "strict"))
+    # Scores equal everywhere are one line (before: four lines drawn on top of each other, one seen).
+    same = _series(eval__reward__mean=[0.1, 0.2], eval__metrics__strict=[0.1, 0.2], eval__metrics__official=[0.1, 0.2])
+    assert held_out([same]).lines == (("eval/reward/mean", "reward = official = strict"),)
+    assert len(held_out([same, {**same, "eval/metrics/strict": [(1, 0.0), (2, 0.2)]}]).lines) == 2  # equal in one seed only
+    assert held_out([_series(train__reward__mean=[0.0])]) is None
+    assert [c.name for c in run_charts([series])][:2] == ["reward", "heldout"]
+    assert "heldout" not in [c.name for c in run_charts([_series(loss=[1.0])])]
+
+
+def test_charts_dir_overlays_several_seeds_on_one_held_out_chart(tmp_path):
+    synthetic = _synthetic()
+    seeds = [str(synthetic.write_run(tmp_path / f"seed{s}", steps=4, tasks=1, group_size=2, calls=1, seed=s, eval_every=2, eval_episodes=2))
+             for s in range(2)]
+    assert cli.main(["report", *seeds, "-o", str(tmp_path / "r.html"), "--charts-dir", str(tmp_path / "img")]) == 0
+    heldout = (tmp_path / "img" / "heldout.svg").read_text()
+    assert "reward = success rate (mean of 2)" in heldout  # each seed faint, their mean bold, their spread a band
+
+
+def _agent_run(folder: Path) -> Path:
+    """One training step of two GRPO groups (tasks q0, q1) of two episodes, each a writer call
+    then a checker call, and a step 9 whose answers differ."""
+    for step in (1, 9):
+        with TrajectoryWriter(folder / "trajectories" / f"step-{step:06d}.jsonl") as w:
+            for task in range(2):
+                for seed in range(2):
+                    steps = []
+                    for i, agent in enumerate(("writer", "checker")):
+                        messages = [{"role": "system", "content": "SCHEMA " * 50}, {"role": "user", "content": f"question {task}"},
+                                    {"role": "assistant", "content": "draft"}, {"role": "user", "content": f"{agent} asks about q{task}"}]
+                        request = ChatRequest.from_openai({"model": "m", "messages": messages})
+                        completion = Completion(text=f"{agent} answer at step {step}, task {task}, seed {seed}" + " x" * 300)
+                        steps.append(Step(index=i, request=request, completion=completion, agent=agent,
+                                          rewards=[Reward(0.5, "runs")] if agent == "writer" else [],
+                                          outcome={"sql": "SELECT 1", "sql_status": "executes"} if agent == "writer" else {}))
+                    w.write(Trajectory(episode_id=f"s{step}-q{task}-{seed}", task={"id": f"q{task}", "question": "?"}, steps=steps,
+                                       group_id=f"g{task}", seed=seed, status=Status.SUCCEEDED, final_reward=float(seed)))
+    return folder
+
+
+def test_call_examples_quote_an_agents_calls_by_a_fixed_rule(tmp_path):
+    from agentgym_lightning.viewer.calls import call_examples, format_examples
+
+    run = RunFolder(_agent_run(tmp_path / "run"))
+    examples = call_examples(run, 9, count=3, agent="checker", limit=60)
+    # One episode of each group in turn (different tasks first), its first call of the agent.
+    assert [(x.episode_id, x.call, x.agent) for x in examples] == [("s9-q0-0", 1, "checker"), ("s9-q1-0", 1, "checker"), ("s9-q0-1", 1, "checker")]
+    first = examples[0]
+    assert first.asked == "checker asks about q0"  # the last user message, not the system prompt
+    assert first.answer.startswith("checker answer at step 9, task 0, seed 0 x x") and first.answer.endswith("more characters)")
+    assert len(first.answer) < 100 and first.task == "q0" and first.rewards == () and first.episode_reward == 0.0
+    writer = call_examples(run, 1, count=1)[0]  # no agent given: each episode's first call
+    assert (writer.agent, writer.rewards, writer.step) == ("writer", (("runs", 0.5),), 1)
+    assert writer.outcome == '{"sql": "SELECT 1", "sql_status": "executes"}' and first.outcome == ""
+    text = format_examples(examples[:1])
+    assert text.startswith("step 9 · task q0 · episode s9-q0-0 · call 1 (checker) · call rewards: none · episode reward 0.000\n  asked:\n    checker asks about q0\n  answer:\n    checker answer")
+    assert "outcome:" not in text
+    assert format_examples([writer]).endswith('more characters)\n  outcome:\n    {"sql": "SELECT 1", "sql_status": "executes"}')
+    with pytest.raises(KeyError, match="no such episode file"):
+        call_examples(run, 5)
+
+
+def test_the_calls_command_prints_an_early_and_a_late_step(tmp_path, capsys):
+    run = _agent_run(tmp_path / "run")
+    assert cli.main(["calls", str(run), "--steps", "1", "9", "--agent", "writer", "-n", "2", "--limit", "40"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("=== step 1: 2 call(s) of writer") < out.index("writer answer at step 1") < out.index("=== step 9: 2 call(s) of writer")
+    assert out.count("call rewards: runs +0.500") == 4 and "checker" not in out
+    assert cli.main(["calls", str(run), "--steps", "3"]) == 2
+    assert "step-000003.jsonl: no such episode file" in capsys.readouterr().err
+
+
+def test_the_held_out_chart_starts_at_zero_so_one_episode_in_32_does_not_fill_it():
+    from agentgym_lightning.viewer.charts import chart_svg, held_out
+
+    series = {"eval/reward/mean": [(0, 0.0625), (10, 0.0625), (20, 0.03125)]}
+    ticks = {t.strip() for t in re.findall(r"<text[^>]*>([^<]*)</text>", chart_svg(held_out([series]), [series], ["run"]))}
+    # Before: the y axis ran from 0.030 to 0.064, drawing 2/32 -> 1/32 as a fall from top to bottom.
+    assert "0.00" in ticks or "0.000" in ticks, ticks
+
+
+def test_the_report_shows_the_last_step_with_episodes_call_by_call_not_an_empty_one(run_dir, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "trajectories" / "step-000005.jsonl").write_text("")  # the run stopped as step 5 began
+    text = report([RunFolder(run)])
+    # Before: "episodes of step 5, call by call" with nothing under it.
+    assert "episodes of step 4, call by call" in text and "episodes of step 5, call by call" not in text
+    assert "id='r0-train-4-s4-t0-m0'" in text

@@ -6,7 +6,8 @@ plain ``<svg>`` that any browser shows with scripts off, so the report is one sm
 (text kept as text, ``svg.fonttype = "none"``: about 10-20 KB a chart). Each chart overlays every
 run given; with several runs of one experiment (seeds) it adds their mean (bold) and spread
 (min-max band); runs that differ (``overlay=False``) are drawn one line each, never averaged.
-Steps are whole numbers on the axis, and a run of one or two points shows them as dots.
+Steps are whole numbers on the axis, and a run of one or two points shows them as dots. Each
+chart has a stable file ``name`` (``report --charts-dir`` writes ``<name>.svg``).
 
 Names in a chart (reward sources, run names) come from agents and run folders: they are drawn
 as plain text, never parsed as matplotlib's ``$...$`` math (``text.parse_math`` off), which a
@@ -21,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources"]
+__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources", "held_out", "run_charts"]
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
 
@@ -37,22 +38,28 @@ class Chart:
     #: Counts logged only when not zero (``samples/groups/zero_variance``): a step that logged the
     #: chart's other lines but not this one had zero of it.
     zero_when_absent: tuple[str, ...] = ()
+    #: The chart's file name without ``.svg`` (stable, so docs can link a chart of a run).
+    name: str = "chart"
+    #: Scores and rates: the y axis starts at 0 (when no value is below it), so a change of one
+    #: episode in 32 does not fill the chart's height.
+    from_zero: bool = False
 
 
 #: The charts of every run view, in order (metric names: docs/metrics.md).
 CHARTS: tuple[Chart, ...] = (
-    Chart("Reward", (("train/reward/mean", "task (train)"), ("train/reward/total", "with AIR (train)"), ("eval/reward/mean", "held-out"))),
-    Chart("Success rate", (("train/success_rate", "train"), ("eval/success_rate", "held-out"))),
-    Chart("Turns per episode", (("train/turns/mean", "train"), ("eval/turns/mean", "held-out"))),
-    Chart("Loss", (("loss", "loss"),)),
-    Chart("KL to reference", (("kl", "kl"),)),
-    Chart("Entropy", (("entropy", "token entropy"),)),
-    Chart("Grad norm", (("grad_norm", "before clipping"),)),
-    Chart("Clip ratios", (("clip_ratio/low", "low"), ("clip_ratio/high", "high"), ("clip_ratio/region", "region"))),
+    Chart("Reward", (("train/reward/mean", "task (train)"), ("train/reward/total", "with AIR (train)"), ("eval/reward/mean", "held-out")),
+          name="reward"),
+    Chart("Success rate", (("train/success_rate", "train"), ("eval/success_rate", "held-out")), name="success", from_zero=True),
+    Chart("Turns per episode", (("train/turns/mean", "train"), ("eval/turns/mean", "held-out")), name="turns"),
+    Chart("Loss", (("loss", "loss"),), name="loss"),
+    Chart("KL to reference", (("kl", "kl"),), name="kl"),
+    Chart("Entropy", (("entropy", "token entropy"),), name="entropy"),
+    Chart("Grad norm", (("grad_norm", "before clipping"),), name="grad_norm"),
+    Chart("Clip ratios", (("clip_ratio/low", "low"), ("clip_ratio/high", "high"), ("clip_ratio/region", "region")), name="clip"),
     Chart("Zero-variance groups", (("samples/groups/zero_variance", "zero variance"), ("samples/groups", "groups")),
-          zero_when_absent=("samples/groups/zero_variance",)),
-    Chart("Tokens/s (rollout)", (("train/tokens_per_s", "train"), ("eval/tokens_per_s", "held-out"))),
-    Chart("Step time (s)", (("time/rollout_s", "rollout"), ("time/update_s", "update"), ("time/sync_s", "sync")), stacked=True),
+          zero_when_absent=("samples/groups/zero_variance",), name="zero_variance"),
+    Chart("Tokens/s (rollout)", (("train/tokens_per_s", "train"), ("eval/tokens_per_s", "held-out")), name="tokens_per_s"),
+    Chart("Step time (s)", (("time/rollout_s", "rollout"), ("time/update_s", "update"), ("time/sync_s", "sync")), stacked=True, name="time"),
 )
 
 
@@ -62,7 +69,32 @@ def air_sources(series_by_run: Sequence[Series]) -> Chart | None:
     names = sorted({n for s in series_by_run for n in s if n.startswith("train/reward/") and n not in fixed})
     if not names:
         return None
-    return Chart("AIR sources (mean per episode)", tuple((n, n.removeprefix("train/reward/")) for n in names))
+    return Chart("AIR sources (mean per episode)", tuple((n, n.removeprefix("train/reward/")) for n in names), name="air")
+
+
+def held_out(series_by_run: Sequence[Series]) -> Chart | None:
+    """The held-out curve: one line per score of the evaluations (``eval/reward/mean``,
+    ``eval/success_rate`` and each env metric ``eval/metrics/<name>``; counts, tokens and times
+    are not scores), if any run evaluated. Scores equal at every point of every run are one line
+    named ``a = b`` (else the last drawn hides the others)."""
+    logged = {n for s in series_by_run for n in s if s.get(n)}
+    scores = [(n, label) for n, label in (("eval/reward/mean", "reward"), ("eval/success_rate", "success rate")) if n in logged]
+    scores += [(n, n.removeprefix("eval/metrics/")) for n in sorted(logged) if n.startswith("eval/metrics/")]
+    if not scores:
+        return None
+    lines: dict[tuple[tuple[tuple[int, float], ...], ...], tuple[str, list[str]]] = {}
+    for metric, label in scores:
+        points = tuple(tuple(s.get(metric) or ()) for s in series_by_run)
+        lines.setdefault(points, (metric, []))[1].append(label)
+    return Chart("Held-out evaluation", tuple((metric, " = ".join(labels)) for metric, labels in lines.values()), name="heldout", from_zero=True)
+
+
+def run_charts(series_by_run: Sequence[Series]) -> list[Chart]:
+    """The charts of a run view, in order: :data:`CHARTS` with the held-out curve and the AIR
+    sources after the reward, where the runs logged them."""
+    charts = list(CHARTS)
+    extra = [c for c in (held_out(series_by_run), air_sources(series_by_run)) if c is not None]
+    return charts[:1] + extra + charts[1:]
 
 
 def _figure():  # type: ignore[no-untyped-def]
@@ -127,6 +159,8 @@ def _draw(
     steps = [x for s in series_by_run for pts in s.values() for x, _ in pts]
     if steps and max(steps) - min(steps) < 2:  # one or two steps: room around them, not 1.900-2.100
         ax.set_xlim(min(steps) - 1, max(steps) + 1)
+    if chart.from_zero and ax.has_data() and ax.get_ylim()[0] > 0:
+        ax.set_ylim(bottom=0)
     if ax.has_data():
         ax.legend(fontsize=7, frameon=False)
     fig.subplots_adjust(left=0.12, right=0.98, top=0.9, bottom=0.17)  # fixed: tight_layout doubles the drawing time

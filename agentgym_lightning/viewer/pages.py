@@ -28,10 +28,10 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.samples import SampleBatch, configured_samples, untrained_reason
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 from agentgym_lightning.viewer.alarms import group_diversity, run_alarms, tool_calls_of
-from agentgym_lightning.viewer.charts import CHARTS, air_sources, chart_svg
+from agentgym_lightning.viewer.charts import Chart, Series, chart_svg, run_charts
 from agentgym_lightning.viewer.run import EpisodeFile, RunFolder
 
-__all__ = ["Links", "page", "overview", "episode_list", "episode_detail", "report"]
+__all__ = ["Links", "page", "overview", "curves", "episode_list", "episode_detail", "report", "by_group", "message_text", "shorten"]
 
 _REASONS = {
     "not_trainable": "the agent or env marked the call not trainable",
@@ -134,7 +134,7 @@ def run_header(run: RunFolder, config: dict[str, Any]) -> str:
         return f"<div class=muted>{e(run.name)}: no config yet (it is read from the first checkpoint)</div>"
     backend = f"{config.get('backend', '?')}{', LoRA' if config.get('use_peft') else ''}"
     options = " · ".join(f"{e(k)}={e(_value(config[k]))}" for k in KEY_OPTIONS if k in config and config[k] not in (None, {}, []))
-    whole = _short(json.dumps(config, indent=1, sort_keys=True, default=str), 50_000)
+    whole = shorten(json.dumps(config, indent=1, sort_keys=True, default=str), 50_000)
     return (
         f"<div class=runhead><b>{e(run.name)}</b> · env <b>{e(config.get('env', '?'))}</b> · model <b>{e(config.get('model', '?'))}</b>"
         f" ({e(backend)})<div class=muted>{options}</div>"
@@ -143,7 +143,7 @@ def run_header(run: RunFolder, config: dict[str, Any]) -> str:
 
 
 def _value(value: Any) -> str:
-    return _short(value if isinstance(value, str) else json.dumps(value, default=str), 200)
+    return shorten(value if isinstance(value, str) else json.dumps(value, default=str), 200)
 
 
 def differences(configs: Sequence[dict[str, Any]]) -> list[str]:
@@ -185,11 +185,7 @@ def overview(runs: Sequence[RunFolder], links: Links) -> str:
         parts.append("".join(
             f"<div class='alarm{' firing' if a.firing else ''}'>{'⚠' if a.firing else '✓'} <b>{e(a.name)}</b>: {e(a.text)}</div>" for a in alarms
         ) or "<p class=muted>nothing logged yet</p>")
-    charts = list(CHARTS)
-    air = air_sources(all_series)
-    if air is not None:
-        charts.insert(1, air)
-    svgs = [chart_svg(c, all_series, names, overlay=not differ) for c in charts]
+    svgs = [svg for _, svg in curves(runs, all_series, differ)]
     parts.append(f"<h2>Curves{' · ' + ', '.join(e(n) for n in names) if len(runs) > 1 else ''}</h2>")
     parts.append("<div class=charts>" + "".join(f"<div class=chart>{s}</div>" for s in svgs if s) + "</div>")
     if not any(svgs):
@@ -197,6 +193,21 @@ def overview(runs: Sequence[RunFolder], links: Links) -> str:
     for i, run in enumerate(runs):
         parts.append(f"<h2>Steps and evaluations · {e(run.name)}</h2>{_file_table(i, run, all_series[i], links)}")
     return "".join(parts)
+
+
+def curves(
+    runs: Sequence[RunFolder], all_series: Sequence[Series] | None = None, differ: Sequence[str] | None = None
+) -> list[tuple[Chart, str]]:
+    """Each chart the runs logged something of, with its ``<svg>``: runs of one experiment
+    (seeds) overlaid with their mean and spread, runs that :func:`differences` tells apart
+    line by line. ``all_series`` / ``differ``: what the caller has read already."""
+    if all_series is None:
+        all_series = [r.series() for r in runs]
+    if differ is None:
+        differ = differences([r.config() for r in runs]) if len(runs) > 1 else []
+    names = [r.name for r in runs]
+    drawn = [(c, chart_svg(c, all_series, names, overlay=not differ)) for c in run_charts(all_series)]
+    return [(c, svg) for c, svg in drawn if svg is not None]
 
 
 def _file_table(index: int, run: RunFolder, series: dict[str, list[tuple[int, float]]], links: Links) -> str:
@@ -228,7 +239,8 @@ def _credit(file: EpisodeFile, episodes: Sequence[Trajectory], config: dict[str,
         return SampleBatch(), str(exc)
 
 
-def _groups(episodes: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+def by_group(episodes: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """The episodes by GRPO group (an episode without one is its own), groups and members in a stable order."""
     groups: dict[str, list[Trajectory]] = {}
     for t in sorted(episodes, key=lambda t: (t.group_id or "", t.seed or 0)):
         groups.setdefault(t.group_id or t.episode_id, []).append(t)
@@ -251,7 +263,7 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
     if error:
         out.append(f"<p class=muted>advantages not shown: {e(error)}</p>")
     out.append(_problems(f"{run.name}/{file.path.parent.name}/{file.path.name}", run.problems(file)))
-    for key, members in _groups(episodes).items():
+    for key, members in by_group(episodes).items():
         d = diversity.get(key)
         flat = credit.zero_variance.get(key)
         badges = f"<span class=badge>{len(members)} episodes</span>"
@@ -275,7 +287,7 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
             )
         task = members[0].task
         out.append(
-            f"<h3>group {e(key)} {badges}</h3><div class=muted>task: {e(_short(json.dumps(task, default=str), 300))}</div>"
+            f"<h3>group {e(key)} {badges}</h3><div class=muted>task: {e(shorten(json.dumps(task, default=str), 300))}</div>"
             "<table><tr><th>episode</th><th>seed</th><th>status</th><th>final reward</th><th>with AIR</th>"
             "<th>advantage</th><th>calls</th><th>tool calls</th></tr>" + "".join(rows) + "</table>"
         )
@@ -285,11 +297,13 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
 # ------------------------------------------------------------------ one episode
 
 
-def _short(text: str, limit: int) -> str:
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut at ``limit`` characters, saying how many more there were."""
     return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
 
 
-def _content(message: dict[str, Any]) -> str:
+def message_text(message: dict[str, Any]) -> str:
+    """A chat message as text: its content (parts joined) and its tool calls, one ``→ name(args)`` a line."""
     content = message.get("content")
     if isinstance(content, list):  # content parts
         content = "\n".join(str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in content)
@@ -303,7 +317,7 @@ def _content(message: dict[str, Any]) -> str:
 def _message(message: dict[str, Any], limit: int) -> str:
     role = str(message.get("role", "?"))
     name = f" · {message['name']}" if message.get("name") else ""
-    return f"<div class='msg {e(role)}'><span class=role>{e(role)}{e(name)}</span>\n{e(_short(_content(message), limit))}</div>"
+    return f"<div class='msg {e(role)}'><span class=role>{e(role)}{e(name)}</span>\n{e(shorten(message_text(message), limit))}</div>"
 
 
 def _new_messages(step: Step, previous: Step | None) -> tuple[int, list[dict[str, Any]]]:
@@ -379,10 +393,10 @@ def episode_detail(
     head = (
         f"<table><tr><th>status</th><td>{e(episode.status.value)}</td><th>final reward</th><td>{_num(episode.final_reward)}</td>"
         f"<th>with AIR</th><td>{_num(episode.total_reward)}</td><th>group</th><td>{e(episode.group_id)}</td><th>seed</th><td>{e(episode.seed)}</td></tr></table>"
-        f"<div class=muted>task: {e(_short(json.dumps(episode.task, default=str), 2000))}</div>"
+        f"<div class=muted>task: {e(shorten(json.dumps(episode.task, default=str), 2000))}</div>"
     )
     if episode.error:
-        head += f"<details><summary>error</summary><div class=msg>{e(_short(episode.error, limit))}</div></details>"
+        head += f"<details><summary>error</summary><div class=msg>{e(shorten(episode.error, limit))}</div></details>"
     if episode_note:
         head += f"<p><span class='badge warn'>{e(episode_note)}</span></p>"
     calls = []
@@ -406,7 +420,7 @@ def episode_detail(
         elif step.prompt_extends_previous:
             badges.append("<span class='badge good'>prompt ids extend the previous call's</span>")
         if step.error:
-            badges.append(f"<span class='badge bad'>error: {e(_short(step.error, 200))}</span>")
+            badges.append(f"<span class='badge bad'>error: {e(shorten(step.error, 200))}</span>")
         shared, new = _new_messages(step, previous)
         body = [f"<div class=muted>{shared} earlier message(s) not repeated</div>" if shared else ""]
         body += [_message(m, limit) for m in new]
@@ -423,14 +437,14 @@ def episode_detail(
         if advantages is not None and i < len(advantages):
             credit_text += f" · advantage {advantages[i]:+.3f}"
         if step.outcome:
-            body.append(f"<details><summary>outcome (what the agent emitted after the answer)</summary><div class=msg>{e(_short(json.dumps(step.outcome, default=str, indent=1), limit))}</div></details>")
+            body.append(f"<details><summary>outcome (what the agent emitted after the answer)</summary><div class=msg>{e(shorten(json.dumps(step.outcome, default=str, indent=1), limit))}</div></details>")
         body.append(_tokens(step, trained, decode))
         calls.append(
             f"<div class=call id='call-{i}'><b>call {i}</b> {''.join(badges)}<div>rewards: {rewards or '–'}{e(credit_text)}</div>{''.join(body)}</div>"
         )
         previous = step
     if episode.final_reward is not None:
-        calls.append(f"<div class=call><b>end</b> · final reward {_num(episode.final_reward)} · result: {e(_short(json.dumps(episode.result, default=str), 2000))}</div>")
+        calls.append(f"<div class=call><b>end</b> · final reward {_num(episode.final_reward)} · result: {e(shorten(json.dumps(episode.result, default=str), 2000))}</div>")
     return head + "".join(calls)
 
 
@@ -440,13 +454,15 @@ def episode_detail(
 def report(runs: Sequence[RunFolder], *, limit: int = 4000) -> str:
     """The whole report as one self-contained HTML page: the overview, every step's and
     evaluation's episode table, and the episodes of the last training step and of the last
-    evaluation call by call, messages cut at ``limit`` characters (so the report stays small
+    evaluation (the last whose file is not empty) call by call, messages cut at ``limit`` characters (so the report stays small
     enough to attach to an issue; ``view`` shows every episode, whole)."""
     last: list[tuple[int, EpisodeFile]] = []
     for i, run in enumerate(runs):
         files = run.episode_files()
         for kind in ("train", "eval"):
-            newest = max((f for f in files if f.kind == kind), key=lambda f: f.step, default=None)
+            # A run stopped (or caught) just as a step began leaves that step's file empty: show the last with episodes.
+            written = [f for f in files if f.kind == kind and f.path.stat().st_size > 0]
+            newest = max(written, key=lambda f: f.step, default=None)
             if newest is not None:
                 last.append((i, newest))
     links = report_links(set(last))
@@ -463,7 +479,7 @@ def report(runs: Sequence[RunFolder], *, limit: int = 4000) -> str:
         episodes = run.episodes(f)
         credit, _ = _credit(f, episodes, configs[i])
         parts.append(f"<h2>{e(run.name)} · episodes of {e(_what(f))}, call by call</h2>")
-        for t in (t for members in _groups(episodes).values() for t in members):
+        for t in (t for members in by_group(episodes).values() for t in members):
             parts.append(
                 f"<details id='{_anchor(i, f)}-{_slug(t.episode_id)}'><summary>episode {e(t.episode_id)} · group {e(t.group_id)} · "
                 f"reward {_num(t.total_reward)} · {len(t.steps)} calls · {e(t.status.value)}</summary>"
