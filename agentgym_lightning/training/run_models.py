@@ -70,7 +70,8 @@ def build_run_models(
     agent), activation checkpointing, the reference model (``beta`` > 0), both sharded over the
     ``ranks`` (FSDP2; one rank: as they are), the optimizer over the trained weights and the
     scheduler over ``training_steps`` optimizer steps. With ``max_staleness`` >= 1 an ``hf``
-    generator gets a copy of its own (episodes decode on while the update changes the model)."""
+    generator gets a copy of its own (episodes decode on while the update changes the model),
+    and a ``vllm-server`` one accepts answers from weights pushed during the call."""
     ranks = ranks if ranks is not None else Ranks()
     policy = policy if policy is not None or not ranks.is_main else build_policy(config)
     model, tokenizer = ranks.trained_model(policy, config)
@@ -84,6 +85,8 @@ def build_run_models(
     disable_dropout_in_model(model)
     if config.max_staleness and shares_model(policy, model):
         separate_generator(policy, model)
+    elif config.max_staleness and hasattr(policy, "syncs_during_calls"):
+        policy.syncs_during_calls = True  # a served generator checking its answers' weights (vllm-server): syncs come mid-call
     adapters = AgentAdapters.from_config(config)
     if config.use_peft:
         shared = shares_model(policy, model)

@@ -355,7 +355,6 @@ def test_sigterm_on_ray_workers_ends_their_running_episodes_truncated(local_ray,
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"backend": "vllm-server", "generator_url": "http://127.0.0.1:1"}, "hf and vllm backends"),
         ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
         ({"lora_per_agent": True}, "adapter per agent"),
         ({"sampling_correction": False}, "set sampling_correction true"),
