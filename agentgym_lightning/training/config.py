@@ -512,8 +512,6 @@ class LightningRLConfig(DataclassConfig):
         """What asynchronous training (``max_staleness`` >= 1) runs with; a clear refusal for the rest."""
         if self.judge is not None:
             raise ValueError("max_staleness >= 1 does not run an LLM judge yet: use max_staleness 0 with judge")
-        if self.lora_per_agent is not False:
-            raise ValueError("max_staleness >= 1 does not train an adapter per agent yet: use max_staleness 0 with lora_per_agent")
         if not self.sampling_correction:
             # The behaviour weight exp(proximal - behaviour) is what corrects stale calls (training/loss.py).
             raise ValueError(

@@ -356,7 +356,6 @@ def test_sigterm_on_ray_workers_ends_their_running_episodes_truncated(local_ray,
     ("overrides", "message"),
     [
         ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
-        ({"lora_per_agent": True}, "adapter per agent"),
         ({"sampling_correction": False}, "set sampling_correction true"),
         ({"max_staleness": -1}, "max_staleness must be a number >= 0"),
         ({"max_staleness": 1.5}, "max_staleness must be an integer"),
