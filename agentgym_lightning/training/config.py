@@ -510,8 +510,6 @@ class LightningRLConfig(DataclassConfig):
 
     def _check_async(self) -> None:
         """What asynchronous training (``max_staleness`` >= 1) runs with; a clear refusal for the rest."""
-        if self.judge is not None:
-            raise ValueError("max_staleness >= 1 does not run an LLM judge yet: use max_staleness 0 with judge")
         if self.lora_per_agent is not False and self.backend != "hf":
             raise ValueError(
                 f"max_staleness >= 1 with lora_per_agent runs on the hf backend, not {self.backend!r}: a vLLM generator drops an "

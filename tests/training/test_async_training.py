@@ -355,7 +355,6 @@ def test_sigterm_on_ray_workers_ends_their_running_episodes_truncated(local_ray,
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
         ({"lora_per_agent": True, "agent_match": "writer|rewriter", "backend": "vllm"}, "lora_per_agent runs on the hf backend"),
         ({"sampling_correction": False}, "set sampling_correction true"),
         ({"max_staleness": -1}, "max_staleness must be a number >= 0"),
