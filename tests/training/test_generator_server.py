@@ -250,14 +250,11 @@ def _two_call_env():
     return AgentEnv(_two_call_agent, [{"q": f"question {i}"} for i in range(8)], lambda task, result: float(len(result or "") % 2), time_limit=120)
 
 
-def test_k1_on_the_served_generator_stamps_each_call_and_each_update_reaches_the_server(served_async, tmp_path):
+def test_k1_on_the_served_generator_stamps_each_call_and_each_update_reaches_the_server(served_async, tmp_path, spanning_an_update):
     """max_staleness 1 with the vllm-server backend: episodes run on while the trainer updates
     and pushes; every call is stamped within the bound, an episode's second call after a push is
     answered by the new weights (its version says so), nothing is refused as stale, and the
     server holds the trained weights at the end."""
-    import threading
-    import time
-
     import torch
 
     from agentgym_lightning.training import LightningRLTrainer
@@ -267,28 +264,7 @@ def test_k1_on_the_served_generator_stamps_each_call_and_each_update_reaches_the
     config = _config(tmp_path, env="scripted", env_kwargs={}, generator_url=server.url, max_staleness=1, max_steps=3, tasks_per_step=2,
                      max_completion_length=4, learning_rate=1e-3, zero_variance_groups="keep")
     trainer = LightningRLTrainer(config, env=_two_call_env, policy=policy)
-    started, lock, first_answered = [0], threading.Lock(), threading.Event()
-
-    def between_calls():
-        with lock:
-            started[0] += 1
-            index = started[0]
-        if index > 4:  # plan 1's episodes (plan 0 had 4): their second call comes after update 1 and its push
-            first_answered.set()
-            deadline = time.monotonic() + 120
-            while trainer._async.version < 1:
-                assert time.monotonic() < deadline, "update 1 never came"
-                time.sleep(0.01)
-
-    BETWEEN_CALLS["hook"] = between_calls
-    real_update = trainer.update
-
-    def update(batch):
-        if trainer.step == 0:  # update 1 waits until a plan-1 episode has made its first call
-            assert first_answered.wait(120)
-        return real_update(batch)
-
-    trainer.update = update
+    BETWEEN_CALLS["hook"] = spanning_an_update(trainer)
     try:
         result = trainer.train()
     finally:
