@@ -49,14 +49,16 @@ def test_the_judges_scores_are_the_final_rewards_and_each_step_logs_its_cost(tin
     assert len((tmp_path / "judge_cache.jsonl").read_text().splitlines()) == 2
 
 
-def test_the_policy_can_judge_itself(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_the_policy_can_judge_itself(tiny_model_dir, tmp_path, max_staleness):
     """The tiny random model cannot write a scores object: its groups end infra_failed, counted,
-    warned, and not trained on; the calls did reach the policy through its server."""
+    warned, and not trained on; the calls did reach the policy through its server (with
+    max_staleness 1 too: the generator's own copy, judging the groups a step takes)."""
     from agentgym_lightning.judge import JudgeFailedWarning
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLTrainer
 
-    cfg = config(tiny_model_dir, tmp_path, {"base_url": "policy", "max_attempts": 1, "max_tokens": 4})
+    cfg = config(tiny_model_dir, tmp_path, {"base_url": "policy", "max_attempts": 1, "max_tokens": 4}, max_staleness=max_staleness)
     policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4)
     with pytest.warns(JudgeFailedWarning):
         LightningRLTrainer(cfg, policy=policy).train()
