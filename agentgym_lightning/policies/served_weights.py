@@ -10,7 +10,8 @@ in four HTTP calls, the same for ``vllm serve`` and our own
 2. ``POST /collective_rpc`` ``{"method": "agentgym_reload_weights", "kwargs": {"weights_path":
    folder}}``: every vLLM worker reloads from that folder (:class:`WeightSyncExtension`, vLLM's
    ``--worker-extension-cls``; ``/collective_rpc`` is a dev-mode route, ``VLLM_SERVER_DEV_MODE=1``);
-3. ``POST /reset_prefix_cache``: cached keys and values of the old weights are dropped;
+3. ``POST /reset_prefix_cache?reset_running_requests=true``: cached keys and values of the old
+   weights are dropped (running requests are preempted and resume on the new weights);
 4. ``POST /agentgym/weights_version`` ``{"version": "..."}``: from now on every response carries
    that version in the :data:`VERSION_HEADER` header (:class:`WeightsVersionMiddleware`, vLLM's
    ``--middleware``).

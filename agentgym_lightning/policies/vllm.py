@@ -301,9 +301,11 @@ class VLLMPolicy(Policy):
         a model's ``state_dict()`` — and must cover every parameter: vLLM fuses some of them
         (q/k/v into one), so a partial push would corrupt the rest. They are written as one
         safetensors file to a folder of this policy's (in ``/dev/shm`` when there is one) and the
-        engine reloads from it (``reload_weights``), in its own process too; the prefix cache is
-        then dropped, since it holds keys and values of the old weights. 1.4-1.8 s for
-        SmolLM2-135M on a 2-core CPU.
+        engine reloads from it (``reload_weights``), in its own process too, between two engine
+        steps; the prefix cache is then dropped, since it holds keys and values of the old
+        weights. A request running during the load (asynchronous training) is preempted and
+        finishes on the new weights (its prefix recomputed; its tokens so far keep the logprobs
+        they were sampled with). 1.4-1.8 s for SmolLM2-135M on a 2-core CPU.
         """
         if self._closed:
             raise RuntimeError("VLLMPolicy.load_weights called after close()")
@@ -312,7 +314,11 @@ class VLLMPolicy(Policy):
         with self._lock:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True})
             self.llm.collective_rpc(refresh_tied_lm_head)
-            self.llm.reset_prefix_cache()
+            # Running requests (asynchronous training: episodes go on during a sync) hold blocks of
+            # the old weights, which a plain reset leaves cached (it fails while blocks are held):
+            # they are preempted and resume on the new weights, recomputing their prefix.
+            if not self.llm.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError("vllm could not drop its prefix cache after a weight load: old weights' keys and values would be reused")
         self.weights_version += 1
 
     def load_adapter(self, name: str, folder: str | Path) -> None:

@@ -21,15 +21,27 @@ under a new name (``writer@<run>-<n>``, ``/v1/load_lora_adapter``; the server ne
 routed to ``writer`` is sent as the current name.
 
 Versions: every sync sets a new weights version on the server, which stamps it on every answer
-(a response header). An answer from other weights than the last pushed — a server that restarted,
-a replica the sync missed, a sync during the call, an adapter that is not the current one — is
-refused (:class:`~agentgym_lightning.policies.openai.PolicyBackendError`: the episode is an
+(a response header: the version when the call arrived, ``then->now`` when a sync came during it).
+An answer from other weights than the last pushed — a server that restarted, a replica the sync
+missed, a sync during the call, an adapter that is not the current one — is refused
+(:class:`~agentgym_lightning.policies.openai.PolicyBackendError`: the episode is an
 infrastructure failure, never trained on) and counted in :attr:`VLLMServerPolicy.stale_answers`
 (the trainer logs ``generator/stale_answers``).
+
+Asynchronous training (``max_staleness`` >= 1, :attr:`VLLMServerPolicy.syncs_during_calls`):
+syncs come while calls run, so an answer is accepted when the weights it arrived at are the
+ones pushed when it was sent *or later ones of this run* (a sync during the call: it finishes
+on the newer weights, its running requests preempted and resumed by the server's prefix-cache
+reset); older or foreign weights are still refused and counted. The trainer stamps each answer
+with the version its generator held when the call was handed over
+(:class:`~agentgym_lightning.training.generation.VersionStamping`): that sync had reached the
+server before the call was sent, and the check makes sure the server answered with it or newer,
+so a stamp never understates how stale an answer is.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import shutil
 import tempfile
@@ -58,6 +70,12 @@ from agentgym_lightning.policies.served_weights import (
 __all__ = ["VLLMServerPolicy", "SERVER_FLAGS"]
 
 log = logging.getLogger(__name__)
+
+#: What the server held when the current call was sent — ``(this policy's sync count, the
+#: adapter's served name)`` — set by ``build_body`` and read by ``_completion``: both run in the
+#: call's own asyncio task (or, sent from the caller's thread, in that thread), so concurrent
+#: calls never see each other's.
+_SENT: contextvars.ContextVar[tuple[int, str | None]] = contextvars.ContextVar("agentgym_vllm_server_sent")
 
 #: What ``vllm serve`` needs to be this backend's generator (with ``VLLM_SERVER_DEV_MODE=1`` in its
 #: environment, and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` plus ``--enable-lora`` for adapters).
@@ -95,6 +113,9 @@ class VLLMServerPolicy(OpenAIPolicy):
         admin_timeout: Seconds a sync call (reload, adapter load) may take.
         seed: A sampling seed for requests that give none.
         progress: Print the one-line message when the embedded model is converted on first use.
+        syncs_during_calls: Asynchronous training: weights are pushed while calls run, and an
+            answer from the weights pushed when it was sent or later ones is accepted (module
+            docstring). The trainer sets it when ``max_staleness`` >= 1.
         **openai_kwargs: Any other :class:`OpenAIPolicy` option (``concurrency``, ``timeout``...).
     """
 
@@ -112,6 +133,7 @@ class VLLMServerPolicy(OpenAIPolicy):
         admin_timeout: float = 600.0,
         seed: int | None = None,
         progress: bool = True,
+        syncs_during_calls: bool = False,
         **openai_kwargs: Any,
     ) -> None:
         if not generator_url:
@@ -153,6 +175,8 @@ class VLLMServerPolicy(OpenAIPolicy):
         self.expected_version = INITIAL_VERSION
         #: Answers refused because other weights than the last pushed wrote them.
         self.stale_answers = 0
+        #: Whether syncs come while calls run (asynchronous training; see the module docstring).
+        self.syncs_during_calls = syncs_during_calls
         #: adapter name -> the name its current version is served under.
         self.adapters: dict[str, str] = {}
         self._adapter_dirs: dict[str, Path] = {}
@@ -181,6 +205,7 @@ class VLLMServerPolicy(OpenAIPolicy):
                     f"(it has {sorted(self.adapters) or 'none'}): load it with load_adapter"
                 )
             body["model"] = self.adapters[adapter]
+        _SENT.set((self.weights_version, body["model"] if adapter and adapter != BASE_ADAPTER else None))
         return body
 
     def _completion(self, request: ChatRequest, data: Any) -> Completion:
@@ -190,7 +215,9 @@ class VLLMServerPolicy(OpenAIPolicy):
         adapter = request.metadata.get(ADAPTER_KEY)
         served = self.adapters.get(adapter) if adapter and adapter != BASE_ADAPTER else None
         problem = None
-        if version != expected:
+        if self.syncs_during_calls:
+            problem = self._older_than_sent(version, completion.model, served)
+        elif version != expected:
             problem = f"written by weights version {version!r}, not the last pushed {expected!r}"
         elif served is not None and completion.model != served:
             problem = f"written by adapter {completion.model!r}, not its current version {served!r}"
@@ -268,6 +295,28 @@ class VLLMServerPolicy(OpenAIPolicy):
 
     # ------------------------------------------------------------------ internals
 
+    def _older_than_sent(self, version: str | None, model: str | None, served: str | None) -> str | None:
+        """With syncs during calls: what is wrong with an answer stamped ``version`` (``then`` or
+        ``then->now``) by ``model``, or ``None`` when it came from the weights pushed when it was
+        sent or later ones of this run."""
+        sent, sent_adapter = _SENT.get((self.weights_version, served))
+        syncs = [self._sync_count(v) for v in (version or "").split("->")]
+        if None in syncs:
+            return f"written by weights version {version!r}, which this run never pushed"
+        if syncs[0] < sent:  # type: ignore[operator]
+            return f"written by weights version {version!r}, older than the version {sent} pushed when the call was sent"
+        if served is not None and model not in (sent_adapter, served):
+            return f"written by adapter {model!r}, neither its version when the call was sent ({sent_adapter!r}) nor its current one ({served!r})"
+        return None
+
+    def _sync_count(self, version: str) -> int | None:
+        """How many of this policy's syncs the server had had at ``version`` (``None``: a version
+        this policy never pushed)."""
+        if version == INITIAL_VERSION:
+            return 0
+        run, _, count = version.rpartition("-")
+        return int(count) if run == self._run and count.isdigit() else None
+
     def _bump(self) -> None:
         version = f"{self._run}-{self.weights_version + 1}"
         for root in self.roots:
@@ -278,7 +327,9 @@ class VLLMServerPolicy(OpenAIPolicy):
     def _reset_prefix_cache(self, root: str, attempts: int = 50) -> None:
         # vLLM answers {"success": false} while blocks are still held (a request finishing).
         for _ in range(attempts):
-            answer = self._post(root, "/reset_prefix_cache", None)
+            # Requests running during a sync (asynchronous training) are preempted and resume on
+            # the new weights; without them the reset fails while they hold old weights' blocks.
+            answer = self._post(root, "/reset_prefix_cache?reset_running_requests=true", None)
             if not isinstance(answer, dict) or answer.get("success", True):
                 return
             time.sleep(0.1)
@@ -321,7 +372,7 @@ class VLLMServerPolicy(OpenAIPolicy):
             raise PolicyBackendError(f"POST {root}{path} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
             hint = ""
-            if response.status_code == 404 and path in ("/collective_rpc", "/reset_prefix_cache"):
+            if response.status_code == 404 and path.partition("?")[0] in ("/collective_rpc", "/reset_prefix_cache"):
                 hint = " (start `vllm serve` with VLLM_SERVER_DEV_MODE=1: these are its dev-mode routes)"
             elif path.endswith("lora_adapter"):
                 hint = " (start `vllm serve` with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"

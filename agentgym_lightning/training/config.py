@@ -23,7 +23,7 @@ from typing import Any, Self
 from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.training.agent_adapters import agent_routes
 
-__all__ = ["LightningRLConfig", "DataclassConfig", "LOSS_TYPES", "AGGREGATIONS", "ASYNC_BACKENDS"]
+__all__ = ["LightningRLConfig", "DataclassConfig", "LOSS_TYPES", "AGGREGATIONS"]
 
 #: Loss variants (TRL's names and definitions; see :mod:`agentgym_lightning.training.loss`).
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "cispo")
@@ -36,8 +36,6 @@ _IS_LEVELS = ("token", "sequence")
 _SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _OPTIMIZERS = ("adamw", "adafactor")
 _BACKENDS = ("hf", "vllm", "vllm-server")
-#: The backends asynchronous training (``max_staleness`` >= 1) runs with.
-ASYNC_BACKENDS = ("hf", "vllm")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
 
@@ -177,8 +175,8 @@ class LightningRLConfig(DataclassConfig):
             "help": "Asynchronous training (k): 0 runs each step's rollouts, then its update (the synchronous loop). "
             "k >= 1 runs rollouts continuously on a thread while the update runs; a step trains on the next "
             "tasks_per_step finished groups none of whose calls was answered more than k policy versions before "
-            "the version being updated (staler groups are dropped and counted). The hf and vllm backends, in "
-            "this process or on rollout_workers Ray actors (docs/training.md, \"Asynchronous training\")."
+            "the version being updated (staler groups are dropped and counted). Every backend (hf, vllm, "
+            "vllm-server), in this process or on rollout_workers Ray actors (docs/training.md, \"Asynchronous training\")."
         },
     )
 
@@ -512,15 +510,11 @@ class LightningRLConfig(DataclassConfig):
 
     def _check_async(self) -> None:
         """What asynchronous training (``max_staleness`` >= 1) runs with; a clear refusal for the rest."""
-        if self.backend not in ASYNC_BACKENDS:
+        if self.lora_per_agent is not False and self.backend != "hf":
             raise ValueError(
-                f"max_staleness >= 1 runs with the {' and '.join(ASYNC_BACKENDS)} backends; got {self.backend!r} "
-                "(a vllm-server generator refuses answers of weights older than its last sync): use max_staleness 0"
+                f"max_staleness >= 1 with lora_per_agent runs on the hf backend, not {self.backend!r}: a vLLM generator drops an "
+                "adapter's previous version at each sync, under the calls still running on it. Use backend hf, or max_staleness 0"
             )
-        if self.judge is not None:
-            raise ValueError("max_staleness >= 1 does not run an LLM judge yet: use max_staleness 0 with judge")
-        if self.lora_per_agent is not False:
-            raise ValueError("max_staleness >= 1 does not train an adapter per agent yet: use max_staleness 0 with lora_per_agent")
         if not self.sampling_correction:
             # The behaviour weight exp(proximal - behaviour) is what corrects stale calls (training/loss.py).
             raise ValueError(

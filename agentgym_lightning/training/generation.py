@@ -13,7 +13,8 @@
 * Asynchronous training (``max_staleness`` >= 1): :class:`VersionStamping` stamps every answer
   with the policy version that gave it (``Step.policy_version``), and :func:`separate_generator`
   gives an ``hf`` policy weights of its own (a copy of the model, one more model's worth of
-  memory), which :func:`sync_weights` then refreshes between two decode steps.
+  memory; under ``lora_per_agent`` a copy of the adapters on the shared frozen base), which
+  :func:`sync_weights` then refreshes between two decode steps.
 * :func:`generator_metrics`: what the generator counts per step (``generator/stale_answers``: answers a
   served generator wrote with other weights than the last pushed, refused).
 """
@@ -99,14 +100,18 @@ def shares_model(policy: Any, model: Any) -> bool:
     return isinstance(policy, ModelSharingPolicy) and policy.hf_model is model
 
 
-def separate_generator(policy: Any, model: Any) -> None:
+def separate_generator(policy: Any, model: Any, *, share_frozen: bool = False) -> None:
     """Give ``policy`` (an ``hf`` policy generating with ``model`` itself) a copy of ``model`` to
     generate with, so the trainer can update ``model`` while episodes run; :func:`sync_weights`
     copies the trained weights into it, between two decode steps. Costs one more copy of the
-    model's weights (with LoRA too: the copy holds the merged base weights, no adapter)."""
+    model's weights (with one LoRA too: the copy holds the merged base weights, no adapter).
+    ``share_frozen``: the copy shares ``model``'s frozen parameters instead (an adapter per agent,
+    ``lora_per_agent``: the base weights never change, and the copy holds its own copy of every
+    adapter, routed per call as on ``model``): it costs the adapters' weights only."""
     if not callable(getattr(policy, "paused", None)):
         raise TypeError(f"the {getattr(policy, 'backend', type(policy).__name__)!r} policy cannot pause its decoding for a weight copy (no paused())")
-    generator = copy.deepcopy(model)
+    shared = {id(p): p for p in model.parameters() if not p.requires_grad} if share_frozen else {}
+    generator = copy.deepcopy(model, memo=shared)
     generator.requires_grad_(False)
     generator.eval()
     policy.hf_model = generator
@@ -155,8 +160,12 @@ def sync_weights(policy: Any, model: Any, *, peft: bool, adapters: Sequence[str]
         return 0.0
     if isinstance(policy, ModelSharingPolicy) and callable(getattr(policy, "paused", None)):
         start = time.perf_counter()  # a generator copy of its own (separate_generator)
-        with merged_weights(model, peft) as weights, policy.paused():
-            _copy_into(policy.hf_model, weights)
+        if adapters:  # its copy of every adapter, on the base it shares
+            with policy.paused():
+                _copy_into(policy.hf_model, ((n, t.detach()) for n, t in model.state_dict().items() if "lora_" in n))
+        else:
+            with merged_weights(model, peft) as weights, policy.paused():
+                _copy_into(policy.hf_model, weights)
         return time.perf_counter() - start
     if adapters:
         if not isinstance(policy, AdapterLoadingPolicy):

@@ -4,12 +4,13 @@ answer over HTTP like any other judge (:class:`~agentgym_lightning.policies.poli
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentgym_lightning.judge import GroupJudge, JudgeConfig, JudgeStats
 from agentgym_lightning.judge.prompt import approx_tokens
+from agentgym_lightning.trajectory import Trajectory
 
 __all__ = ["JudgingService", "JUDGE_CACHE"]
 
@@ -43,6 +44,11 @@ class JudgingService:
 
     def streaming(self, on_trajectory: Callable[..., Any], group_size: int) -> Any:
         return self.judge.streaming(on_trajectory, group_size)
+
+    def judge_groups(self, trajectories: Sequence[Trajectory]) -> JudgeStats:
+        """Judge every group of ``trajectories`` now (asynchronous training: a step's groups when
+        it takes them); their rewards are set in place."""
+        return self.judge.judge(trajectories)
 
     def take_stats(self) -> JudgeStats:
         return self.judge.take_stats()

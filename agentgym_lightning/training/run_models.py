@@ -70,7 +70,9 @@ def build_run_models(
     agent), activation checkpointing, the reference model (``beta`` > 0), both sharded over the
     ``ranks`` (FSDP2; one rank: as they are), the optimizer over the trained weights and the
     scheduler over ``training_steps`` optimizer steps. With ``max_staleness`` >= 1 an ``hf``
-    generator gets a copy of its own (episodes decode on while the update changes the model)."""
+    generator gets a copy of its own (episodes decode on while the update changes the model;
+    under ``lora_per_agent`` a copy of the adapters on the shared frozen base),
+    and a ``vllm-server`` one accepts answers from weights pushed during the call."""
     ranks = ranks if ranks is not None else Ranks()
     policy = policy if policy is not None or not ranks.is_main else build_policy(config)
     model, tokenizer = ranks.trained_model(policy, config)
@@ -82,14 +84,18 @@ def build_run_models(
     from trl.trainer.utils import disable_dropout_in_model
 
     disable_dropout_in_model(model)
-    if config.max_staleness and shares_model(policy, model):
-        separate_generator(policy, model)
     adapters = AgentAdapters.from_config(config)
+    if config.max_staleness and shares_model(policy, model) and adapters is None:
+        separate_generator(policy, model)
+    elif config.max_staleness and hasattr(policy, "syncs_during_calls"):
+        policy.syncs_during_calls = True  # a served generator checking its answers' weights (vllm-server): syncs come mid-call
     if config.use_peft:
         shared = shares_model(policy, model)
         model = add_lora(model, config) if adapters is None else add_agent_adapters(model, config, adapters.names)
         if shared:
             policy.hf_model = model  # type: ignore[attr-defined] - the policy generates through the adapter
+            if config.max_staleness and adapters is not None:
+                separate_generator(policy, model, share_frozen=True)  # every adapter, on the one (frozen) base
     if initial is not None:
         initial.load_adapters(model, peft=config.use_peft, adapters=adapters.names if adapters is not None else None)
     if config.gradient_checkpointing:

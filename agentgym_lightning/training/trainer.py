@@ -389,6 +389,10 @@ class LightningRLTrainer:
             self._async.start(self.step)
         t0 = time.perf_counter()
         taken = self._async.take(cfg.tasks_per_step)
+        if cfg.judge is not None:
+            # Judged when taken rather than as they finish: the policy as judge then answers with the
+            # version being updated, as in the synchronous loop (the judge's time is not hidden).
+            self._judging().judge_groups(taken.trajectories)
         written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
         with TrajectoryWriter(written) as writer:  # the episodes this step trains on
             for trajectory in taken.trajectories:
@@ -426,9 +430,13 @@ class LightningRLTrainer:
         one: each group is judged as it completes, while the rollout goes on."""
         if self.config.judge is None:
             return contextlib.nullcontext(on_trajectory)
+        return self._judging().streaming(on_trajectory, self.config.num_generations)
+
+    def _judging(self) -> JudgingService:
+        """The run's LLM judge (``config.judge``), started on first use."""
         if self._judge is None:
             self._judge = JudgingService.start(JudgeConfig.from_dict(self.config.judge), self.policy, self.tokenizer, self.output_dir)
-        return self._judge.streaming(on_trajectory, self.config.num_generations)
+        return self._judge
 
     # ================================================================== the update
 

@@ -93,3 +93,39 @@ def check_sync_scores(trained_logps):
         return request, prompt
 
     return check
+
+
+@pytest.fixture
+def spanning_an_update():
+    """``fn(trainer) -> between_calls``: with ``max_staleness`` >= 1, makes an episode span an
+    update. Update 1 waits until an episode of plan 1 has made its first call; that episode's
+    next call waits for update 1 (``between_calls(*args)``, which the test's agent calls between
+    its two calls). Wraps ``trainer.update``."""
+    import threading
+    import time
+
+    def arrange(trainer):
+        started, lock, first_answered = [0], threading.Lock(), threading.Event()
+
+        def between_calls(*_):
+            with lock:
+                started[0] += 1
+                index = started[0]
+            if index > trainer.config.episodes_per_step:  # plan 1's episodes: their second call comes after update 1
+                first_answered.set()
+                deadline = time.monotonic() + 120
+                while trainer._async.version < 1:
+                    assert time.monotonic() < deadline, "timed out waiting for the first update"
+                    time.sleep(0.01)
+
+        real_update = trainer.update
+
+        def update(batch):
+            if trainer.step == 0:  # update 1 waits until a plan-1 episode has made its first call
+                assert first_answered.wait(120)
+            return real_update(batch)
+
+        trainer.update = update
+        return between_calls
+
+    return arrange

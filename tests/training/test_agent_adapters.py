@@ -491,3 +491,55 @@ def test_two_adapters_running_one_prompt_apart_is_not_warned_as_a_micro_batch_cu
         assert (metrics["update/tokens/forward"], metrics["update/tokens/unique"]) == (48.0, 28.0)
     finally:
         trainer.policy.close()
+
+
+def _logps(model, prompt, completion):
+    """The model's logprob of each completion token (temperature 1)."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+@needs_train
+def test_k1_the_generators_copy_holds_every_adapter_and_each_call_is_answered_by_its_agents(tiny_model_dir, tmp_path):
+    """max_staleness 1 with lora_per_agent on hf: the generator decodes on a copy of its own that
+    shares the frozen base weights and holds every adapter; each update's adapters reach it
+    (calls stamped within the bound), and a call of each agent is answered by that agent's
+    adapter as trained."""
+    from agentgym_lightning.trajectory import load_trajectories
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=3, max_batch_size=1)
+    generator = trainer.policy.hf_model
+    assert generator is not trainer.model
+    trained_params, generator_params = dict(trainer.model.named_parameters()), dict(generator.named_parameters())
+    assert trained_params.keys() == generator_params.keys()
+    for name, param in trained_params.items():  # the base shared (no second copy of it), each adapter a copy of its own
+        assert (param is generator_params[name]) == ("lora_" not in name), name
+    start = {n: p.detach().clone() for n, p in trained_params.items() if "lora_" in n}
+    result = trainer.train()
+    assert result.steps == 3 and not any(h.get("update/skipped") for h in result.history)
+    agents = set()
+    for step in (1, 2, 3):
+        episodes = list(load_trajectories(tmp_path / "trajectories" / f"step-{step:06d}.jsonl"))
+        versions = [s.policy_version for t in episodes for s in t.steps]
+        assert versions and all(0 <= step - 1 - v <= 1 for v in versions), (step, versions)
+        agents |= {s.agent for t in episodes for s in t.steps}
+    assert agents == {"writer", "rewriter"}
+    assert max(h["async/staleness_max"] for h in result.history) <= 1
+    for name, param in trainer.model.named_parameters():
+        if "lora_" in name:  # the last sync reached the copy
+            assert torch.equal(generator_params[name], param), name
+    for adapter in ("writer", "rewriter"):
+        assert any(not torch.equal(start[n], p) for n, p in trainer.model.named_parameters() if f".{adapter}." in n), adapter
+    for agent, other in (("writer", "rewriter"), ("rewriter", "writer")):
+        request = ChatRequest(messages=[{"role": "user", "content": "question 0"}], metadata={"agent": agent},
+                              sampling=SamplingParams(temperature=1.0, max_tokens=5, seed=1))
+        answer = trainer.generator.generate([request])[0]
+        logps = {}
+        for adapter in (agent, other):
+            trainer.model.set_adapter(adapter)
+            logps[adapter] = _logps(trainer.model, answer.prompt_token_ids, answer.completion_token_ids)
+        assert answer.logprobs == pytest.approx(logps[agent], abs=1e-4), agent
+        assert answer.logprobs != pytest.approx(logps[other], abs=1e-4), agent  # the other agent's adapter writes differently
+    trainer.policy.close()

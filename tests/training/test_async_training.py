@@ -103,32 +103,12 @@ def test_k0_is_the_synchronous_loop_bit_for_bit_and_stamps_each_call_with_the_st
     assert not any(k.startswith("async/") for k in default.history[0])
 
 
-def test_k1_trains_within_the_bound_and_an_episode_spans_an_update(tiny_model_dir, tmp_path):
+def test_k1_trains_within_the_bound_and_an_episode_spans_an_update(tiny_model_dir, tmp_path, spanning_an_update):
     import torch
 
     trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=3)
     assert trainer.policy.hf_model is not trainer.model  # the generator decodes on its own copy
-    started = {"episodes": 0}
-    first_answered = threading.Event()
-    lock = threading.Lock()
-
-    def between_calls(task):
-        with lock:
-            started["episodes"] += 1
-            index = started["episodes"]
-        if index > 4:  # plan 1's episodes (plan 0 had 4): their second call comes after update 1
-            first_answered.set()
-            _wait(lambda: trainer.step >= 1 and trainer._async.version >= 1, "the first update")
-
-    BETWEEN_CALLS["hook"] = between_calls
-    real_update = trainer.update
-
-    def update(batch):
-        if trainer.step == 0:  # update 1 waits until a plan-1 episode has made its first call
-            assert first_answered.wait(120)
-        return real_update(batch)
-
-    trainer.update = update
+    BETWEEN_CALLS["hook"] = spanning_an_update(trainer)
     result = trainer.train()
     assert result.steps == 3
     spanning = 0
@@ -355,9 +335,7 @@ def test_sigterm_on_ray_workers_ends_their_running_episodes_truncated(local_ray,
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"backend": "vllm-server", "generator_url": "http://127.0.0.1:1"}, "hf and vllm backends"),
-        ({"judge": {"base_url": "http://127.0.0.1:1", "model": "judge"}}, "LLM judge"),
-        ({"lora_per_agent": True}, "adapter per agent"),
+        ({"lora_per_agent": True, "agent_match": "writer|rewriter", "backend": "vllm"}, "lora_per_agent runs on the hf backend"),
         ({"sampling_correction": False}, "set sampling_correction true"),
         ({"max_staleness": -1}, "max_staleness must be a number >= 0"),
         ({"max_staleness": 1.5}, "max_staleness must be an integer"),

@@ -33,15 +33,21 @@ def server(tmp_path_factory):
     stop_vllm_serve(proc)
 
 
-def _trainer(url, tmp_path, **overrides):
-    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+def _config(url, tmp_path, **overrides):
+    from agentgym_lightning.training import LightningRLConfig
 
-    config = LightningRLConfig(
+    options = dict(
         env="lightning/GuessNumber-v0", env_kwargs={"max_guesses": 2}, backend="vllm-server", generator_url=url, max_steps=1,
         tasks_per_step=2, num_generations=2, max_completion_length=8, output_dir=str(tmp_path), report_to=[], progress=False,
-        learning_rate=1e-4, **overrides,
+        learning_rate=1e-4,
     )
-    return LightningRLTrainer(config)
+    return LightningRLConfig(**{**options, **overrides})
+
+
+def _trainer(url, tmp_path, **overrides):
+    from agentgym_lightning.training import LightningRLTrainer
+
+    return LightningRLTrainer(_config(url, tmp_path, **overrides))
 
 
 def test_each_lora_version_loads_under_a_new_name_and_the_next_call_uses_it(server, tmp_path):
@@ -91,5 +97,43 @@ def test_after_a_sync_the_server_scores_like_the_trained_model(server, tmp_path,
         assert answer.prompt_token_ids == prompt
         assert answer.logprobs == pytest.approx(trained_logps(trainer, prompt, answer.completion_token_ids), abs=2e-3)
         assert policy.server_version() == [policy.expected_version] and policy.stale_answers == 0
+    finally:
+        policy.close()
+
+
+def test_k1_trains_on_the_server_while_it_syncs_and_stamps_each_call_within_the_bound(server, tmp_path, trained_logps):
+    """max_staleness 1 on a real vllm serve: calls run while the trainer pushes (the server's
+    prefix-cache reset preempts them; their answers, stamped ``then->now``, are accepted), every
+    call carries a version within the bound, nothing is refused as stale, and the server ends on
+    the trained weights."""
+    from agentgym_lightning.policies.chat import render_prompt_ids
+    from agentgym_lightning.training import LightningRLTrainer
+    from agentgym_lightning.training.generation import sync_weights
+    from agentgym_lightning.training.models import build_policy
+    from agentgym_lightning.trajectory import load_trajectories
+
+    config = _config(server, tmp_path, max_staleness=1, max_steps=3, zero_variance_groups="keep")
+    policy = build_policy(config)  # ours, not the trainer's: still open after train() to ask the server
+    try:
+        trainer = LightningRLTrainer(config, policy=policy)
+        assert policy.syncs_during_calls
+        sync_weights(policy, trainer.model, peft=False)  # the server held the previous test's weights: this run's first
+        result = trainer.train()
+        assert result.steps == 3 and not result.interrupted
+        answered = []
+        for step in (1, 2, 3):
+            episodes = list(load_trajectories(tmp_path / "trajectories" / f"step-{step:06d}.jsonl"))
+            assert len(episodes) == 4
+            versions = [s.policy_version for t in episodes for s in t.steps]
+            assert versions and None not in versions
+            assert all(0 <= step - 1 - v <= 1 for v in versions), (step, versions)
+            answered += versions
+            assert result.history[step - 1]["generator/stale_answers"] == 0
+        assert max(answered) >= 1  # answers by weights an update had reached: the server got them
+        assert policy.weights_version == 4 and policy.server_version() == [policy.expected_version]
+        request = ChatRequest(messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
+        prompt = render_prompt_ids(policy.tokenizer, request)
+        good = policy.tokenizer.encode("Yes, it is.", add_special_tokens=False)
+        assert policy.score(prompt, good) == pytest.approx(trained_logps(trainer, prompt, good), abs=2e-3)
     finally:
         policy.close()

@@ -28,11 +28,12 @@ def vllm_policy():
 def _trainer(policy, tmp_path, **overrides):
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
 
-    config = LightningRLConfig(
+    options = dict(
         env="lightning/GuessNumber-v0", env_kwargs={"max_guesses": 2}, backend="vllm", max_steps=1, tasks_per_step=2,
         num_generations=2, max_completion_length=8, output_dir=str(tmp_path), report_to=[], progress=False,
-        learning_rate=1e-4, **overrides,
+        learning_rate=1e-4,
     )
+    config = LightningRLConfig(**{**options, **overrides})
     return LightningRLTrainer(config, policy=policy)
 
 
@@ -98,3 +99,35 @@ def test_lora_per_agent_routes_each_call_of_a_batch_to_its_adapter_in_the_engine
         assert len({tuple(e) for e in expected}) == 3, "the adapters must write differently for this test to mean anything"
     finally:
         policy.close()
+
+
+def test_k1_trains_on_the_engine_within_the_bound_and_each_update_reaches_it(vllm_policy, tmp_path, trained_logps):
+    """max_staleness 1 on the vllm backend: rollouts run on while the trainer updates, every
+    call carries the version that answered it (within 1 of the version each step updates), the
+    engine is reloaded after each update while episodes run (later answers carry later versions)
+    and holds the trained weights at the end."""
+    from agentgym_lightning.policies.chat import render_prompt_ids
+    from agentgym_lightning.trajectory import load_trajectories
+
+    trainer = _trainer(vllm_policy, tmp_path, max_staleness=1, max_steps=3, zero_variance_groups="keep")
+    loaded = vllm_policy.weights_version
+    result = trainer.train()
+    assert result.steps == 3 and not result.interrupted
+    assert vllm_policy.weights_version == loaded + 3  # one reload per update
+    answered = []
+    for step in (1, 2, 3):
+        episodes = list(load_trajectories(tmp_path / "trajectories" / f"step-{step:06d}.jsonl"))
+        assert len(episodes) == 4  # the synchronous loop's rows per step
+        versions = [s.policy_version for t in episodes for s in t.steps]
+        assert versions and None not in versions  # every call is stamped
+        assert all(0 <= step - 1 - v <= 1 for v in versions), (step, versions)  # within k of the version updated
+        answered += versions
+        row = result.history[step - 1]
+        assert row["async/staleness_max"] <= 1 and row["async/groups_dropped"] == 0
+        assert row["time/sync_s"] > 0
+    assert max(answered) >= 1  # answers by weights an update had reached: the engine got them
+    # After the last sync the engine's logprobs are the trained model's.
+    request = ChatRequest(messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}])
+    prompt = render_prompt_ids(vllm_policy.tokenizer, request)
+    good = vllm_policy.tokenizer.encode("Yes, it is.", add_special_tokens=False)
+    assert vllm_policy.score(prompt, good) == pytest.approx(trained_logps(trainer, prompt, good), abs=2e-3)
