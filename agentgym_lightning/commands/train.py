@@ -38,7 +38,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentgym_lightning.training.trainer_protocol import RunTrainer
 
 __all__ = [
     "register", "run", "build_config", "apply_run_options", "check_output_dir", "check_envs", "write_run_report", "parse_air", "prepare_run", "run_trainer", "RUN_FILES",
@@ -393,7 +396,7 @@ def prepare_run(
     return config
 
 
-def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], resume: str | None) -> Any:
+def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], RunTrainer], resume: str | None) -> Any:
     """Build the trainer, check that its output folder has room for a checkpoint, and train
     (from ``resume``); returns its result, or the exit status after one line on stderr: 2 for a
     bad option (or too little room), 1 when the run stopped on an error (its last completed step
@@ -406,8 +409,7 @@ def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], r
 
     try:
         trainer = make_trainer(config)
-        ranks = getattr(trainer, "ranks", None)
-        if ranks is not None and not ranks.is_main:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
+        if not trainer.is_main_rank:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
             trainer.train()
             return 0
         adapters = trainer.adapters.names if trainer.adapters is not None else None
@@ -416,8 +418,7 @@ def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], r
             saved = trainer.checkpoints
             check_checkpoint_space(config.output_dir, checkpoint_bytes(saved.model, config.use_peft, saved.optimizer, adapters))
         except OSError as exc:
-            if hasattr(trainer, "close"):
-                trainer.close()
+            trainer.close()
             print(f"agentgym-lightning {command}: {exc.strerror}", file=sys.stderr)
             return 2
         return trainer.train(resume_from=resume)

@@ -198,6 +198,11 @@ class LightningRLTrainer:
         return sync_weights(self.policy, model, peft=self.config.use_peft, adapters=names)
 
     @property
+    def is_main_rank(self) -> bool:
+        """Whether this process leads the run: rank 0 of N ranks (:mod:`.ranks`), or the only one."""
+        return self.ranks.is_main
+
+    @property
     def generator(self) -> Any:
         """What answers the agents' calls: the policy, each call routed to its agent's adapter
         under ``lora_per_agent``."""

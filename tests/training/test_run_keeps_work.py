@@ -380,7 +380,10 @@ def test_the_trainer_closes_the_policy_it_built_however_the_run_ends_and_never_t
     from agentgym_lightning.failed_episodes import EpisodesFailedError
     from agentgym_lightning.training import LightningRLTrainer
 
+    from agentgym_lightning.training.trainer_protocol import RunTrainer
+
     built = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "built", max_steps=1, num_threads=1, policy_kwargs={"default_max_tokens": 4}))
+    assert isinstance(built, RunTrainer) and built.is_main_rank
     assert built.policy.hf_model is not None
     assert built.train().steps == 1
     assert built.policy.hf_model is None  # closed (the trained weights are still the trainer's model)

@@ -447,3 +447,44 @@ def test_the_sft_command_runs_and_train_init_from_takes_its_weights(tmp_path, ti
 
     config = build_config(build_parser("train").parse_args(["train", "--init-from", str(run)]))
     assert config.init_from == str(run)
+
+
+@needs_train
+def test_the_sft_trainer_closes_the_policy_it_built_and_never_the_callers(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """Before: SFTTrainer had no ``close`` and never closed a policy it built (a ``vllm-server``
+    policy's HTTP session stayed open); ``run_trainer`` called ``close`` only where it found one."""
+    from transformers import AutoTokenizer
+
+    import agentgym_lightning.training.checkpoint as checkpoint
+    from agentgym_lightning.commands.train import run_trainer
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training.sft import SFTTrainer
+    from agentgym_lightning.training.trainer_protocol import RunTrainer
+
+    source = _source(tmp_path, AutoTokenizer.from_pretrained(tiny_model_dir), n=2)
+    built = SFTTrainer(_config(tiny_model_dir, tmp_path / "built", sources=[str(source)], success_only=True, max_steps=1))
+    assert isinstance(built, RunTrainer) and built.is_main_rank
+    assert built.policy.hf_model is not None
+    assert built.train().steps == 1
+    assert built.policy.hf_model is None  # closed (the trained weights are still the trainer's model)
+    built.close()  # idempotent
+
+    mine = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+    try:
+        passed = SFTTrainer(_config(tiny_model_dir, tmp_path / "mine", sources=[str(source)], success_only=True, max_steps=1), policy=mine)
+        passed.train()
+        passed.close()
+        assert mine.hf_model is not None  # the caller's: still open
+    finally:
+        mine.close()
+
+    # The command's path: a run refused before its first step (no room for a checkpoint) closes the trainer it built.
+    def full(output_dir, needed):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "check_checkpoint_space", full)
+    made = []
+    config = _config(tiny_model_dir, tmp_path / "full", sources=[str(source)], success_only=True, max_steps=1)
+    assert run_trainer("sft", config, lambda c: made.append(SFTTrainer(c)) or made[-1], None) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert made[0].policy.hf_model is None

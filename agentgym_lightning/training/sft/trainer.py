@@ -102,6 +102,8 @@ class SFTTrainer:
         self.eval_factory = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         self._schedule: TaskSchedule | None = None
 
+        #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
+        self._owns_policy = policy is None
         built = build_run_models(view, policy, training_steps=cfg.total_steps)
         self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
         self.device = next(self.model.parameters()).device
@@ -113,6 +115,7 @@ class SFTTrainer:
             self.output_dir, cfg, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
             adapters=self.adapters.names if self.adapters is not None else None, identity=SFT_RUN_IDENTITY,
         )
+        self._owns_teacher = teacher is None and cfg.teacher is not None
         self.teacher = teacher if teacher is not None else _teacher_policy(cfg.teacher)
         self.step = 0
         self.history: list[dict[str, float]] = []
@@ -128,6 +131,11 @@ class SFTTrainer:
         return self.policy if self.adapters is None else AdapterRouting(self.policy, self.adapters)
 
     @property
+    def is_main_rank(self) -> bool:
+        """Always: the SFT update runs on one rank."""
+        return True
+
+    @property
     def rounds(self) -> int:
         """Rounds of the run (one without ``rounds``)."""
         return max(self.config.rounds, 1)
@@ -136,14 +144,32 @@ class SFTTrainer:
         names = self.adapters.names if self.adapters is not None else None
         return sync_weights(self.policy, self.model, peft=self.config.use_peft, adapters=names)
 
+    def close(self) -> None:
+        """Release what the trainer built: the policy built from the config (an engine, a
+        server's connections) and the teacher built from ``config.teacher`` (those passed in
+        are the caller's to close). :meth:`train` calls it when it ends; call it yourself for a
+        trainer that never trains. Idempotent."""
+        if self._owns_teacher:
+            self._owns_teacher = False
+            self.teacher.close()
+        if self._owns_policy:
+            self._owns_policy = False
+            self.policy.close()
+
     # ================================================================== the loop
 
     def train(self, resume_from: str | Path | None = None) -> TrainResult:
         """Run every round's steps, evaluating before, every ``eval_steps``, after each round and
         at the end. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
-        (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`."""
+        (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`.
+        However it ends, what the trainer built is closed (:meth:`close`): a policy built from
+        the config among it (:attr:`model` keeps the trained weights)."""
         if resume_from is not None:
-            state = self.checkpoints.resume(resume_from)
+            try:
+                state = self.checkpoints.resume(resume_from)
+            except BaseException:
+                self.close()  # a checkpoint refused: nothing ran, and what the trainer built goes all the same
+                raise
             self.step, self.history = state.step, [dict(h) for h in state.history]
             self._sync()
         result = TrainResult(output_dir=self.output_dir, steps=self.step)
@@ -158,6 +184,7 @@ class SFTTrainer:
             completed = run_until_stopped(lambda: self._loop(result, bar), result, save_progress=self._save_progress, step=lambda: self.step)
         finally:
             bar.close()
+            self.close()
             result.steps, result.history = self.step, list(self.history)
             if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
                 result.messages.append(unsaved)
