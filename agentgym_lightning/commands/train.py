@@ -280,19 +280,26 @@ def check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool 
 
 def check_envs(config: Any, *, training: bool = True) -> None:
     """Build (and close) the training env (``training``) and the held-out one with their kwargs: a
-    misspelt kwarg is one line here, before the model loads, not an error later. (``train``
-    checks only the held-out env: its trainer builds the training env before its model, once.)"""
+    misspelt kwarg is one line here, before the model loads, not an error later. The training env
+    is built as the trainer builds it (:func:`~agentgym_lightning.training.env_factories.training_env_factory`:
+    the run's AIR weights among its kwargs). (``train`` checks only the held-out env: its trainer
+    builds the training env before its model, once.)"""
     from agentgym_lightning.registration import EnvKwargsError, env_kwargs_refused, make_env_factory
+    from agentgym_lightning.training.env_factories import training_env_factory
 
     if not isinstance(config.env, str):
         return
-    kinds = [("--env-kwarg", config.env_kwargs)] if training else []
+    kinds: list[tuple[str, Mapping[str, Any]]] = [("--env-kwarg", config.env_kwargs)] if training else []
     if config.eval_env_kwargs is not None:
         kinds.append(("--eval-env-kwarg", {**config.env_kwargs, **config.eval_env_kwargs}))
     for flag, kwargs in kinds:
+        factory = make_env_factory(config.env, kwargs)
+        if flag == "--env-kwarg":  # as the trainer builds it: the run's AIR weights among its kwargs
+            factory = training_env_factory(config.env, kwargs, config.air_weights)
+            kwargs = factory.kwargs
         try:
             with env_kwargs_refused(config.env, kwargs):
-                make_env_factory(config.env, kwargs)().close()
+                factory().close()
         except EnvKwargsError as exc:
             raise ValueError(f"{flag}: {exc}") from None
 

@@ -140,7 +140,7 @@ class LightningRLTrainer:
         self.env_factory = training_env_factory(target, cfg.env_kwargs, cfg.air_weights)
         self.eval_factory: Callable[[], AgentEnv] | None = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         # The one env built at the start, before the model loads: a misspelt env kwarg fails here (EnvKwargsError).
-        with env_kwargs_refused(target, cfg.env_kwargs) if isinstance(target, str) else contextlib.nullcontext():
+        with env_kwargs_refused(target, self.env_factory.kwargs) if isinstance(target, str) else contextlib.nullcontext():
             probe = self.env_factory()
         self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
         probe.close()
