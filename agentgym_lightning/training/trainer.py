@@ -96,7 +96,7 @@ from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.ranks import Ranks
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
-from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
+from agentgym_lightning.training.run_checkpoints import RunCheckpoints
 from agentgym_lightning.training.run_models import build_run_models, seed_process
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
@@ -489,11 +489,7 @@ class LightningRLTrainer:
         self.history = [dict(h) for h in state.history]
         self._async_state = state.extra.get("async_rollouts")
         self._sync()
-        moved = self.checkpoints.set_aside_after(self.step)
-        if not moved:
-            return []
-        names = ", ".join(str(p.relative_to(self.output_dir / SUPERSEDED)) for p in moved)
-        return [f"resumed at step {self.step}: the episodes written after it were moved to {self.output_dir / SUPERSEDED} ({names})"]
+        return self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
 
 
 # ====================================================================== building blocks

@@ -164,6 +164,7 @@ class SFTTrainer:
         (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`.
         However it ends, what the trainer built is closed (:meth:`close`): a policy built from
         the config among it (:attr:`model` keeps the trained weights)."""
+        messages: list[str] = []
         if resume_from is not None:
             try:
                 state = self.checkpoints.resume(resume_from)
@@ -172,7 +173,8 @@ class SFTTrainer:
                 raise
             self.step, self.history = state.step, [dict(h) for h in state.history]
             self._sync()
-        result = TrainResult(output_dir=self.output_dir, steps=self.step)
+            messages = self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
+        result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for lines in self._hook.agentgym_train_start(config=self.config.to_dict(), output_dir=str(self.output_dir), step=self.step):
             result.messages.extend(lines or [])
