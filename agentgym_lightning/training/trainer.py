@@ -90,7 +90,7 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.async_rollouts import AsyncRollouts
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
-from agentgym_lightning.training.held_out import held_out_eval
+from agentgym_lightning.training.held_out import held_out_eval, held_out_written
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.progress import progress_bar
@@ -296,10 +296,10 @@ class LightningRLTrainer:
     def _due_eval_unfinished(self) -> bool:
         """A resumed run's step was due an evaluation (``eval_steps``) that was not finished:
         the run was killed during it, after the step's checkpoint."""
-        cfg, written = self.config, self.output_dir / "eval" / f"step-{self.step:06d}.jsonl"
+        cfg = self.config
         if not cfg.eval_steps or self.step % cfg.eval_steps or self.step >= cfg.max_steps:
             return False
-        return not written.is_file() or len(written.read_text(encoding="utf-8").splitlines()) < cfg.eval_episodes
+        return not held_out_written(self.output_dir, self.step, cfg.eval_episodes)
 
     def train_step(self) -> dict[str, float]:
         """One training step (the six moves of the module docstring); returns its metrics."""

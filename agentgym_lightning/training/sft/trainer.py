@@ -47,7 +47,7 @@ from agentgym_lightning.rollouts.in_process import InProcessRollouts
 from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, sync_weights
-from agentgym_lightning.training.held_out import held_out_eval
+from agentgym_lightning.training.held_out import held_out_eval, held_out_written
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
@@ -199,6 +199,8 @@ class SFTTrainer:
         cfg = self.config
         if self.eval_factory is not None and self.step == 0:
             result.eval_before = self.evaluate()
+        elif self.eval_factory is not None and self._due_eval_unfinished():
+            self.evaluate()  # killed during it: run it again
         while self.step < cfg.total_steps:
             round_ = self.step // cfg.max_steps + 1
             rows, counts = self.round_rows(round_)
@@ -208,11 +210,22 @@ class SFTTrainer:
                 metrics = self.train_step(order, round_, counts)
                 bar.update(1)
                 bar.set_postfix({"loss": f"{metrics.get('loss', float('nan')):.3f}"})
-                due = cfg.eval_steps and self.step % cfg.eval_steps == 0
-                if self.eval_factory is not None and self.step < cfg.total_steps and (due or self.step == end):
+                if self.eval_factory is not None and self._eval_due():
                     self.evaluate()  # every eval_steps, and after each round but the last
         if self.eval_factory is not None:
             result.eval_after = self.evaluate()
+
+    def _eval_due(self) -> bool:
+        """Whether the step just taken is due an evaluation: every ``eval_steps``, and at the end of
+        each round but the last (the run's end has its own)."""
+        cfg = self.config
+        due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0
+        return 0 < self.step < cfg.total_steps and (due or self.step % cfg.max_steps == 0)
+
+    def _due_eval_unfinished(self) -> bool:
+        """A resumed run's step was due an evaluation that was not finished: the run was killed
+        during it, after the step's checkpoint (written first)."""
+        return self._eval_due() and not held_out_written(self.output_dir, self.step, self.config.eval_episodes)
 
     # ================================================================== a round's data
 
