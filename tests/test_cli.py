@@ -60,6 +60,24 @@ def test_a_misspelt_env_kwarg_is_one_line_before_the_model_loads(tmp_path, capsy
     assert "--eval-env-kwarg: lightning/GuessNumber-v0 does not accept" in capsys.readouterr().err
 
 
+def test_a_refused_training_env_names_the_kwargs_it_was_built_with_air_weights_among_them(tmp_path, capsys):
+    """Before: the probes named ``env_kwargs`` alone, while the env was built with the run's AIR
+    weights merged into them (what the env's creator itself was given)."""
+    from agentgym_lightning.cli import main
+    from agentgym_lightning.training.env_factories import training_env_factory
+
+    factory = training_env_factory("lightning/GuessNumber-v0", {"dificulty": 3}, {"guess.x": 0.1})
+    assert factory.kwargs == {"dificulty": 3, "air_weights": {"guess.x": 0.1}}
+    said = "lightning/GuessNumber-v0 does not accept {'dificulty': 3, 'air_weights': {'guess.x': 0.1}}"
+    common = ["--env", "lightning/GuessNumber-v0", "--env-kwarg", "dificulty=3", "--air", "guess.x=0.1"]
+    assert main(["train", *common, "--output-dir", str(tmp_path / "rl")]) == 2  # the trainer's probe
+    assert f"--env-kwarg: {said}:" in capsys.readouterr().err
+    source = tmp_path / "e.jsonl"
+    source.write_text("")
+    assert main(["sft", str(source), "--rounds", "1", *common, "--output-dir", str(tmp_path / "sft")]) == 2  # the command's check
+    assert f"--env-kwarg: {said}:" in capsys.readouterr().err
+
+
 COUNTED_ENV = """
 import json
 from pathlib import Path

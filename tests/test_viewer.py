@@ -462,3 +462,31 @@ def test_the_report_shows_the_last_step_with_episodes_call_by_call_not_an_empty_
     # Before: "episodes of step 5, call by call" with nothing under it.
     assert "episodes of step 4, call by call" in text and "episodes of step 5, call by call" not in text
     assert "id='r0-train-4-s4-t0-m0'" in text
+def test_an_episode_shows_the_resources_it_ran_with_and_their_texts_from_the_runs_config(tmp_path):
+    """Before: ``trajectory.resources`` (which prompt produced the episode) was on no page."""
+    from starlette.testclient import TestClient
+
+    from agentgym_lightning.resources import content_version
+    from agentgym_lightning.viewer.app import make_app
+
+    prompt = "Use the <calculator> & answer."
+    run = _with_config(tmp_path / "run", env_kwargs={"resources": {"system_prompt": {"text": prompt, "version": content_version(prompt)}}})
+    given = _episode([("ok", "r")], eid="given", resources={"system_prompt": content_version(prompt), "few_shot": "v3"})
+    plain = _episode([("ok", "r")], eid="plain")
+    with TrajectoryWriter(run / "trajectories" / "step-000001.jsonl") as w:
+        w.write(given)
+        w.write(plain)
+    client = TestClient(make_app([RunFolder(run)]))
+    listing = client.get("/runs/0/train/1").text
+    assert "<th>resources</th>" in listing and f"few_shot v3, system_prompt {content_version(prompt)}" in listing
+    page = client.get("/runs/0/train/1/given").text
+    assert f"<td>system_prompt</td><td>{content_version(prompt)}</td>" in page
+    assert "Use the &lt;calculator&gt; &amp; answer." in page  # the text the config gave it, escaped
+    assert "<td>few_shot</td><td>v3</td><td><span class=muted>not in the run's config</span>" in page
+    assert "<th>resource</th>" not in client.get("/runs/0/train/1/plain").text  # none given: no table
+    assert "resources" in report([RunFolder(run)])  # the static report too
+
+    without = tmp_path / "without"
+    with TrajectoryWriter(without / "trajectories" / "step-000001.jsonl") as w:
+        w.write(plain)
+    assert "<th>resources</th>" not in TestClient(make_app([RunFolder(without)])).get("/runs/0/train/1").text

@@ -32,7 +32,7 @@ COMMAND = "sft"
 HELP = "supervised fine-tuning on a run's best episodes (or a teacher's, or the student's own: --rounds)"
 
 #: What an SFT run writes in its output folder (``--overwrite`` deletes these and nothing else).
-SFT_RUN_FILES = ("metrics.jsonl", "checkpoints", "rows", "rollouts", "eval", "final", "report.html", "wandb", "wandb_run_id")
+SFT_RUN_FILES = ("metrics.jsonl", "checkpoints", "rows", "rollouts", "eval", "superseded", "final", "report.html", "wandb", "wandb_run_id")
 
 # flag dest -> config field, for flags that map one to one
 _DIRECT = {

@@ -38,7 +38,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentgym_lightning.training.trainer_protocol import RunTrainer
 
 __all__ = [
     "register", "run", "build_config", "apply_run_options", "check_output_dir", "check_envs", "write_run_report", "parse_air", "prepare_run", "run_trainer", "RUN_FILES",
@@ -277,19 +280,26 @@ def check_output_dir(path: Path, *, resume: Path | None = None, overwrite: bool 
 
 def check_envs(config: Any, *, training: bool = True) -> None:
     """Build (and close) the training env (``training``) and the held-out one with their kwargs: a
-    misspelt kwarg is one line here, before the model loads, not an error later. (``train``
-    checks only the held-out env: its trainer builds the training env before its model, once.)"""
+    misspelt kwarg is one line here, before the model loads, not an error later. The training env
+    is built as the trainer builds it (:func:`~agentgym_lightning.training.env_factories.training_env_factory`:
+    the run's AIR weights among its kwargs). (``train`` checks only the held-out env: its trainer
+    builds the training env before its model, once.)"""
     from agentgym_lightning.registration import EnvKwargsError, env_kwargs_refused, make_env_factory
+    from agentgym_lightning.training.env_factories import training_env_factory
 
     if not isinstance(config.env, str):
         return
-    kinds = [("--env-kwarg", config.env_kwargs)] if training else []
+    kinds: list[tuple[str, Mapping[str, Any]]] = [("--env-kwarg", config.env_kwargs)] if training else []
     if config.eval_env_kwargs is not None:
         kinds.append(("--eval-env-kwarg", {**config.env_kwargs, **config.eval_env_kwargs}))
     for flag, kwargs in kinds:
+        factory = make_env_factory(config.env, kwargs)
+        if flag == "--env-kwarg":  # as the trainer builds it: the run's AIR weights among its kwargs
+            factory = training_env_factory(config.env, kwargs, config.air_weights)
+            kwargs = factory.kwargs
         try:
             with env_kwargs_refused(config.env, kwargs):
-                make_env_factory(config.env, kwargs)().close()
+                factory().close()
         except EnvKwargsError as exc:
             raise ValueError(f"{flag}: {exc}") from None
 
@@ -393,7 +403,7 @@ def prepare_run(
     return config
 
 
-def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], resume: str | None) -> Any:
+def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], RunTrainer], resume: str | None) -> Any:
     """Build the trainer, check that its output folder has room for a checkpoint, and train
     (from ``resume``); returns its result, or the exit status after one line on stderr: 2 for a
     bad option (or too little room), 1 when the run stopped on an error (its last completed step
@@ -406,8 +416,7 @@ def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], r
 
     try:
         trainer = make_trainer(config)
-        ranks = getattr(trainer, "ranks", None)
-        if ranks is not None and not ranks.is_main:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
+        if not trainer.is_main_rank:  # N ranks: a follower (rank 0 checkpoints, reports and sums up)
             trainer.train()
             return 0
         adapters = trainer.adapters.names if trainer.adapters is not None else None
@@ -416,8 +425,7 @@ def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], Any], r
             saved = trainer.checkpoints
             check_checkpoint_space(config.output_dir, checkpoint_bytes(saved.model, config.use_peft, saved.optimizer, adapters))
         except OSError as exc:
-            if hasattr(trainer, "close"):
-                trainer.close()
+            trainer.close()
             print(f"agentgym-lightning {command}: {exc.strerror}", file=sys.stderr)
             return 2
         return trainer.train(resume_from=resume)

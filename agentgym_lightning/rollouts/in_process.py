@@ -535,6 +535,12 @@ class RolloutStream:
             yield from driver.run()
         finally:
             driver.accepting = False
+            # Left by an exception (Ctrl-C, SIGTERM) or closed early: the calls still being
+            # generated answer nobody now. Cancelled, a scheduling policy drops them at its next
+            # step instead of decoding them to their end on its own thread.
+            for future in driver.in_flight.values():
+                future.cancel()
+            driver.in_flight.clear()
             for env in driver.envs:
                 env.set_ready_callback(None)
                 env.close()

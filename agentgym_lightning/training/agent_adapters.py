@@ -166,14 +166,28 @@ def lora_config(config: Any) -> Any:
     )
 
 
+def with_lora(model: Any, lora: Any, adapter_name: str = "default") -> Any:
+    """``model`` as a PEFT model with the LoRA adapter ``lora`` named ``adapter_name`` (PEFT's
+    ``get_peft_model``).
+
+    PEFT's constructor (0.21, the newest) reads transformers' ``is_gradient_checkpointing``,
+    which transformers 5 deprecated for ``is_activation_checkpointing`` with a FutureWarning on
+    every run: no argument or API of PEFT's avoids that read (the property cannot be shadowed on
+    the instance either), so that one warning, from that one call, is ignored here. (Activation
+    checkpointing itself is enabled through the new API: ``models.enable_activation_checkpointing``.)"""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, lora, adapter_name=adapter_name)
+
+
 def add_agent_adapters(model: Any, config: Any, names: Sequence[str]) -> Any:
     """``model`` as a PEFT model holding one LoRA adapter per name (the config's ``lora_*``
     options, the same initialisation for each: every agent starts from the base model), all
     trainable, the first active, in eval mode."""
-    from peft import get_peft_model
-
     lora = lora_config(config)
-    peft_model = get_peft_model(model, lora, adapter_name=names[0])
+    peft_model = with_lora(model, lora, adapter_name=names[0])
     for name in names[1:]:
         peft_model.add_adapter(name, lora)
     activate(peft_model, names[0], names)

@@ -57,7 +57,7 @@ import torch
 from agentgym_lightning.metrics import json_metrics
 
 __all__ = [
-    "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "save_final_model", "CHECKPOINT_DIR",
+    "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "checkpoint_step", "checkpoints_of", "save_final_model", "CHECKPOINT_DIR",
     "NonFiniteWeightsError", "CheckpointNotSavedWarning", "CorruptCheckpointError", "CorruptCheckpointWarning", "MANIFEST",
     "verify_checkpoint", "intact_checkpoint", "checkpoint_bytes", "check_checkpoint_space", "load_full_weights", "read_weights",
     "weights_file",
@@ -336,7 +336,20 @@ def save_final_model(
 
 def _checkpoints(root: Path) -> list[Path]:
     found = [p for p in root.iterdir() if p.is_dir() and _PATTERN.match(p.name)] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(_PATTERN.match(p.name).group(1)))  # type: ignore[union-attr]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step of a checkpoint folder, from its name (``checkpoint-000005``: 5)."""
+    match = _PATTERN.match(checkpoint.name)
+    if match is None:
+        raise ValueError(f"{checkpoint} is not a checkpoint folder (checkpoint-<step>)")
+    return int(match.group(1))
+
+
+def checkpoints_of(output_dir: str | Path) -> list[Path]:
+    """A run folder's checkpoint folders, oldest first (intact or not)."""
+    return _checkpoints(Path(output_dir) / CHECKPOINT_DIR)
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

@@ -19,10 +19,17 @@ from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.training.generation import SamplingOverride
 
-__all__ = ["held_out_eval", "HELD_OUT_SEED_OFFSET"]
+__all__ = ["held_out_eval", "held_out_written", "HELD_OUT_SEED_OFFSET"]
 
 #: Added to the run's seed for the held-out episodes (the same at every evaluation).
 HELD_OUT_SEED_OFFSET = 7_919
+
+
+def held_out_written(output_dir: Path, step: int, episodes: int) -> bool:
+    """Whether the evaluation at ``step`` wrote all its ``episodes`` (``eval/step-<step>.jsonl``):
+    a run killed during it, after its step's checkpoint, did not, and a resumed run runs it again."""
+    written = output_dir / "eval" / f"step-{step:06d}.jsonl"
+    return written.is_file() and len(written.read_text(encoding="utf-8").splitlines()) >= episodes
 
 
 def held_out_eval(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
-from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config
+from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config, with_lora
 from agentgym_lightning.training.config import LightningRLConfig
 
 __all__ = ["build_policy", "trainable_model", "add_lora", "enable_activation_checkpointing", "reference_model", "build_optimizer"]
@@ -65,9 +65,7 @@ def trainable_model(policy: Policy, config: LightningRLConfig) -> tuple[Any, Any
 
 def add_lora(model: Any, config: LightningRLConfig) -> Any:
     """``model`` with the config's LoRA adapter (PEFT), the only weights trained."""
-    from peft import get_peft_model
-
-    return get_peft_model(model, lora_config(config))
+    return with_lora(model, lora_config(config))
 
 
 def enable_activation_checkpointing(model: Any) -> None:

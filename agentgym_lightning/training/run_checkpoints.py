@@ -3,8 +3,9 @@
 :mod:`.checkpoint` writes and reads one checkpoint; :class:`RunCheckpoints` is what the trainer
 asks of them: save the current step (warning, and keeping the previous one, when it cannot be
 written), know whether a step is saved, write the ``final/`` model, and resume a run only with the
-config fields that decide what it computes unchanged (:data:`RUN_IDENTITY`), setting aside the
-episode files of the steps after the checkpoint (:meth:`RunCheckpoints.set_aside_after`).
+config fields that decide what it computes unchanged (:data:`RUN_IDENTITY`), setting aside what
+the run wrote after the checkpoint: episode files, later checkpoints, a stale ``final/``
+(:meth:`RunCheckpoints.set_aside_after`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,8 @@ from agentgym_lightning.training.checkpoint import (
     CheckpointNotSavedWarning,
     NonFiniteWeightsError,
     TrainerState,
+    checkpoint_step,
+    checkpoints_of,
     find_checkpoint,
     latest_checkpoint,
     load_checkpoint,
@@ -138,12 +142,15 @@ class RunCheckpoints:
         return state
 
     def set_aside_after(self, step: int) -> list[Path]:
-        """Move the run folder's episode files of the steps after ``step`` (``trajectories/`` and
-        ``eval/``: what the run wrote after the checkpoint it resumes, up to a step cut short by
-        a kill) to :data:`SUPERSEDED`, replacing any of the same name there; returns where they
-        went. Left in place they would stand beside the resumed run's until it overwrote them,
-        or for good past a lower ``max_steps``, as one run's episodes (``metrics.jsonl`` is cut
-        back the same way by its plugin)."""
+        """Move what the run folder holds of the steps after ``step`` to :data:`SUPERSEDED`: the
+        episode files (``trajectories/`` and ``eval/``: what the run wrote after the checkpoint it
+        resumes, up to a step cut short by a kill), the later checkpoints, and ``final/`` when the
+        run had gone past ``step`` (a model of a later step, or of the end of a run now taken
+        back); replacing any of the same name there. Returns where they went; nothing is deleted.
+        Left in place, the episode files would stand beside the resumed run's as one run's
+        episodes, and a later checkpoint would be :meth:`newest` (a kill before the resumed run's
+        first save, a resume of the folder, ``init_from``, would take it, or ``final/``, for
+        this run's). ``metrics.jsonl`` is cut back the same way by its plugin."""
         moved: list[Path] = []
         for folder in _STEP_FOLDERS:
             source = self.output_dir / folder
@@ -151,13 +158,30 @@ class RunCheckpoints:
                 continue
             for path in sorted(source.iterdir()):
                 match = _STEP_FILE.match(path.name)
-                if match is None or int(match.group(1)) <= step or not path.is_file():
-                    continue
-                target = self.output_dir / SUPERSEDED / folder / path.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, target)
-                moved.append(target)
+                if match is not None and int(match.group(1)) > step and path.is_file():
+                    moved.append(self._set_aside(path))
+        later = [c for c in checkpoints_of(self.output_dir) if checkpoint_step(c) > step]
+        moved.extend(self._set_aside(c) for c in later)
+        final = self.output_dir / "final"
+        if moved and final.is_dir() and not final.is_symlink():
+            moved.append(self._set_aside(final))
         return moved
+
+    def _set_aside(self, path: Path) -> Path:
+        """Move ``path`` (in the run folder) to the same place under :data:`SUPERSEDED`; returns where."""
+        target = self.output_dir / SUPERSEDED / path.relative_to(self.output_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)  # an earlier resume's, of the same name: os.replace cannot replace a folder
+        os.replace(path, target)
+        return target
+
+    def set_aside_message(self, step: int, moved: Sequence[Path]) -> list[str]:
+        """What a resume at ``step`` says of what :meth:`set_aside_after` moved (nothing when nothing was)."""
+        if not moved:
+            return []
+        names = ", ".join(str(p.relative_to(self.output_dir / SUPERSEDED)) for p in moved)
+        return [f"resumed at step {step}: what the run wrote after it was moved to {self.output_dir / SUPERSEDED} ({names})"]
 
     def save_final(self, step: int) -> str | None:
         """Write the trained model to ``final/``; returns what went wrong (a full disk: warned,

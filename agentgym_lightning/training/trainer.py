@@ -90,13 +90,13 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.async_rollouts import AsyncRollouts
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
-from agentgym_lightning.training.held_out import held_out_eval
+from agentgym_lightning.training.held_out import held_out_eval, held_out_written
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.ranks import Ranks
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
-from agentgym_lightning.training.run_checkpoints import SUPERSEDED, RunCheckpoints
+from agentgym_lightning.training.run_checkpoints import RunCheckpoints
 from agentgym_lightning.training.run_models import build_run_models, seed_process
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
@@ -140,7 +140,7 @@ class LightningRLTrainer:
         self.env_factory = training_env_factory(target, cfg.env_kwargs, cfg.air_weights)
         self.eval_factory: Callable[[], AgentEnv] | None = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         # The one env built at the start, before the model loads: a misspelt env kwarg fails here (EnvKwargsError).
-        with env_kwargs_refused(target, cfg.env_kwargs) if isinstance(target, str) else contextlib.nullcontext():
+        with env_kwargs_refused(target, self.env_factory.kwargs) if isinstance(target, str) else contextlib.nullcontext():
             probe = self.env_factory()
         self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
         probe.close()
@@ -196,6 +196,11 @@ class LightningRLTrainer:
         names = self.adapters.names if self.adapters is not None else None
         model = self.ranks.gather(self.model)  # N ranks: the weights gathered into rank 0's full copy
         return sync_weights(self.policy, model, peft=self.config.use_peft, adapters=names)
+
+    @property
+    def is_main_rank(self) -> bool:
+        """Whether this process leads the run: rank 0 of N ranks (:mod:`.ranks`), or the only one."""
+        return self.ranks.is_main
 
     @property
     def generator(self) -> Any:
@@ -291,10 +296,10 @@ class LightningRLTrainer:
     def _due_eval_unfinished(self) -> bool:
         """A resumed run's step was due an evaluation (``eval_steps``) that was not finished:
         the run was killed during it, after the step's checkpoint."""
-        cfg, written = self.config, self.output_dir / "eval" / f"step-{self.step:06d}.jsonl"
+        cfg = self.config
         if not cfg.eval_steps or self.step % cfg.eval_steps or self.step >= cfg.max_steps:
             return False
-        return not written.is_file() or len(written.read_text(encoding="utf-8").splitlines()) < cfg.eval_episodes
+        return not held_out_written(self.output_dir, self.step, cfg.eval_episodes)
 
     def train_step(self) -> dict[str, float]:
         """One training step (the six moves of the module docstring); returns its metrics."""
@@ -492,11 +497,7 @@ class LightningRLTrainer:
         self.history = [dict(h) for h in state.history]
         self._async_state = state.extra.get("async_rollouts")
         self._sync()
-        moved = self.checkpoints.set_aside_after(self.step)
-        if not moved:
-            return []
-        names = ", ".join(str(p.relative_to(self.output_dir / SUPERSEDED)) for p in moved)
-        return [f"resumed at step {self.step}: the episodes written after it were moved to {self.output_dir / SUPERSEDED} ({names})"]
+        return self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
 
 
 # ====================================================================== building blocks

@@ -4,7 +4,8 @@
 Views: the **overview** (each run's env, model, backend and key options, its whole config on
 demand, alarms, curves, the list of steps and evaluations), a step's or an
 evaluation's **episodes** grouped by GRPO group with their rewards and advantages, and one
-**episode** call by call showing only what each call added (new messages, the answer and its
+**episode** (the resources its agent read: their versions, and texts where the run's config
+holds them) call by call showing only what each call added (new messages, the answer and its
 tool calls, rewards and AIR, credit and advantage, trained or not and why, template flags, the
 completion's tokens with their logprobs). Plain HTML and CSS with inline SVG charts: nothing is
 fetched, and the pages work with scripts off (the live view adds one small refresh script).
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym_lightning.agent_match import as_agent_match
+from agentgym_lightning.resources import as_resources
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.samples import SampleBatch, configured_samples, untrained_reason
 from agentgym_lightning.trajectory import Status, Step, Trajectory
@@ -252,6 +254,44 @@ def _tool_names(t: Trajectory) -> str:
     return " → ".join(names) if names else "–"
 
 
+def _resource_versions(t: Trajectory) -> str:
+    """The resources' versions an episode ran with (``trajectory.resources``), ``–`` for none."""
+    return ", ".join(f"{name} {version}" for name, version in sorted(t.resources.items())) or "–"
+
+
+def _resource_texts(config: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """The texts of the resources the run's config gave its envs (``env_kwargs`` and
+    ``eval_env_kwargs``' ``resources``: ``train --resource``), by name and version. A spec that
+    is not one (an old or hand-edited config) is left out: the page shows the version alone."""
+    texts: dict[tuple[str, str], str] = {}
+    for key in ("env_kwargs", "eval_env_kwargs"):
+        kwargs = config.get(key)
+        if not isinstance(kwargs, dict):
+            continue
+        try:
+            given = as_resources(kwargs.get("resources"))
+        except (TypeError, ValueError):
+            continue
+        texts.update({(name, r.version): r.text for name, r in given.items()})
+    return texts
+
+
+def _resources_table(episode: Trajectory, texts: dict[tuple[str, str], str], limit: int) -> str:
+    """What the episode's agent read instead of its constants: each resource's name, version, and
+    its text where the run's config holds it."""
+    if not episode.resources:
+        return ""
+    rows = []
+    for name, version in sorted(episode.resources.items()):
+        text = texts.get((name, version))
+        shown = (
+            f"<details><summary>{len(text)} characters</summary><div class=msg>{e(shorten(text, limit))}</div></details>"
+            if text is not None else "<span class=muted>not in the run's config</span>"
+        )
+        rows.append(f"<tr><td>{e(name)}</td><td>{e(version)}</td><td>{shown}</td></tr>")
+    return "<table class=resources><tr><th>resource</th><th>version</th><th>text</th></tr>" + "".join(rows) + "</table>"
+
+
 def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, config: dict[str, Any] | None = None) -> str:
     """A step's (or an evaluation's) episodes, grouped by GRPO group with rewards and advantages."""
     episodes = run.episodes(file)
@@ -259,6 +299,7 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
     credit, error = _credit(file, episodes, config)
     skip_flat = config.get("zero_variance_groups", "skip") == "skip"
     diversity = {g.group: g for g in group_diversity(episodes)}
+    with_resources = any(t.resources for t in episodes)  # a column only where an episode was given some
     out: list[str] = []
     if error:
         out.append(f"<p class=muted>advantages not shown: {e(error)}</p>")
@@ -283,13 +324,15 @@ def episode_list(index: int, run: RunFolder, file: EpisodeFile, links: Links, co
             rows.append(
                 f"<tr><td>{name}</td><td class=num>{e(t.seed)}</td>"
                 f"<td>{e(t.status.value)}</td><td class=num>{_num(t.final_reward)}</td><td class=num>{_num(t.total_reward)}</td>"
-                f"<td class=num>{_num(mean_adv)}</td><td class=num>{len(t.steps)}</td><td>{e(_tool_names(t))}</td></tr>"
+                f"<td class=num>{_num(mean_adv)}</td><td class=num>{len(t.steps)}</td><td>{e(_tool_names(t))}</td>"
+                + (f"<td>{e(_resource_versions(t))}</td>" if with_resources else "") + "</tr>"
             )
         task = members[0].task
         out.append(
             f"<h3>group {e(key)} {badges}</h3><div class=muted>task: {e(shorten(json.dumps(task, default=str), 300))}</div>"
             "<table><tr><th>episode</th><th>seed</th><th>status</th><th>final reward</th><th>with AIR</th>"
-            "<th>advantage</th><th>calls</th><th>tool calls</th></tr>" + "".join(rows) + "</table>"
+            "<th>advantage</th><th>calls</th><th>tool calls</th>" + ("<th>resources</th>" if with_resources else "") + "</tr>"
+            + "".join(rows) + "</table>"
         )
     return "".join(out) if episodes else "".join(out) + "<p class=muted>no episodes in this file yet</p>"
 
@@ -394,6 +437,7 @@ def episode_detail(
         f"<table><tr><th>status</th><td>{e(episode.status.value)}</td><th>final reward</th><td>{_num(episode.final_reward)}</td>"
         f"<th>with AIR</th><td>{_num(episode.total_reward)}</td><th>group</th><td>{e(episode.group_id)}</td><th>seed</th><td>{e(episode.seed)}</td></tr></table>"
         f"<div class=muted>task: {e(shorten(json.dumps(episode.task, default=str), 2000))}</div>"
+        + _resources_table(episode, _resource_texts(config), limit)
     )
     if episode.error:
         head += f"<details><summary>error</summary><div class=msg>{e(shorten(episode.error, limit))}</div></details>"

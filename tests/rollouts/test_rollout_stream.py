@@ -75,3 +75,32 @@ def test_stop_from_another_thread_yields_the_running_episodes_as_truncated():
     threading.Timer(0.2, stream.stop).start()
     (t,) = list(stream)
     assert t.status is Status.TRUNCATED and "stopped" in t.error
+
+
+def test_a_stream_left_by_an_exception_cancels_the_calls_its_policy_is_still_generating():
+    """Before: a Ctrl-C or SIGTERM out of the driver left the submitted calls running, so an
+    ``hf`` policy decoded them to their end on its own thread, for episodes already closed."""
+    from concurrent.futures import Future
+
+    import pytest
+
+    class Scheduling:
+        def __init__(self):
+            self.futures = []
+
+        def generate(self, requests):  # the batch path a scheduling policy keeps
+            raise AssertionError("calls go one at a time to submit")
+
+        def submit(self, request):
+            if self.futures:
+                raise KeyboardInterrupt  # the signal, arriving while the first call is generated
+            self.futures.append(Future())
+            return self.futures[0]
+
+    policy = Scheduling()
+    stream = RolloutStream(make_env, policy, concurrency=2)
+    stream.submit({"id": 0})
+    stream.submit({"id": 1, "sleep": 0.2})
+    with pytest.raises(KeyboardInterrupt):
+        list(stream)
+    assert len(policy.futures) == 1 and policy.futures[0].cancelled()

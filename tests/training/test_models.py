@@ -56,3 +56,30 @@ def test_activation_checkpointing_uses_the_current_api_and_keeps_the_gradients(l
     assert checkpointed.keys() == plain.keys()
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_lora_adapters_are_added_without_peft_reading_the_deprecated_checkpointing_flag_and_other_warnings_still_show(monkeypatch):
+    """Before: every LoRA run printed transformers' "`is_gradient_checkpointing` is deprecated"
+    FutureWarning: PEFT's constructor reads that property, and no PEFT API avoids it. That one
+    warning is ignored where PEFT builds the model, and nothing else is."""
+    import peft
+
+    from agentgym_lightning.training.agent_adapters import add_agent_adapters
+    from agentgym_lightning.training.models import add_lora
+
+    lora = SimpleNamespace(lora_r=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules="all-linear")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        add_lora(_tiny_llama(), lora)
+        add_agent_adapters(_tiny_llama(), lora, ["writer", "rewriter"])
+
+    real = peft.get_peft_model
+
+    def also_warning(model, config, adapter_name="default"):
+        warnings.warn("something else is deprecated", FutureWarning)
+        return real(model, config, adapter_name=adapter_name)
+
+    monkeypatch.setattr(peft, "get_peft_model", also_warning)
+    with pytest.warns(FutureWarning, match="something else is deprecated") as caught:
+        add_lora(_tiny_llama(), lora)
+    assert [str(w.message) for w in caught] == ["something else is deprecated"]

@@ -380,7 +380,10 @@ def test_the_trainer_closes_the_policy_it_built_however_the_run_ends_and_never_t
     from agentgym_lightning.failed_episodes import EpisodesFailedError
     from agentgym_lightning.training import LightningRLTrainer
 
+    from agentgym_lightning.training.trainer_protocol import RunTrainer
+
     built = LightningRLTrainer(run_config(tiny_model_dir, tmp_path / "built", max_steps=1, num_threads=1, policy_kwargs={"default_max_tokens": 4}))
+    assert isinstance(built, RunTrainer) and built.is_main_rank
     assert built.policy.hf_model is not None
     assert built.train().steps == 1
     assert built.policy.hf_model is None  # closed (the trained weights are still the trainer's model)
@@ -423,3 +426,39 @@ def test_a_resume_sets_aside_the_episode_files_of_the_steps_after_its_checkpoint
     assert (tmp_path / "superseded" / "trajectories" / "step-000002.jsonl").read_bytes() == first_step_2  # moved, not lost
     said = [m for m in result.messages if "moved to" in m]
     assert len(said) == 1 and "resumed at step 1" in said[0] and "trajectories/step-000003.jsonl" in said[0]
+    # The later checkpoints and the first run's final/ too: step 2's checkpoint and final/ are the resumed run's.
+    assert names("superseded/checkpoints") == ["checkpoint-000002", "checkpoint-000003"]
+    assert names("checkpoints") == ["checkpoint-000001", "checkpoint-000002"]
+    assert (tmp_path / "superseded" / "final").is_dir() and (tmp_path / "final").is_dir()
+    assert "checkpoints/checkpoint-000003" in said[0] and "final" in said[0]
+
+
+def test_a_resume_from_an_older_checkpoint_sets_aside_the_later_ones_and_a_stale_final_and_deletes_nothing(tmp_path):
+    """Before: checkpoints after the resumed one and the run's ``final/`` stayed in place, so
+    ``newest()`` (a kill before the resumed run's first save, a later ``--resume`` of the
+    folder) took step 3's checkpoint, and ``init_from`` the old run's ``final/``."""
+    from agentgym_lightning.training.run_checkpoints import RunCheckpoints
+
+    for step in (1, 2, 3):
+        (tmp_path / "checkpoints" / f"checkpoint-00000{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"checkpoint-00000{step}" / "trainer_state.json").write_text(f'{{"step": {step}}}')
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "model.safetensors").write_text("step 3")
+    (tmp_path / "superseded" / "checkpoints" / "checkpoint-000003").mkdir(parents=True)  # an earlier resume's
+    checkpoints = RunCheckpoints(tmp_path, None, model=None, tokenizer=None, optimizer=None, scheduler=None)  # type: ignore[arg-type]
+    assert checkpoints.newest().name == "checkpoint-000003"
+
+    moved = checkpoints.set_aside_after(1)
+    assert checkpoints.newest().name == "checkpoint-000001"
+    assert sorted(str(p.relative_to(tmp_path)) for p in moved) == [
+        "superseded/checkpoints/checkpoint-000002", "superseded/checkpoints/checkpoint-000003", "superseded/final"]
+    assert (tmp_path / "superseded" / "checkpoints" / "checkpoint-000003" / "trainer_state.json").read_text() == '{"step": 3}'
+    assert (tmp_path / "superseded" / "final" / "model.safetensors").read_text() == "step 3"
+    assert not (tmp_path / "final").exists()
+    message = checkpoints.set_aside_message(1, moved)
+    assert len(message) == 1 and "resumed at step 1" in message[0] and "checkpoints/checkpoint-000002" in message[0]
+
+    # Resuming the newest checkpoint: nothing after it, and final/ (this very step's model) stays.
+    (tmp_path / "final").mkdir()
+    assert checkpoints.set_aside_after(1) == [] and (tmp_path / "final").is_dir()
+    assert checkpoints.set_aside_message(1, []) == []

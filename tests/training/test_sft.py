@@ -447,3 +447,81 @@ def test_the_sft_command_runs_and_train_init_from_takes_its_weights(tmp_path, ti
 
     config = build_config(build_parser("train").parse_args(["train", "--init-from", str(run)]))
     assert config.init_from == str(run)
+
+
+@needs_train
+def test_the_sft_trainer_closes_the_policy_it_built_and_never_the_callers(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """Before: SFTTrainer had no ``close`` and never closed a policy it built (a ``vllm-server``
+    policy's HTTP session stayed open); ``run_trainer`` called ``close`` only where it found one."""
+    from transformers import AutoTokenizer
+
+    import agentgym_lightning.training.checkpoint as checkpoint
+    from agentgym_lightning.commands.train import run_trainer
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training.sft import SFTTrainer
+    from agentgym_lightning.training.trainer_protocol import RunTrainer
+
+    source = _source(tmp_path, AutoTokenizer.from_pretrained(tiny_model_dir), n=2)
+    built = SFTTrainer(_config(tiny_model_dir, tmp_path / "built", sources=[str(source)], success_only=True, max_steps=1))
+    assert isinstance(built, RunTrainer) and built.is_main_rank
+    assert built.policy.hf_model is not None
+    assert built.train().steps == 1
+    assert built.policy.hf_model is None  # closed (the trained weights are still the trainer's model)
+    built.close()  # idempotent
+
+    mine = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
+    try:
+        passed = SFTTrainer(_config(tiny_model_dir, tmp_path / "mine", sources=[str(source)], success_only=True, max_steps=1), policy=mine)
+        passed.train()
+        passed.close()
+        assert mine.hf_model is not None  # the caller's: still open
+    finally:
+        mine.close()
+
+    # The command's path: a run refused before its first step (no room for a checkpoint) closes the trainer it built.
+    def full(output_dir, needed):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "check_checkpoint_space", full)
+    made = []
+    config = _config(tiny_model_dir, tmp_path / "full", sources=[str(source)], success_only=True, max_steps=1)
+    assert run_trainer("sft", config, lambda c: made.append(SFTTrainer(c)) or made[-1], None) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert made[0].policy.hf_model is None
+
+
+@needs_train
+def test_an_unfinished_due_evaluation_runs_again_on_sft_resume_and_a_finished_one_does_not(tmp_path, tiny_model_dir):
+    """Before: ``sft --resume`` from a checkpoint whose due evaluation a kill cut off (the
+    checkpoint is written before it) skipped it, losing that point of the held-out curve
+    (``train`` ran it again)."""
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.training.sft import SFTTrainer
+
+    source = _source(tmp_path, AutoTokenizer.from_pretrained(tiny_model_dir), n=2)
+    env_file = tmp_path / "env.py"
+    env_file.write_text(ENV)
+    run = tmp_path / "run"
+
+    def config():
+        return _config(tiny_model_dir, run, sources=[str(source)], success_only=True, max_steps=3, rows_per_step=2, save_steps=1,
+                       env=f"{env_file}:make_env", eval_env_kwargs={}, eval_episodes=2, eval_steps=1)
+
+    def evals_at():
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return [int(x["step"]) for x in lines if "eval/reward/mean" in x]
+
+    SFTTrainer(config()).train()
+    assert evals_at() == [0, 1, 2, 3]
+    # Killed during step 2's evaluation: one of its two episodes written.
+    written = run / "eval" / "step-000002.jsonl"
+    written.write_text(written.read_text().splitlines()[0] + "\n")
+    step_2 = run / "checkpoints" / "checkpoint-000002"
+    assert SFTTrainer(config()).train(resume_from=step_2).steps == 3
+    assert evals_at() == [0, 1, 2, 2, 3]  # step 2 again, then step 3's
+    assert len(written.read_text().splitlines()) == 2
+    # Resumed again from step 2, whose evaluation is now complete: not run a third time (the
+    # resume cuts metrics.jsonl back to step 2, and step 3's follows).
+    SFTTrainer(config()).train(resume_from=step_2)
+    assert evals_at() == [0, 1, 2, 2, 3]

@@ -47,7 +47,7 @@ from agentgym_lightning.rollouts.in_process import InProcessRollouts
 from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, sync_weights
-from agentgym_lightning.training.held_out import held_out_eval
+from agentgym_lightning.training.held_out import held_out_eval, held_out_written
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
@@ -102,6 +102,8 @@ class SFTTrainer:
         self.eval_factory = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         self._schedule: TaskSchedule | None = None
 
+        #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
+        self._owns_policy = policy is None
         built = build_run_models(view, policy, training_steps=cfg.total_steps)
         self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
         self.device = next(self.model.parameters()).device
@@ -113,6 +115,7 @@ class SFTTrainer:
             self.output_dir, cfg, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
             adapters=self.adapters.names if self.adapters is not None else None, identity=SFT_RUN_IDENTITY,
         )
+        self._owns_teacher = teacher is None and cfg.teacher is not None
         self.teacher = teacher if teacher is not None else _teacher_policy(cfg.teacher)
         self.step = 0
         self.history: list[dict[str, float]] = []
@@ -128,6 +131,11 @@ class SFTTrainer:
         return self.policy if self.adapters is None else AdapterRouting(self.policy, self.adapters)
 
     @property
+    def is_main_rank(self) -> bool:
+        """Always: the SFT update runs on one rank."""
+        return True
+
+    @property
     def rounds(self) -> int:
         """Rounds of the run (one without ``rounds``)."""
         return max(self.config.rounds, 1)
@@ -136,17 +144,37 @@ class SFTTrainer:
         names = self.adapters.names if self.adapters is not None else None
         return sync_weights(self.policy, self.model, peft=self.config.use_peft, adapters=names)
 
+    def close(self) -> None:
+        """Release what the trainer built: the policy built from the config (an engine, a
+        server's connections) and the teacher built from ``config.teacher`` (those passed in
+        are the caller's to close). :meth:`train` calls it when it ends; call it yourself for a
+        trainer that never trains. Idempotent."""
+        if self._owns_teacher:
+            self._owns_teacher = False
+            self.teacher.close()
+        if self._owns_policy:
+            self._owns_policy = False
+            self.policy.close()
+
     # ================================================================== the loop
 
     def train(self, resume_from: str | Path | None = None) -> TrainResult:
         """Run every round's steps, evaluating before, every ``eval_steps``, after each round and
         at the end. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
-        (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`."""
+        (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`.
+        However it ends, what the trainer built is closed (:meth:`close`): a policy built from
+        the config among it (:attr:`model` keeps the trained weights)."""
+        messages: list[str] = []
         if resume_from is not None:
-            state = self.checkpoints.resume(resume_from)
+            try:
+                state = self.checkpoints.resume(resume_from)
+            except BaseException:
+                self.close()  # a checkpoint refused: nothing ran, and what the trainer built goes all the same
+                raise
             self.step, self.history = state.step, [dict(h) for h in state.history]
             self._sync()
-        result = TrainResult(output_dir=self.output_dir, steps=self.step)
+            messages = self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
+        result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         for lines in self._hook.agentgym_train_start(config=self.config.to_dict(), output_dir=str(self.output_dir), step=self.step):
             result.messages.extend(lines or [])
@@ -158,6 +186,7 @@ class SFTTrainer:
             completed = run_until_stopped(lambda: self._loop(result, bar), result, save_progress=self._save_progress, step=lambda: self.step)
         finally:
             bar.close()
+            self.close()
             result.steps, result.history = self.step, list(self.history)
             if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
                 result.messages.append(unsaved)
@@ -170,6 +199,8 @@ class SFTTrainer:
         cfg = self.config
         if self.eval_factory is not None and self.step == 0:
             result.eval_before = self.evaluate()
+        elif self.eval_factory is not None and self._due_eval_unfinished():
+            self.evaluate()  # killed during it: run it again
         while self.step < cfg.total_steps:
             round_ = self.step // cfg.max_steps + 1
             rows, counts = self.round_rows(round_)
@@ -179,11 +210,22 @@ class SFTTrainer:
                 metrics = self.train_step(order, round_, counts)
                 bar.update(1)
                 bar.set_postfix({"loss": f"{metrics.get('loss', float('nan')):.3f}"})
-                due = cfg.eval_steps and self.step % cfg.eval_steps == 0
-                if self.eval_factory is not None and self.step < cfg.total_steps and (due or self.step == end):
+                if self.eval_factory is not None and self._eval_due():
                     self.evaluate()  # every eval_steps, and after each round but the last
         if self.eval_factory is not None:
             result.eval_after = self.evaluate()
+
+    def _eval_due(self) -> bool:
+        """Whether the step just taken is due an evaluation: every ``eval_steps``, and at the end of
+        each round but the last (the run's end has its own)."""
+        cfg = self.config
+        due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0
+        return 0 < self.step < cfg.total_steps and (due or self.step % cfg.max_steps == 0)
+
+    def _due_eval_unfinished(self) -> bool:
+        """A resumed run's step was due an evaluation that was not finished: the run was killed
+        during it, after the step's checkpoint (written first)."""
+        return self._eval_due() and not held_out_written(self.output_dir, self.step, self.config.eval_episodes)
 
     # ================================================================== a round's data
 
