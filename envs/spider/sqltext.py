@@ -255,7 +255,9 @@ def extract_sql(completion: str | None) -> str | None:
 
     In order of preference: the last fenced block that is labelled ``sql``/``sqlite`` or starts
     with ``SELECT``/``WITH`` (a model that revises itself puts its final answer last; an unclosed
-    fence of a truncated generation still counts); else the last bare query introduced by
+    fence of a truncated generation still counts), where a block that starts with
+    ``SELECT``/``WITH`` beats a later labelled fragment that does not (```` ```sql FROM t ``` ````
+    after a whole query is rambling, not a revision); else the last bare query introduced by
     ``SELECT``/``WITH``. Reasoning in ``<think>`` tags is ignored; a trailing ``;`` is dropped.
     """
     if not completion:
@@ -269,7 +271,8 @@ def extract_sql(completion: str | None) -> str | None:
             if cleaned:
                 candidates.append(cleaned)
     if candidates:
-        return candidates[-1]
+        queries = [c for c in candidates if _looks_like_sql(c)]
+        return (queries or candidates)[-1]
     outside = _FENCE.sub("", text) if "```" in text else text
     # Walk the bare queries left to right; a SELECT inside an earlier query (a subquery) is
     # part of that query, not a new one.

@@ -75,6 +75,9 @@ def test_order_by_rule_is_textual():
         ("```sql\nSELECT a FROM t;\n```", "SELECT a FROM t"),
         ("Here you go:\n```SQL\nSELECT a\nFROM t\nWHERE b = 1\n```\nThis selects a.", "SELECT a\nFROM t\nWHERE b = 1"),
         ("```\nSELECT 1\n```\nBetter:\n```sql\nSELECT 2\n```", "SELECT 2"),  # the last answer wins
+        # a later labelled fragment is not a revision: the last whole query wins (seen in training)
+        ("```sql\nSELECT *FROM member\n```\nThen:\n```sql\nFROM member\n```\n```sql\n```", "SELECT *FROM member"),
+        ("```sql\nPRAGMA table_info(t)\n```", "PRAGMA table_info(t)"),  # no block reads as a query: the last labelled one
         ("```sql\nSELECT a FROM t WHERE", "SELECT a FROM t WHERE"),  # unclosed fence (cut off)
         ("SELECT name FROM singer WHERE age > 20;", "SELECT name FROM singer WHERE age > 20"),
         ("The answer is SELECT a FROM t WHERE b IN (SELECT b FROM u)", "SELECT a FROM t WHERE b IN (SELECT b FROM u)"),
