@@ -27,7 +27,7 @@
 The weights reach the generator while episodes run: the trainer syncs after each update and
 calls :meth:`AsyncRollouts.advance`, so the next call of a running episode is answered by (and
 stamped with) the new version. On Ray rollout workers (``rollout_workers``) the producer drives
-the remote rollouts the same way: the generator stays in the trainer, served to the workers, and
+the remote rollouts the same way, a plan at a time: the generator stays in the trainer, served to the workers, and
 each answer carries its stamp back to the worker's episode; a worker lost mid-plan costs that
 plan's episodes on it, retried or ended ``infra_failed`` and counted as in the synchronous loop.
 """
