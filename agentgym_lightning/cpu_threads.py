@@ -12,15 +12,24 @@ OpenMP reads the policy once, when torch loads it. So ``import agentgym_lightnin
 ``from agentgym_lightning... import`` runs first) sets it (:func:`sleeping_cpu_threads`) unless
 the user chose a policy or torch is loaded already; in that last case the trainer warns once
 (:func:`warn_if_threads_spin`, :class:`SpinningThreadsWarning`) with what to do.
+
+Asynchronous training runs the update and a CPU generator's decode at once, each with an OpenMP
+team of its own; with torch's default (a thread per core each) they are twice as many threads as
+cores, and a team whose thread is descheduled waits for it at every barrier.
+:func:`share_cores` splits the cores between them instead (:func:`split_threads`), and
+:func:`torch_threads` sets a thread's count for a span.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["SpinningThreadsWarning", "sleeping_cpu_threads", "warn_if_threads_spin"]
+__all__ = ["SpinningThreadsWarning", "sleeping_cpu_threads", "warn_if_threads_spin", "split_threads", "share_cores", "torch_threads"]
 
 _warned = False
 
@@ -57,3 +66,56 @@ def warn_if_threads_spin(num_threads: int) -> bool:
         stacklevel=3,  # the caller of LightningRLTrainer(...)
     )
     return True
+
+
+def split_threads(total: int) -> tuple[int, int]:
+    """``(update, generator)`` torch threads for an update and a decode that run at once on
+    ``total`` threads' worth of cores: a quarter (at least one) to the decode, which is
+    memory-bound at a few rows, the rest (at least one) to the update. On 2 cores: one each."""
+    if total < 1:
+        raise ValueError(f"total must be >= 1 thread, got {total}")
+    generator = max(1, total // 4)
+    return max(1, total - generator), generator
+
+
+def share_cores(generator: Any, *, update_on_cpu: bool) -> Callable[[], None]:
+    """Split this thread's torch threads (the update's) with ``generator``'s decode while both run
+    at once (:func:`split_threads`): this thread gets the update's share and the generator's
+    ``decode_threads`` the rest. Returns what puts both back. Nothing to split (a no-op back) when
+    the update or the generator runs on a GPU, or the generator has no ``decode_threads`` (it
+    decodes elsewhere: a vLLM engine, a server)."""
+    device = getattr(getattr(generator, "device", None), "type", None)
+    if not update_on_cpu or device != "cpu" or not hasattr(generator, "decode_threads"):
+        return lambda: None
+    import torch
+
+    total, before = torch.get_num_threads(), generator.decode_threads
+    update, decode = split_threads(total)
+    torch.set_num_threads(update)
+    generator.decode_threads = decode
+
+    def back() -> None:
+        torch.set_num_threads(total)
+        generator.decode_threads = total if before is None else before
+
+    return back
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """This thread's torch (OpenMP) threads are ``count`` for the span, and back after
+    (``None``: left as they are). OpenMP keeps a count per thread: other threads keep theirs."""
+    if count is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    if before == count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

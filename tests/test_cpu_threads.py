@@ -73,3 +73,70 @@ def test_a_trainer_after_torch_was_imported_first_warns_once_with_what_to_do(mon
     with pytest.warns(SpinningThreadsWarning, match="Import agentgym_lightning before torch, or start Python with OMP_WAIT_POLICY=PASSIVE"):
         assert warn_if_threads_spin(2) is True
     assert warn_if_threads_spin(2) is False  # once per process
+
+
+def test_split_threads_gives_the_decode_a_quarter_and_the_update_the_rest_at_least_one_each():
+    from agentgym_lightning.cpu_threads import split_threads
+
+    assert split_threads(1) == (1, 1)
+    assert split_threads(2) == (1, 1)
+    assert split_threads(4) == (3, 1)
+    assert split_threads(16) == (12, 4)
+    with pytest.raises(ValueError, match="total must be >= 1"):
+        split_threads(0)
+
+
+class _Generator:
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.decode_threads = None
+
+
+def test_share_cores_splits_this_threads_torch_threads_with_a_cpu_generator_and_gives_them_back():
+    torch = pytest.importorskip("torch")
+    from agentgym_lightning.cpu_threads import share_cores
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        generator = _Generator("cpu")
+        back = share_cores(generator, update_on_cpu=True)
+        assert torch.get_num_threads() == 3 and generator.decode_threads == 1
+        back()
+        assert torch.get_num_threads() == 4 and generator.decode_threads == 4
+        # Nothing to split: the update on a GPU, the generator on a GPU, or one that decodes elsewhere.
+        for other, on_cpu in ((_Generator("cpu"), False), (_Generator("meta"), True), (object(), True)):
+            share_cores(other, update_on_cpu=on_cpu)()
+            assert torch.get_num_threads() == 4 and getattr(other, "decode_threads", None) is None
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_torch_threads_sets_this_threads_count_for_a_span_and_leaves_other_threads_theirs():
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from agentgym_lightning.cpu_threads import torch_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        inside: dict[str, int] = {}
+
+        def other() -> None:
+            with torch_threads(1):
+                inside["other"] = torch.get_num_threads()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert inside == {"other": 1} and torch.get_num_threads() == 2  # OpenMP counts per thread
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with torch_threads(None):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

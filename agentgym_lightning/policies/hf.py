@@ -70,6 +70,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym_lightning.cpu_threads import torch_threads
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion, common_prefix_length
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
@@ -284,6 +285,10 @@ class HFPolicy(Policy):
             torch.manual_seed(seed)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        #: torch threads the decode runs with (``None``: the process's). Asynchronous training sets
+        #: it while an update runs beside the decode on the same CPU cores
+        #: (:func:`~agentgym_lightning.cpu_threads.share_cores`); it applies from the next step.
+        self.decode_threads: int | None = None
         self._lock = threading.Lock()
         self._scheduler_lock = threading.Lock()
         self._scheduler: _StepScheduler | None = None  # started by the first submit
@@ -305,7 +310,7 @@ class HFPolicy(Policy):
                 results[i] = self._finish(row, [], [], "length", None)
                 continue
             groups.setdefault(group_key, group).rows.append(row)
-        with self._lock:
+        with self._lock, torch_threads(self.decode_threads):
             for group in groups.values():
                 for row, completion in self._generate_group(group):
                     results[row.index] = completion
@@ -790,6 +795,7 @@ class _StepScheduler:
         self.slots: _Slots | None = None  # the static one (made on first use)
         self.compiled: tuple[Any, Any] | None = None  # (model, its compiled forward)
         self.said: set[str] = set()
+        self.threads: int | None = None  # the decode_threads this thread last set
         self.thread = threading.Thread(target=self._serve, name="hf-step-scheduler", daemon=True)
         self.thread.start()
 
@@ -826,6 +832,7 @@ class _StepScheduler:
             newcomers = [e for e in newcomers if not e.future.cancelled()]
             try:
                 with self.policy._lock:  # noqa: SLF001 - the policy's own scheduler
+                    self._use_decode_threads()
                     if newcomers:
                         self._admit(newcomers)
                     if self.batch is not None:
@@ -839,6 +846,16 @@ class _StepScheduler:
                 if self.slots is not None:
                     self.slots.entries = [None] * len(self.slots.entries)
                     self.slots.mask.zero_()
+
+    def _use_decode_threads(self) -> None:
+        """Decode with the policy's ``decode_threads`` from this step on (OpenMP keeps a count
+        per thread: this one is the decode's alone)."""
+        wanted = self.policy.decode_threads
+        if wanted is not None and wanted != self.threads:
+            import torch
+
+            torch.set_num_threads(wanted)
+            self.threads = wanted
 
     def _say_once(self, message: str) -> None:
         if message not in self.said:

@@ -24,6 +24,10 @@ __all__ = ["Rollouts", "collect"]
 class Rollouts(ABC):
     """A rollout front-end: runs the episodes of a plan and yields their trajectories."""
 
+    #: Whether several :meth:`iter_rollout` streams may run at once, each driven on a thread of
+    #: its own (asynchronous training overlaps the plans the staleness bound allows).
+    concurrent_streams: bool = False
+
     @abstractmethod
     def iter_rollout(
         self,

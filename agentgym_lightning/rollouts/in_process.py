@@ -605,7 +605,11 @@ class InProcessRollouts(Rollouts):
 
     :meth:`iter_rollout` returns a :class:`RolloutStream` (iterate it with ``for`` or
     ``async for``); :meth:`~agentgym_lightning.rollouts.base.Rollouts.rollout` collects it.
+    Several streams may run at once (each has envs of its own; the policy takes calls from any
+    thread).
     """
+
+    concurrent_streams = True
 
     def __init__(
         self,

@@ -1,16 +1,23 @@
 """Asynchronous rollouts (``max_staleness`` k >= 1): episodes go on while the trainer updates.
 
-* **The producer** is a thread that runs the rollout plans of steps ``s = first, first + 1, ...``
-  one after another: the same tasks and reset seeds the synchronous loop's step ``s`` runs
+* **The producer** is a thread that starts the rollout plans of steps ``s = first, first + 1, ...``:
+  the same tasks and reset seeds the synchronous loop's step ``s`` runs
   (``schedule.tasks_for(s)``, the step's seed), so which tasks are drawn stays a function of the
-  seed. It starts plan ``s`` only once the generator holds a version ``>= s - k`` (the wait is
+  seed. It starts plan ``s`` as soon as the generator holds a version ``>= s - k`` (the wait is
   ``async/generator_wait_s``): it never runs further ahead than the bound lets its groups train.
+  Where the front-end runs streams at once (``Rollouts.concurrent_streams``: in this process),
+  each plan runs on a thread of its own, so plan ``s + 1`` does not wait for plan ``s``'s slowest
+  episode: with k = 1 two plans are in flight while their agents wait on tools. Elsewhere (Ray
+  workers) the plans run one after another.
 * **The buffer** holds finished groups (all ``num_generations`` episodes of a task done) in the
   order they finished. :meth:`AsyncRollouts.take` gives the update of version ``v`` the next
   ``tasks_per_step`` groups none of whose calls was answered by a version older than ``v - k``
-  (``Step.policy_version``); staler groups are dropped (``async/groups_dropped``), never trained
-  on. How long the update waited for them is ``async/update_wait_s``; the staleness of the calls
-  it got, ``async/staleness_mean`` and ``async/staleness_max``.
+  (``Step.policy_version``), the oldest plan's first: a group of a later plan waits while an
+  earlier plan still runs, so step ``s`` trains on plan ``s`` as in the synchronous loop (unless
+  groups were dropped) and no straggler is overtaken until it is too stale to train. Staler
+  groups are dropped (``async/groups_dropped``), never trained on. How long the update waited
+  for them is ``async/update_wait_s``; the staleness of the calls it got,
+  ``async/staleness_mean`` and ``async/staleness_max``.
 * **Nothing lost**: :meth:`AsyncRollouts.close` ends the running episodes as truncated (written to
   ``trajectories/interrupted.jsonl``, not trained on) and :meth:`AsyncRollouts.state` is what the
   checkpoint keeps: the buffered groups with their versions, and the plan to restart from; a
@@ -20,7 +27,7 @@
 The weights reach the generator while episodes run: the trainer syncs after each update and
 calls :meth:`AsyncRollouts.advance`, so the next call of a running episode is answered by (and
 stamped with) the new version. On Ray rollout workers (``rollout_workers``) the producer drives
-the remote rollouts the same way: the generator stays in the trainer, served to the workers, and
+the remote rollouts the same way, a plan at a time: the generator stays in the trainer, served to the workers, and
 each answer carries its stamp back to the worker's episode; a worker lost mid-plan costs that
 plan's episodes on it, retried or ended ``infra_failed`` and counted as in the synchronous loop.
 """
@@ -119,11 +126,14 @@ class AsyncRollouts:
         #: The first plan not yet finished, and the keys of its groups (or a later plan's) that finished.
         self._next_plan = 0
         self._finished_keys: set[tuple[int, int]] = set()
+        #: The plans running (started, not finished) and the next plan to start.
+        self._running: set[int] = set()
+        self._next_start = 0
         self._dropped = 0
         self._generator_wait_s = 0.0
         self._error: BaseException | None = None
         self._stopping = False
-        self._stream: Any = None
+        self._streams: dict[int, Any] = {}  # each running plan's stream
         self._thread: threading.Thread | None = None
         self._interrupted: list[Trajectory] = []
         self._restored = False
@@ -161,8 +171,11 @@ class AsyncRollouts:
         with self._cond:
             try:
                 while len(chosen) < groups:
-                    while self._buffer and len(chosen) < groups:
-                        group = self._buffer.popleft()
+                    # The oldest plan's first; a later plan's wait while an earlier one still runs.
+                    for group in sorted((g for g in self._buffer if g.plan <= self._next_plan), key=lambda g: g.plan):
+                        if len(chosen) == groups:
+                            break
+                        self._buffer.remove(group)
                         if group.staleness(version) > self.max_staleness:
                             dropped += 1
                             self._dropped += 1
@@ -223,10 +236,11 @@ class AsyncRollouts:
         ``trajectories/interrupted.jsonl`` (not trained on); the buffer stays for :meth:`state`."""
         with self._cond:
             self._stopping = True
-            stream = self._stream
+            streams = list(self._streams.values())
             self._cond.notify_all()
-        if stream is not None and callable(getattr(stream, "stop", None)):
-            stream.stop()
+        for stream in streams:
+            if callable(getattr(stream, "stop", None)):
+                stream.stop()
         if self._thread is not None:
             self._thread.join()
         if self._interrupted:
@@ -238,26 +252,54 @@ class AsyncRollouts:
     # ------------------------------------------------------------------ the producer thread
 
     def _produce(self) -> None:
+        """Start each plan once the bound allows it (and, where streams cannot run at once, once
+        the one before has finished); wait for the running plans when stopping."""
+        at_once = bool(getattr(self.rollouts, "concurrent_streams", False))
+        threads: list[threading.Thread] = []
         try:
+            with self._cond:
+                self._next_start = self._next_plan
             while True:
-                plan = self._next_plan
                 with self._cond:
-                    waited = time.perf_counter()
-                    while not self._stopping and self.stamping.version < plan - self.max_staleness:
+                    plan = self._next_start
+                    while not self._stopping and self._error is None and (
+                        self.stamping.version < plan - self.max_staleness or (self._running and not at_once)
+                    ):
+                        # Waiting for weights alone, not (also) for the plan before (one stream at a time).
+                        bound = self.stamping.version < plan - self.max_staleness and not (self._running and not at_once)
+                        waited = time.perf_counter()
                         self._cond.wait()
-                    self._generator_wait_s += time.perf_counter() - waited
-                    if self._stopping:
+                        if bound:
+                            self._generator_wait_s += time.perf_counter() - waited
+                    if self._stopping or self._error is not None:
                         return
-                self._run_plan(plan)
-                if self._stopping:
-                    return
-                with self._cond:
-                    self._next_plan = plan + 1
-                    self._finished_keys = {k for k in self._finished_keys if k[0] > plan}
+                    self._running.add(plan)
+                    self._next_start = plan + 1
+                thread = threading.Thread(target=self._plan_thread, args=(plan,), name=f"async-rollouts-plan-{plan}", daemon=True)
+                threads = [t for t in threads if t.is_alive()] + [thread]
+                thread.start()
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer's take()
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
+        finally:
+            for thread in threads:
+                thread.join()
+
+    def _plan_thread(self, plan: int) -> None:
+        try:
+            self._run_plan(plan)
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's take()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            return
+        with self._cond:
+            if not self._stopping:  # a stopped plan is not finished: a resume runs it again
+                self._running.discard(plan)
+                self._next_plan = min(self._running, default=self._next_start)
+                self._finished_keys = {k for k in self._finished_keys if k[0] >= self._next_plan}
+            self._cond.notify_all()
 
     def _run_plan(self, plan: int) -> None:
         tasks = self.schedule.tasks_for(plan)
@@ -266,7 +308,7 @@ class AsyncRollouts:
             seed=self.step_seed(plan), tasks=tasks,
         )
         with self._cond:
-            self._stream = stream
+            self._streams[plan] = stream
             if self._stopping and callable(getattr(stream, "stop", None)):
                 stream.stop()
         gathering: dict[str, list[Trajectory]] = {}
@@ -288,7 +330,6 @@ class AsyncRollouts:
             if close is not None:
                 close()
             with self._cond:
-                self._stream = None
-            if self._stopping:
-                self._interrupted.extend(t for members in gathering.values() for t in members)
-
+                self._streams.pop(plan, None)
+                if self._stopping:
+                    self._interrupted.extend(t for members in gathering.values() for t in members)

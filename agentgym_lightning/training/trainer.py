@@ -76,6 +76,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.cpu_threads import share_cores
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
@@ -183,6 +184,7 @@ class LightningRLTrainer:
         self._judge: Any = None  # the LLM judge (config.judge), made on first use
         self._async: AsyncRollouts | None = None  # max_staleness >= 1: the producer and its buffer, made on first use
         self._async_state: dict[str, Any] | None = None  # a resumed checkpoint's buffer, for it
+        self._cores_back: Callable[[], None] = _nothing  # max_staleness >= 1 on CPU: the torch threads as they were
         self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
         if self.adapters is not None or built.initialized:
             # A generator of its own must hold every adapter before the first call names one, and
@@ -262,6 +264,8 @@ class LightningRLTrainer:
         if self._async is not None:  # the producer first: it still uses the policy
             self._async.close()
             self._async = None
+        self._cores_back()  # the update's and the generator's torch threads as they were
+        self._cores_back = _nothing
         if self._remote is not None:
             self._remote.close()
             self._remote = None
@@ -391,6 +395,8 @@ class LightningRLTrainer:
             if self._async_state is not None:
                 self._async.restore(self._async_state)
                 self._async_state = None
+            # The update and a CPU generator now run at once: split the cores, not 2 threads per core.
+            self._cores_back = share_cores(self.policy, update_on_cpu=self.device.type == "cpu")
             self._async.start(self.step)
         t0 = time.perf_counter()
         taken = self._async.take(cfg.tasks_per_step)
@@ -501,6 +507,10 @@ class LightningRLTrainer:
 
 
 # ====================================================================== building blocks
+
+
+def _nothing() -> None:
+    pass
 
 
 def _step_seed(seed: int, step: int) -> int:

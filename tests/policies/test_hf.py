@@ -568,3 +568,23 @@ def test_the_cache_is_passed_under_the_name_the_model_takes(tiny_model_dir, recw
     finally:
         policy.close()
     assert not [w for w in recwarn if "past_key_values" in str(w.message)]
+
+
+def test_decode_threads_apply_to_the_decode_alone(tiny_model_dir, monkeypatch):
+    """``decode_threads`` (set by asynchronous training on CPU) is the torch threads of the decode
+    thread and of a ``generate`` span; the caller's threads stay as they were."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=2, progress=False)
+    inside: list[int] = []
+    real = HFPolicy._generate_group
+    monkeypatch.setattr(HFPolicy, "_generate_group", lambda self, group: inside.append(torch.get_num_threads()) or real(self, group))
+    try:
+        policy.decode_threads = 1
+        assert policy.submit(_req("hi", max_tokens=3, temperature=0)).result(timeout=120).completion_token_ids
+        assert policy._scheduler.threads == 1 and torch.get_num_threads() == 2
+        policy.generate([_req("hi", max_tokens=3, temperature=0)])
+        assert inside == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+        policy.close()

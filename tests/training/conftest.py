@@ -99,19 +99,20 @@ def check_sync_scores(trained_logps):
 def spanning_an_update():
     """``fn(trainer) -> between_calls``: with ``max_staleness`` >= 1, makes an episode span an
     update. Update 1 waits until an episode of plan 1 has made its first call; that episode's
-    next call waits for update 1 (``between_calls(*args)``, which the test's agent calls between
-    its two calls). Wraps ``trainer.update``."""
+    next call waits for update 1 (``between_calls(task)``, which the test's agent calls between
+    its two calls). Plans 0 and 1 may run at once, so plan 1's episodes are told by their tasks
+    (those of plan 1 that plan 0 does not also have). Wraps ``trainer.update``."""
     import threading
     import time
 
     def arrange(trainer):
-        started, lock, first_answered = [0], threading.Lock(), threading.Event()
+        first_answered = threading.Event()
+        plan_0, plan_1 = trainer.schedule.tasks_for(0), trainer.schedule.tasks_for(1)
+        only_plan_1 = [t for t in plan_1 if t not in plan_0]
+        assert only_plan_1, "plans 0 and 1 draw the same tasks: the test cannot tell their episodes apart"
 
-        def between_calls(*_):
-            with lock:
-                started[0] += 1
-                index = started[0]
-            if index > trainer.config.episodes_per_step:  # plan 1's episodes: their second call comes after update 1
+        def between_calls(task):
+            if task in only_plan_1:  # plan 1's episodes: their second call comes after update 1
                 first_answered.set()
                 deadline = time.monotonic() + 120
                 while trainer._async.version < 1:

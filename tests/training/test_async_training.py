@@ -101,6 +101,35 @@ def test_k0_is_the_synchronous_loop_bit_for_bit_and_stamps_each_call_with_the_st
         versions = {s.policy_version for t in _episodes(tmp_path / "default", step) for s in t.steps}
         assert versions == {step - 1}
     assert not any(k.startswith("async/") for k in default.history[0])
+    assert default.policy.decode_threads is None  # k = 0: the torch threads are left alone
+
+
+def test_k1_on_cpu_splits_the_cores_between_the_update_and_the_decode_and_gives_them_back(tiny_model_dir, tmp_path):
+    import torch
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # two cores' worth: one each while both run (split_threads)
+    seen = {"update": set(), "decode": set()}
+
+    def between_calls(task):
+        seen["decode"].add(trainer.policy._scheduler.threads)  # what the decode thread set for itself
+
+    BETWEEN_CALLS["hook"] = between_calls
+    real_update = trainer.update
+
+    def update(batch):
+        seen["update"].add(torch.get_num_threads())  # the update's thread (this one)
+        return real_update(batch)
+
+    trainer.update = update
+    try:
+        assert trainer.train().steps == 2
+        assert seen == {"update": {1}, "decode": {1}}
+        assert torch.get_num_threads() == 2 and trainer.policy.decode_threads == 2  # given back when the run ends
+    finally:
+        torch.set_num_threads(before)
+        trainer.policy.close()
 
 
 def test_k1_trains_within_the_bound_and_an_episode_spans_an_update(tiny_model_dir, tmp_path, spanning_an_update):
@@ -191,6 +220,70 @@ def test_a_group_past_the_bound_is_dropped_counted_and_never_trained_on(tmp_path
     assert buffer.state()["groups_dropped_total"] == 1
 
 
+class _Straggling:
+    """Plans of one-episode groups answered by version 0; plan 0's second episode runs until
+    ``release`` (a straggler). Records which plans (seeds) started."""
+
+    def __init__(self, concurrent_streams):
+        self.concurrent_streams = concurrent_streams
+        self.started = []
+        self.release = threading.Event()
+
+    def iter_rollout(self, *, episodes, group_size, concurrency, seed, tasks):
+        from agentgym_lightning import ChatRequest, Completion, Status, Step, Trajectory
+
+        self.started.append(seed)
+
+        def run():
+            for i in range(episodes):
+                if seed == 0 and i == 1:
+                    assert self.release.wait(60)
+                step = Step(index=0, request=ChatRequest(messages=[{"role": "user", "content": "q"}]), completion=Completion(text="a"),
+                            policy_version=0)
+                yield Trajectory(episode_id=f"e{seed}-{i}", steps=[step], status=Status.SUCCEEDED, final_reward=1.0,
+                                 group_id=f"g{seed}-{i}", seed=100 * seed + i)
+
+        return run()
+
+
+@pytest.mark.parametrize("concurrent_streams", [True, False])
+def test_the_next_plan_starts_beside_a_straggler_where_streams_run_at_once_and_a_step_still_trains_on_its_own_plan(
+    tmp_path, concurrent_streams
+):
+    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.training.generation import VersionStamping
+    from agentgym_lightning.training.schedule import TaskSchedule
+
+    rollouts = _Straggling(concurrent_streams)
+    buffer = AsyncRollouts(
+        rollouts, VersionStamping(lambda requests: []), TaskSchedule(list(range(8)), 2, 0), lambda step: step,
+        max_staleness=1, group_size=1, concurrency=2, output_dir=tmp_path,
+    )
+    buffer.start(0)
+    taken = {}
+    update = threading.Thread(target=lambda: taken.update(first=buffer.take(2)))
+    try:
+        if concurrent_streams:  # k = 1 at version 0 allows plans 0 and 1: plan 1 runs (and finishes) beside the straggler
+            _wait(lambda: len(buffer._buffer) == 3, "plan 1's groups")
+        else:  # one stream at a time: plan 1 waits for plan 0's slowest episode
+            _wait(lambda: len(buffer._buffer) == 1, "plan 0's first group")
+            time.sleep(0.2)
+            assert rollouts.started == [0]
+        update.start()
+        time.sleep(0.2)
+        assert "first" not in taken  # plan 1's finished groups wait while plan 0 runs: step 0 trains on plan 0
+        rollouts.release.set()
+        update.join(60)
+        assert [t.seed for t in taken["first"].trajectories] == [0, 1]
+        _wait(lambda: len(rollouts.started) == 2, "plan 1")  # (one stream at a time: once plan 0 has finished)
+        time.sleep(0.2)
+        assert sorted(rollouts.started) == [0, 1]  # and no further: plan 2 waits for version 1
+        assert taken["first"].metrics["async/groups_dropped"] == 0.0
+    finally:
+        rollouts.release.set()
+        buffer.close()
+
+
 def _train_until_sigterm_in_step_2(trainer, ready, what):
     """Train, sending SIGTERM during step 2's update once ``ready()`` (deferred until the step is
     checkpointed); the run must stop there."""
@@ -225,7 +318,7 @@ def _check_stopped_in_plan_2(run):
 def test_sigterm_saves_the_buffered_groups_and_ends_running_episodes_truncated(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, max_staleness=1, max_steps=4, save_steps=10)
     BETWEEN_CALLS["hook"] = lambda task: time.sleep(0.5)  # a tool call: episodes are in flight at the signal
-    _train_until_sigterm_in_step_2(trainer, lambda: trainer._async._stream is not None, "plan 2's episodes")
+    _train_until_sigterm_in_step_2(trainer, lambda: 2 in trainer._async._streams, "plan 2's episodes")
     _check_stopped_in_plan_2(tmp_path)
 
 

@@ -235,7 +235,7 @@ def _two_call_agent(task, ctx):
     messages = [{"role": "user", "content": task["q"]}]
     first = ctx.chat_completion(messages, max_tokens=4)
     if BETWEEN_CALLS["hook"] is not None:
-        BETWEEN_CALLS["hook"]()
+        BETWEEN_CALLS["hook"](task)
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "again"}]
     return ctx.chat_completion(messages, max_tokens=4).text
 
