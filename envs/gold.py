@@ -6,7 +6,7 @@ on correct episodes breaks that wall, and data sets with gold solutions give the
 supplies ``make_env`` and a ``policy(observation, task) -> action`` (Spider: the gold SQL,
 :mod:`agentgym_lightning.envs.spider.gold`; GSM8K: the gold calculations and answer,
 :mod:`agentgym_lightning.envs.math.gold`); this module plays it, keeps the episodes that scored 1
-and runs the ``python -m ...gold`` command line of both.
+and makes the ``python -m ...gold`` command line of both.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["GoldCounts", "recipe_env_kwargs", "check_train_split", "scripted_episodes", "write_solved_episodes", "gold_main"]
+__all__ = ["GoldCounts", "recipe_env_kwargs", "check_train_split", "scripted_episodes", "write_solved_episodes", "gold_command"]
 
 
 @dataclass(frozen=True)
@@ -82,30 +82,35 @@ def write_solved_episodes(path: str | Path, episodes: Iterable[Trajectory]) -> G
     return GoldCounts(written, skipped)
 
 
-def gold_main(argv: list[str] | None, *, name: str, description: str, example_recipe: str,
-              write: Callable[[str, dict[str, Any], int | None, int], GoldCounts]) -> int:
-    """The command line of an env's gold module (``python -m agentgym_lightning.envs.<name>.gold``):
-    ``--config`` (a train recipe whose ``env_kwargs`` to use), ``--env-kwarg``, ``--episodes``,
-    ``--seed``, ``--output``; ``write(output, env_kwargs, episodes, seed)`` writes the episodes."""
-    parser = argparse.ArgumentParser(prog=f"python -m agentgym_lightning.envs.{name}.gold", description=description)
-    parser.add_argument("--config", metavar="FILE.yaml", help=f"a train recipe whose env_kwargs to use ({example_recipe})")
-    parser.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="env keyword argument (repeatable; JSON values)")
-    parser.add_argument("--episodes", type=int, default=None, help="how many train tasks (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="the tasks' order")
-    parser.add_argument("--output", required=True, help="the trajectory JSONL to write")
-    args = parser.parse_args(argv)
+def gold_command(name: str, doc: str | None, gold_episodes: Callable[[dict[str, Any], int | None, int], Iterable[Trajectory]]
+                 ) -> Callable[[list[str] | None], int]:
+    """``main(argv) -> exit status`` of an env's gold module (``python -m agentgym_lightning.envs.<name>.gold``,
+    described by the first paragraph of ``doc``): ``--config`` (a train recipe, ``recipes/<name>.yaml``,
+    whose ``env_kwargs`` to use), ``--env-kwarg``, ``--episodes``, ``--seed``, ``--output``; it writes
+    the ``gold_episodes(env_kwargs, episodes, seed)`` that scored 1, and exits 2 on a bad option."""
 
-    kwargs = recipe_env_kwargs(args.config) if args.config else {"split": "train"}
-    for item in args.env_kwarg:
-        key, _, value = item.partition("=")
+    def main(argv: list[str] | None = None) -> int:
+        parser = argparse.ArgumentParser(prog=f"python -m agentgym_lightning.envs.{name}.gold", description=(doc or "").split("\n\n")[0])
+        parser.add_argument("--config", metavar="FILE.yaml", help=f"a train recipe whose env_kwargs to use (recipes/{name}.yaml)")
+        parser.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE", help="env keyword argument (repeatable; JSON values)")
+        parser.add_argument("--episodes", type=int, default=None, help="how many train tasks (default: all)")
+        parser.add_argument("--seed", type=int, default=0, help="the tasks' order")
+        parser.add_argument("--output", required=True, help="the trajectory JSONL to write")
+        args = parser.parse_args(argv)
+
+        kwargs = recipe_env_kwargs(args.config) if args.config else {"split": "train"}
+        for item in args.env_kwarg:
+            key, _, value = item.partition("=")
+            try:
+                kwargs[key] = json.loads(value)
+            except ValueError:
+                kwargs[key] = value
         try:
-            kwargs[key] = json.loads(value)
-        except ValueError:
-            kwargs[key] = value
-    try:
-        counts = write(args.output, kwargs, args.episodes, args.seed)
-    except ValueError as exc:
-        print(f"{name} gold: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.output}: {counts.written} gold episodes scored 1 and were written; {counts.skipped} did not and were skipped")
-    return 0
+            counts = write_solved_episodes(args.output, gold_episodes(kwargs, args.episodes, args.seed))
+        except ValueError as exc:
+            print(f"{name} gold: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.output}: {counts.written} gold episodes scored 1 and were written; {counts.skipped} did not and were skipped")
+        return 0
+
+    return main

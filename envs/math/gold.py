@@ -22,10 +22,9 @@ import json
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-from agentgym_lightning.envs.gold import GoldCounts, check_train_split, gold_main, scripted_episodes, write_solved_episodes
+from agentgym_lightning.envs.gold import check_train_split, gold_command, scripted_episodes
 from agentgym_lightning.llm import Completion, ToolCall
 from agentgym_lightning.policies.tool_calls import new_tool_call_id
 from agentgym_lightning.trajectory import Trajectory
@@ -33,7 +32,7 @@ from agentgym_lightning.trajectory import Trajectory
 from .calculator import calculate
 from .env import make_gsm8k_env
 
-__all__ = ["gold_calculations", "gold_policy", "gold_episodes", "write_gold_episodes", "main"]
+__all__ = ["gold_calculations", "gold_policy", "gold_episodes", "main"]
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
 
@@ -72,16 +71,8 @@ def gold_episodes(env_kwargs: Mapping[str, Any], episodes: int | None = None, se
     return scripted_episodes(make_gsm8k_env(**dict(env_kwargs)), gold_policy, episodes, seed)
 
 
-def write_gold_episodes(path: str | Path, env_kwargs: Mapping[str, Any], episodes: int | None = None, seed: int = 0) -> GoldCounts:
-    """Write the :func:`gold_episodes` that scored 1 to ``path`` (JSONL); returns how many were
-    written and how many skipped."""
-    return write_solved_episodes(path, gold_episodes(env_kwargs, episodes, seed))
-
-
-def main(argv: list[str] | None = None) -> int:
-    return gold_main(argv, name="math", description=__doc__.split("\n\n")[0], example_recipe="recipes/math.yaml",
-                     write=write_gold_episodes)
-
+#: ``main(argv) -> exit status``: the command line of the module docstring.
+main = gold_command("math", __doc__, gold_episodes)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-from agentgym_lightning.envs.gold import GoldCounts, check_train_split, gold_main, recipe_env_kwargs, scripted_episodes, write_solved_episodes
+from agentgym_lightning.envs.gold import check_train_split, gold_command, scripted_episodes
 from agentgym_lightning.trajectory import Trajectory
 
 from .env import gold_policy, make_env
 
-__all__ = ["gold_episodes", "write_gold_episodes", "recipe_env_kwargs", "main"]
+__all__ = ["gold_episodes", "main"]
 
 
 def gold_episodes(env_kwargs: Mapping[str, Any], episodes: int | None = None, seed: int = 0) -> Iterator[Trajectory]:
@@ -38,16 +37,8 @@ def gold_episodes(env_kwargs: Mapping[str, Any], episodes: int | None = None, se
     return scripted_episodes(make_env(**dict(env_kwargs)), gold_policy, episodes, seed)
 
 
-def write_gold_episodes(path: str | Path, env_kwargs: Mapping[str, Any], episodes: int | None = None, seed: int = 0) -> GoldCounts:
-    """Write the :func:`gold_episodes` that scored 1 (all should) to ``path`` (JSONL); returns how
-    many were written and how many skipped."""
-    return write_solved_episodes(path, gold_episodes(env_kwargs, episodes, seed))
-
-
-def main(argv: list[str] | None = None) -> int:
-    return gold_main(argv, name="spider", description=__doc__.split("\n\n")[0], example_recipe="recipes/spider.yaml",
-                     write=write_gold_episodes)
-
+#: ``main(argv) -> exit status``: the command line of the module docstring.
+main = gold_command("spider", __doc__, gold_episodes)
 
 if __name__ == "__main__":
     sys.exit(main())

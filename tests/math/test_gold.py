@@ -12,7 +12,7 @@ import pytest
 
 from agentgym_lightning import Status, Trajectory
 from agentgym_lightning.envs.gold import GoldCounts, recipe_env_kwargs, write_solved_episodes
-from agentgym_lightning.envs.math.gold import gold_calculations, main, write_gold_episodes
+from agentgym_lightning.envs.math.gold import gold_calculations, gold_episodes, main
 from agentgym_lightning.trajectory import load_trajectories
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_gold_episodes_call_the_calculator_for_each_annotation_answer_the_gold_a
     output = tmp_path / "gold.jsonl"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the bundled sample announces itself
-        counts = write_gold_episodes(output, _recipe_kwargs_on_the_sample(), episodes=3, seed=1)
+        counts = write_solved_episodes(output, gold_episodes(_recipe_kwargs_on_the_sample(), episodes=3, seed=1))
     assert counts == GoldCounts(written=3, skipped=0)
     episodes = list(load_trajectories(output))
     assert len(episodes) == 3 and len({t.task["question"] for t in episodes}) == 3
@@ -54,11 +54,11 @@ def test_gold_episodes_call_the_calculator_for_each_annotation_answer_the_gold_a
 
 def test_only_train_problems_and_the_tools_protocol_are_played():
     with pytest.raises(ValueError, match="use split 'train'"):
-        write_gold_episodes("unused.jsonl", {"split": "test"}, 1)
+        gold_episodes({"split": "test"}, 1)
     with pytest.raises(ValueError, match="use split 'train'"):
-        write_gold_episodes("unused.jsonl", {}, 1)  # GSM8K's default split is the held-out test
+        gold_episodes({}, 1)  # GSM8K's default split is the held-out test
     with pytest.raises(ValueError, match="protocol 'tools'"):
-        write_gold_episodes("unused.jsonl", {"split": "train", "protocol": "text"}, 1)
+        gold_episodes({"split": "train", "protocol": "text"}, 1)
 
 
 def test_episodes_that_did_not_score_1_are_skipped_and_counted(tmp_path):

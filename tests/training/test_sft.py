@@ -351,9 +351,9 @@ def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it
     import yaml
     from transformers import AutoTokenizer
 
-    from agentgym_lightning.envs.gold import GoldCounts
+    from agentgym_lightning.envs.gold import GoldCounts, recipe_env_kwargs, write_solved_episodes
     from agentgym_lightning.envs.spider.data import SpiderDataWarning
-    from agentgym_lightning.envs.spider.gold import recipe_env_kwargs, write_gold_episodes
+    from agentgym_lightning.envs.spider.gold import gold_episodes
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
     from agentgym_lightning.training.sft import SFTConfig, SFTTrainer
 
@@ -362,13 +362,13 @@ def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it
     assert SFTConfig.from_dict({**recipe, "sources": ["gold.jsonl"]}).lora_per_agent is True  # the recipe is a valid SFT config
     assert recipe_env_kwargs(repo / "recipes" / "spider.yaml")["split"] == "train"
     with pytest.raises(ValueError, match="use split 'train'"):
-        write_gold_episodes(tmp_path / "x.jsonl", {"split": "dev"}, 1)
+        gold_episodes({"split": "dev"}, 1)
 
     kwargs = {"split": "train", "agent": "langgraph", "max_turns": 2}
     gold = tmp_path / "gold.jsonl"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpiderDataWarning)
-        assert write_gold_episodes(gold, kwargs, episodes=3) == GoldCounts(written=3, skipped=0)  # every gold query scores 1
+        assert write_solved_episodes(gold, gold_episodes(kwargs, episodes=3)) == GoldCounts(written=3, skipped=0)  # every gold query scores 1
         episodes = load_sources([gold])
         assert [[s.agent for s in t.steps] for t in episodes] == [["writer", "checker"]] * 3
         config = _config(tiny_model_dir, tmp_path / "sft", sources=[str(gold)], agent_match="writer|rewriter", lora_per_agent=True,
@@ -407,8 +407,8 @@ def test_math_gold_episodes_are_sft_rows_of_the_calculator_calls_and_the_answer(
     monkeypatch.delenv("AGENTGYM_LIGHTNING_GSM8K_DIR", raising=False)
     from transformers import AutoTokenizer
 
-    from agentgym_lightning.envs.gold import GoldCounts, recipe_env_kwargs
-    from agentgym_lightning.envs.math.gold import gold_calculations, write_gold_episodes
+    from agentgym_lightning.envs.gold import GoldCounts, recipe_env_kwargs, write_solved_episodes
+    from agentgym_lightning.envs.math.gold import gold_calculations, gold_episodes
     from agentgym_lightning.policies.tool_calls import format_tool_call
     from agentgym_lightning.training.sft import SFTTrainer
 
@@ -417,7 +417,7 @@ def test_math_gold_episodes_are_sft_rows_of_the_calculator_calls_and_the_answer(
     gold = tmp_path / "gold.jsonl"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the bundled sample announces itself
-        assert write_gold_episodes(gold, kwargs, episodes=2) == GoldCounts(written=2, skipped=0)
+        assert write_solved_episodes(gold, gold_episodes(kwargs, episodes=2)) == GoldCounts(written=2, skipped=0)
     episodes = load_sources([gold])
     config = _config(tiny_model_dir, tmp_path / "sft", sources=[str(gold)], max_steps=1, rows_per_step=16, success_only=True,
                      policy_kwargs={"default_max_tokens": 4, "tool_prompt": "compact"})
