@@ -19,7 +19,7 @@ RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg e
 SEED ?= 0
 LEARN_DIR ?= runs
 
-.PHONY: learn-spider learn-rag learn-math sft-spider
+.PHONY: learn-spider learn-rag learn-math sft-spider sft-math
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
 
 setup: $(STAMP)
@@ -64,6 +64,13 @@ learn-rag: setup
 
 learn-math: setup
 	$(BIN)/agentgym-lightning train --config recipes/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-s$(SEED)
+
+# The math SFT warm start (issue 33; docs/improve.md): gold-calculator episodes of GOLD_EPISODES
+# GSM8K train problems, then `sft` on them (recipes/sft/math.yaml); RL from it:
+# agentgym-lightning train --config recipes/math.yaml --init-from $(LEARN_DIR)/math-sft-s$(SEED)
+sft-math: setup
+	$(BIN)/python -m agentgym_lightning.envs.math.gold --config recipes/math.yaml --episodes $(GOLD_EPISODES) --seed $(SEED) --output $(LEARN_DIR)/math-gold-s$(SEED).jsonl
+	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/math-gold-s$(SEED).jsonl --config recipes/sft/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-sft-s$(SEED)
 
 test: setup browser
 	$(BIN)/python -m pytest -q

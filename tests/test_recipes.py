@@ -1,7 +1,10 @@
 """The experiment recipes (``recipes/*.yaml``, issue 33): each parses into a valid training
 config through ``train --config``, flags override it, its train and held-out envs build with the
 recipe's own options (on ../shared/data when it is there, else on the bundled samples), and the
-Makefile has a target that runs it. No training here: docs/experiments.md has the runs."""
+Makefile has a target that runs it; each SFT warm start (``recipes/sft/*.yaml``) is a valid ``sft
+--config`` file with the env, eval and policy of the recipe RL continues it with, and a ``make
+sft-<name>`` target that writes its gold episodes and runs it. No training here:
+docs/experiments.md has the runs."""
 
 from __future__ import annotations
 
@@ -29,6 +32,10 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTGYM_LIGHTNING_CACHE", str(tmp_path / "cache"))
     for name in ("SPIDER", "GSM8K", "CALCX", "MUSIQUE", "HOTPOTQA"):
         monkeypatch.delenv(f"AGENTGYM_LIGHTNING_{name}_DIR", raising=False)
+
+
+#: The SFT warm starts (recipes/sft/<name>.yaml) and their gold modules.
+SFT_RECIPES = ("math", "spider")
 
 
 def _config(name: str, *flags: str):
@@ -84,3 +91,24 @@ def test_the_recipe_envs_build_with_its_options(name: str):
     finally:
         train.close()
         heldout.close()
+
+
+@pytest.mark.parametrize("name", SFT_RECIPES)
+def test_the_sft_recipe_warm_starts_its_rl_recipe_and_has_its_make_target(name: str, tmp_path: Path):
+    from agentgym_lightning.commands.sft import build_config as build_sft_config
+
+    assert sorted(p.stem for p in (REPO / "recipes" / "sft").glob("*.yaml")) == sorted(SFT_RECIPES)
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("")
+    sft = build_sft_config(build_parser("sft").parse_args(["sft", str(gold), "--config", str(REPO / "recipes" / "sft" / f"{name}.yaml")]))
+    rl = _config(name)
+    assert sft.sources == [str(gold)] and sft.success_only
+    # Like for like: the student learns the calls RL will make, in the env, eval and prompts RL has.
+    assert (sft.model, sft.env, sft.env_kwargs, sft.policy_kwargs) == (rl.model, rl.env, rl.env_kwargs, rl.policy_kwargs)
+    assert (sft.eval_env_kwargs, sft.eval_episodes, sft.agent_match, sft.use_peft) == (rl.eval_env_kwargs, rl.eval_episodes, rl.agent_match, rl.use_peft)
+    assert sft.learning_rate == rl.learning_rate and sft.optim == rl.optim
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    target = re.search(rf"^sft-{name}: setup\n\t(.*)\n\t(.*)\n", makefile, re.M)
+    assert target, f"no make sft-{name}"
+    assert f"-m agentgym_lightning.envs.{name}.gold --config recipes/{name}.yaml " in target[1]
+    assert f"agentgym-lightning sft $(LEARN_DIR)/{name}-gold-s$(SEED).jsonl --config recipes/sft/{name}.yaml " in target[2]

@@ -8,6 +8,7 @@
 - :mod:`.agent`: the calculator agent on the ``openai`` client (tool calls, or a text protocol);
 - :mod:`.verifier`: a verifier after that agent, accepting or correcting its answer (two agents);
 - :mod:`.env`: the ``make_env`` functions (Gymnasium entry points);
+- :mod:`.gold`: gold-calculator episodes of GSM8K's train problems, the SFT warm start's data;
 - :mod:`.cli`: ``agentgym-lightning data gsm8k PATH`` and ``data calcx PATH``.
 
 Importing this package stays light (no env, no gateway); import the submodules you need.

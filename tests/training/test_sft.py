@@ -351,8 +351,9 @@ def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it
     import yaml
     from transformers import AutoTokenizer
 
+    from agentgym_lightning.envs.gold import GoldCounts, recipe_env_kwargs, write_solved_episodes
     from agentgym_lightning.envs.spider.data import SpiderDataWarning
-    from agentgym_lightning.envs.spider.gold import recipe_env_kwargs, write_gold_episodes
+    from agentgym_lightning.envs.spider.gold import gold_episodes
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
     from agentgym_lightning.training.sft import SFTConfig, SFTTrainer
 
@@ -361,13 +362,13 @@ def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it
     assert SFTConfig.from_dict({**recipe, "sources": ["gold.jsonl"]}).lora_per_agent is True  # the recipe is a valid SFT config
     assert recipe_env_kwargs(repo / "recipes" / "spider.yaml")["split"] == "train"
     with pytest.raises(ValueError, match="use split 'train'"):
-        write_gold_episodes(tmp_path / "x.jsonl", {"split": "dev"}, 1)
+        gold_episodes({"split": "dev"}, 1)
 
     kwargs = {"split": "train", "agent": "langgraph", "max_turns": 2}
     gold = tmp_path / "gold.jsonl"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpiderDataWarning)
-        assert write_gold_episodes(gold, kwargs, episodes=3) == 3  # every gold query scores 1
+        assert write_solved_episodes(gold, gold_episodes(kwargs, episodes=3)) == GoldCounts(written=3, skipped=0)  # every gold query scores 1
         episodes = load_sources([gold])
         assert [[s.agent for s in t.steps] for t in episodes] == [["writer", "checker"]] * 3
         config = _config(tiny_model_dir, tmp_path / "sft", sources=[str(gold)], agent_match="writer|rewriter", lora_per_agent=True,
@@ -392,6 +393,45 @@ def test_spider_gold_episodes_warm_start_the_writers_adapter_and_rl_continues_it
     saved = load_file(str(final / "writer" / "adapter_model.safetensors"))
     assert saved.keys() == writer.keys() and all(bool((saved[k] == writer[k]).all()) for k in saved)
     assert any(float(v.abs().sum()) > 0 for k, v in saved.items() if "lora_B" in k)  # SFT moved the writer's adapter
+
+
+@needs_train
+def test_math_gold_episodes_are_sft_rows_of_the_calculator_calls_and_the_answer(tmp_path, tiny_model_dir, monkeypatch):
+    """The math warm start (make sft-math) on the bundled GSM8K sample: gold episodes through the
+    AutoGen agent, read by `sft` and re-tokenized with the compact tool prompt RL renders, one
+    step of SFT on them."""
+    pytest.importorskip("autogen_agentchat")
+    import warnings
+
+    monkeypatch.setenv("AGENTGYM_LIGHTNING_CACHE", str(tmp_path / "cache"))  # the bundled sample, never an imported GSM8K
+    monkeypatch.delenv("AGENTGYM_LIGHTNING_GSM8K_DIR", raising=False)
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.envs.gold import GoldCounts, recipe_env_kwargs, write_solved_episodes
+    from agentgym_lightning.envs.math.gold import gold_calculations, gold_episodes
+    from agentgym_lightning.policies.tool_calls import format_tool_call
+    from agentgym_lightning.training.sft import SFTTrainer
+
+    repo = Path(__file__).resolve().parents[2]
+    kwargs = {k: v for k, v in recipe_env_kwargs(repo / "recipes" / "math.yaml").items() if k != "data_dir"}
+    gold = tmp_path / "gold.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the bundled sample announces itself
+        assert write_solved_episodes(gold, gold_episodes(kwargs, episodes=2)) == GoldCounts(written=2, skipped=0)
+    episodes = load_sources([gold])
+    config = _config(tiny_model_dir, tmp_path / "sft", sources=[str(gold)], max_steps=1, rows_per_step=16, success_only=True,
+                     policy_kwargs={"default_max_tokens": 4, "tool_prompt": "compact"})
+    SFTTrainer(config).train()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "rows" / "round-01.jsonl").read_text().splitlines()]
+    expected = []
+    for t in episodes:
+        expected += [format_tool_call("calculator", {"expression": e}) for e in gold_calculations(t.task["solution"])]
+        expected.append(f"Answer: {t.task['answer']}")
+    assert all(r["retokenized"] for r in rows) and len(rows) == len(expected) == sum(len(t.steps) for t in episodes)
+    assert [tok.decode(r["completion_ids"], skip_special_tokens=True).strip() for r in rows] == expected
+    assert "calculator" in tok.decode(rows[0]["prompt_ids"])  # the tool, described in the compact system prompt
+    assert (tmp_path / "sft" / "final").is_dir()
 
 
 def test_the_sft_command_checks_its_options_before_loading_anything(tmp_path, capsys):
