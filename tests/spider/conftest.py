@@ -36,10 +36,14 @@ def sample_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own cache folder and no Spider environment variable."""
+    """Every test gets its own cache folder, no Spider environment variable, and the bundled
+    sample's notice unsaid (it is said once per process: a test elsewhere may have said it)."""
+    from agentgym_lightning.envs.spider import data as spider_data
+
     cache = tmp_path / "cache"
     monkeypatch.setenv("AGENTGYM_LIGHTNING_CACHE", str(cache))
     monkeypatch.delenv("AGENTGYM_LIGHTNING_SPIDER_DIR", raising=False)
+    monkeypatch.setattr(spider_data, "_sample_noticed", False)
     return cache
 
 
