@@ -9,6 +9,8 @@ means the same prompt ids for the same conversation, whichever engine generates.
   tools described in the system prompt, tool calls written back as ``<tool_call>`` text and tool
   results as ``<tool_response>`` user messages (see :mod:`.tool_calls`).
 * :func:`decode_completion` — decoded text, parsed tool calls and the exact ids/logprobs.
+* :func:`stop_token_ids` — the ids of tokens named by their text (``"<|im_start|>"``) that end a
+  completion as EOS does (a backend's ``stop_tokens`` option).
 
 These names are stable API.
 """
@@ -36,6 +38,7 @@ __all__ = [
     "render_prompt_ids",
     "DecodedCompletion",
     "decode_completion",
+    "stop_token_ids",
 ]
 
 
@@ -225,3 +228,31 @@ def decode_completion(
         tool_call_errors=list(parsed.errors),
     )
     return DecodedCompletion(completion=completion, parsed=parsed)
+
+
+def stop_token_ids(tokenizer: Any, stop_tokens: Sequence[str]) -> frozenset[int]:
+    """The ids of ``stop_tokens``, each one token of ``tokenizer``'s vocabulary named by its text
+    (``"<|im_start|>"``), for a backend's ``stop_tokens`` option: a completion ends with any of
+    them as it ends with EOS (``finish_reason`` ``"stop"``, the token kept in the ids).
+
+    Why by token and not a stop string: the tokens that open a new chat turn are special tokens,
+    which decoded text leaves out, so no stop string can see them. A sampled ``<|im_start|>`` after
+    an answer is the model starting a made-up next turn; unstopped, RL rewards that made-up turn
+    with the answer before it (docs/experiments.md, Spider).
+
+    Raises:
+        ValueError: a name that is not exactly one token of the vocabulary.
+    """
+    if isinstance(stop_tokens, str):
+        raise ValueError(f"stop_tokens must be a list of token texts, got the string {stop_tokens!r}")
+    vocab = tokenizer.get_vocab()
+    ids = set()
+    for name in stop_tokens:
+        if name not in vocab:
+            pieces = tokenizer.encode(str(name), add_special_tokens=False)
+            raise ValueError(
+                f"stop token {name!r} is not one token of the model's vocabulary (it encodes to {len(pieces)} tokens "
+                f"{pieces}); name a single token such as {tokenizer.eos_token!r}, or use a stop string (the request's `stop`)"
+            )
+        ids.add(int(vocab[name]))
+    return frozenset(ids)

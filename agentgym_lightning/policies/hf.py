@@ -73,7 +73,7 @@ from typing import Any
 from agentgym_lightning.cpu_threads import torch_threads
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion, common_prefix_length
 from agentgym_lightning.policies.base import Policy
-from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
+from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
@@ -201,6 +201,10 @@ class HFPolicy(Policy):
             batch path (:meth:`generate`) is always dynamic.
         static_cache_len: columns of the static cache (the longest prompt plus ``max_tokens`` a
             row may have there; a longer row decodes in a dynamic batch beside the static one).
+        stop_tokens: tokens, named by their text, that end every completion as EOS does (kept
+            in the ids, ``finish_reason`` ``"stop"``), e.g. ``["<|im_start|>"]``: a chat model
+            that samples the next turn's opening token has finished its answer
+            (:func:`~agentgym_lightning.policies.chat.stop_token_ids`). Default: EOS only.
     """
 
     backend = "hf"
@@ -222,6 +226,7 @@ class HFPolicy(Policy):
         scheduling: str = "per-step",
         decode: str = "auto",
         static_cache_len: int = 4096,
+        stop_tokens: Sequence[str] = (),
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -272,6 +277,9 @@ class HFPolicy(Policy):
         self.eos_token_ids: frozenset[int] = frozenset(int(i) for i in eos_ids)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id: int = int(pad if pad is not None else min(self.eos_token_ids))
+        #: The ids that end a completion: EOS and ``stop_tokens``' (the generation config saved
+        #: with checkpoints keeps the model's EOS only).
+        self.stop_token_ids: frozenset[int] = self.eos_token_ids | stop_token_ids(self.tokenizer, stop_tokens)
         # A clean generation config (saved with checkpoints): a checkpoint's own sampling defaults
         # (top_k, repetition penalty...) would otherwise fill in what a request leaves unset for
         # whoever calls the saved model's ``generate``.
@@ -477,7 +485,7 @@ class HFPolicy(Policy):
     def _ended(self, row: _Row, tokens: list[int]) -> tuple[str, str | None] | None:
         """``(finish_reason, text)`` once ``row`` has ended with its last token (``text``: the
         answer cut before a stop string; ``None`` to decode the ids), else ``None``."""
-        if tokens[-1] in self.eos_token_ids:
+        if tokens[-1] in self.stop_token_ids:
             return "stop", None
         if row.stops:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -28,7 +28,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
-    "EmbeddedModel", "EMBEDDED_MODELS", "cache_dir", "resolve_model", "convert_gguf", "ModelNotFoundError"]
+    "EmbeddedModel", "EMBEDDED_MODELS", "cache_dir", "resolve_model", "convert_gguf", "gguf_special_token_ids",
+    "pin_special_tokens", "ModelNotFoundError"]
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -118,12 +119,61 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+#: GGUF metadata keys of the special tokens -> the tokenizer attribute each one sets.
+_GGUF_SPECIAL_TOKENS = {
+    "tokenizer.ggml.bos_token_id": "bos_token",
+    "tokenizer.ggml.eos_token_id": "eos_token",
+    "tokenizer.ggml.padding_token_id": "pad_token",
+}
+
+
+def gguf_special_token_ids(gguf_path: str | os.PathLike[str]) -> dict[str, int]:
+    """The special tokens a GGUF file names in its own metadata: ``{"eos_token": 2, ...}`` (those
+    it has of ``bos_token``, ``eos_token``, ``pad_token``), read with the ``gguf`` package."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    found: dict[str, int] = {}
+    for key, attribute in _GGUF_SPECIAL_TOKENS.items():
+        field = reader.fields.get(key)
+        if field is not None and field.data:
+            found[attribute] = int(field.parts[field.data[0]][0])
+    return found
+
+
+def pin_special_tokens(tokenizer: Any, ids: dict[str, int]) -> dict[str, tuple[int | None, int]]:
+    """Set ``tokenizer``'s special tokens to ``ids`` (``{"eos_token": 2}``) where they differ;
+    returns what changed (``{"eos_token": (old id, new id)}``), each change logged to stderr.
+
+    Why: transformers versions rebuild a GGUF file's tokenizer differently, and one (on a GPU
+    machine lent to this project) made SmolLM2's EOS ``<|im_start|>`` instead of the file's
+    ``<|im_end|>``: a model converted there stopped its answers at the next turn's opening token,
+    and SFT taught it to end with that token (docs/experiments.md). The file's own metadata is
+    the same on every machine.
+    """
+    changed: dict[str, tuple[int | None, int]] = {}
+    for attribute, token_id in ids.items():
+        old = getattr(tokenizer, f"{attribute}_id", None)
+        if old == token_id:
+            continue
+        setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(token_id))
+        changed[attribute] = (old, token_id)
+        print(
+            f"agentgym-lightning: the GGUF file's {attribute} is id {token_id} "
+            f"({getattr(tokenizer, attribute)!r}); this transformers version read {old}: using the file's",
+            file=sys.stderr,
+            flush=True,
+        )
+    return changed
+
+
 def convert_gguf(gguf_path: str | os.PathLike[str], target: str | os.PathLike[str], *, progress: bool = True) -> Path:
     """Dequantize a GGUF model into a transformers ``save_pretrained`` folder at ``target``.
 
     The model is rebuilt from its config *without* the GGUF quantization config (so loading the
     folder later needs neither ``gguf`` nor the GGUF loader) and saved in fp32 with its tokenizer
-    and chat template. Written to a temporary sibling folder and renamed into place, so a crash
+    and chat template; the tokenizer's BOS, EOS and padding tokens are the ones the file's
+    metadata names (:func:`pin_special_tokens`), whatever the transformers version. Written to a temporary sibling folder and renamed into place, so a crash
     or a concurrent conversion never leaves a half-written model; if another process won the race
     its folder is kept.
     """
@@ -144,6 +194,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], target: str | os.PathLike[st
     with _quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    pin_special_tokens(tokenizer, gguf_special_token_ids(gguf_path))
     # A copy of the loaded config (re-reading it from the GGUF file costs ~10 s), minus the GGUF
     # quantization config: the saved folder is a plain fp32 model.
     config = copy.deepcopy(loaded.config)

@@ -56,7 +56,7 @@ from typing import Any
 
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
-from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids
+from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.served_weights import refresh_tied_lm_head, write_weights
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
@@ -118,6 +118,9 @@ class VLLMPolicy(Policy):
         max_loras: LoRA adapters one batch may use (vLLM's ``max_loras``; 0: no LoRA support,
             the default). The trainer sets it to its adapter count under ``lora_per_agent``.
         max_lora_rank: the highest LoRA rank it accepts (vLLM's ``max_lora_rank``).
+        stop_tokens: tokens, named by their text, that end every completion as EOS does (vLLM's
+            ``stop_token_ids``), e.g. ``["<|im_start|>"]``; as
+            :class:`~agentgym_lightning.policies.hf.HFPolicy`'s.
     """
 
     backend = "vllm"
@@ -141,6 +144,7 @@ class VLLMPolicy(Policy):
         prefix_caching: bool = True,
         max_loras: int = 0,
         max_lora_rank: int = 16,
+        stop_tokens: Sequence[str] = (),
     ) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
@@ -190,6 +194,7 @@ class VLLMPolicy(Policy):
 
         # Our own tokenizer from the same folder: the ids we render are the ones hf renders.
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self._stop_token_ids = sorted(stop_token_ids(self.tokenizer, stop_tokens))
         start = time.perf_counter()
         self.llm: Any = vllm.LLM(**kwargs)
         #: Seconds the engine took to start (logged; the benchmarks report it).
@@ -390,6 +395,7 @@ class VLLMPolicy(Policy):
             top_p=top_p,
             max_tokens=max(max_tokens, 1),
             stop=stops or None,
+            stop_token_ids=self._stop_token_ids or None,
             seed=s.seed,
             presence_penalty=float(s.presence_penalty or 0.0),
             output_kind=self._final_only,  # the finished sequence only

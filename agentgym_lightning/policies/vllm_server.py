@@ -56,6 +56,7 @@ from typing import Any, Literal
 import httpx
 
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
+from agentgym_lightning.policies.chat import stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.openai import OpenAIPolicy, PolicyBackendError
 from agentgym_lightning.policies.served_weights import (
@@ -116,6 +117,9 @@ class VLLMServerPolicy(OpenAIPolicy):
         syncs_during_calls: Asynchronous training: weights are pushed while calls run, and an
             answer from the weights pushed when it was sent or later ones is accepted (module
             docstring). The trainer sets it when ``max_staleness`` >= 1.
+        stop_tokens: Tokens, named by their text, that end every completion as EOS does (sent as
+            vLLM's ``stop_token_ids``), e.g. ``["<|im_start|>"]``; as
+            :class:`~agentgym_lightning.policies.hf.HFPolicy`'s.
         **openai_kwargs: Any other :class:`OpenAIPolicy` option (``concurrency``, ``timeout``...).
     """
 
@@ -134,6 +138,7 @@ class VLLMServerPolicy(OpenAIPolicy):
         seed: int | None = None,
         progress: bool = True,
         syncs_during_calls: bool = False,
+        stop_tokens: Sequence[str] = (),
         **openai_kwargs: Any,
     ) -> None:
         if not generator_url:
@@ -161,6 +166,7 @@ class VLLMServerPolicy(OpenAIPolicy):
         self.model_name = str(model)
         self.path = str(resolve_model(model, progress=progress))
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self._stop_token_ids = sorted(stop_token_ids(self.tokenizer, stop_tokens))
         self.weight_transfer = weight_transfer
         self.nccl_init = dict(nccl_init or {})
         self._admin = httpx.Client(timeout=admin_timeout, headers=self._headers, trust_env=False)
@@ -197,6 +203,8 @@ class VLLMServerPolicy(OpenAIPolicy):
 
     def build_body(self, request: ChatRequest) -> dict[str, Any]:
         body = super().build_body(request)
+        if self._stop_token_ids:
+            body["stop_token_ids"] = self._stop_token_ids  # vLLM's extension of the chat API
         adapter = request.metadata.get(ADAPTER_KEY)
         if adapter and adapter != BASE_ADAPTER:
             if adapter not in self.adapters:

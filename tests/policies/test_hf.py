@@ -154,6 +154,41 @@ def test_stop_string_truncates_text_and_tokens(hf_policy, greedy):
     assert len(stopped.logprobs) == len(ids)
 
 
+def test_stop_tokens_end_a_completion_like_eos_and_keep_the_token(hf_policy, smol_path, greedy):
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    requests, completions = greedy
+    base = max(completions, key=lambda c: len(c.completion_token_ids))
+    request = requests[completions.index(base)]
+    at = len(base.completion_token_ids) // 2
+    token_id = base.completion_token_ids[at]
+    name = hf_policy.tokenizer.convert_ids_to_tokens(token_id)  # the vocabulary's name for it ("Ġsea")
+    first = base.completion_token_ids.index(token_id)
+    policy = HFPolicy(str(smol_path), device="cpu", max_batch_size=8, default_max_tokens=16, num_threads=1, stop_tokens=[name])
+    try:
+        assert policy.stop_token_ids == hf_policy.eos_token_ids | {token_id}
+        assert policy.hf_model.generation_config.eos_token_id == sorted(hf_policy.eos_token_ids)  # checkpoints keep EOS only
+        stopped = policy.generate([request])[0]
+        submitted = policy.submit(request).result(timeout=120)  # the per-step scheduler ends it the same way
+        for c in (stopped, submitted):
+            assert c.finish_reason == "stop"
+            assert c.completion_token_ids == base.completion_token_ids[: first + 1]  # up to and including the token
+            assert c.logprobs == pytest.approx(base.logprobs[: first + 1], abs=1e-4)
+            assert c.text == policy.tokenizer.decode(c.completion_token_ids, skip_special_tokens=True)
+    finally:
+        policy.close()
+
+
+def test_a_stop_token_that_is_not_one_token_is_a_clear_error(hf_policy):
+    from agentgym_lightning.policies.chat import stop_token_ids
+
+    assert stop_token_ids(hf_policy.tokenizer, ["<|im_start|>"]) == {1}
+    with pytest.raises(ValueError, match="not one token of the model's vocabulary"):
+        stop_token_ids(hf_policy.tokenizer, ["<|im_start|>", "two words"])
+    with pytest.raises(ValueError, match="a list of token texts"):
+        stop_token_ids(hf_policy.tokenizer, "<|im_start|>")
+
+
 def test_bad_sampling_params_are_clear_errors(hf_policy):
     with pytest.raises(ValueError, match="top_p"):
         hf_policy.generate([_req("x", top_p=0)])

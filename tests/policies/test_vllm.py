@@ -162,6 +162,24 @@ def test_stop_string_cuts_text_keeps_tokens(vllm_policy):
     assert len(cut.logprobs) == len(cut.completion_token_ids)
 
 
+def test_stop_tokens_end_a_completion_and_keep_the_token(vllm_policy):
+    base = [{"role": "user", "content": "Write two sentences about the sea."}]
+    sampling = SamplingParams(temperature=0.0, max_tokens=30)
+    (free,) = vllm_policy.generate([ChatRequest(messages=base, sampling=sampling)])
+    token_id = free.completion_token_ids[len(free.completion_token_ids) // 2]
+    first = free.completion_token_ids.index(token_id)
+    # What the stop_tokens option sets at start-up (a second engine would take a minute to start).
+    vllm_policy._stop_token_ids = [token_id]
+    try:
+        (cut,) = vllm_policy.generate([ChatRequest(messages=base, sampling=sampling)])
+    finally:
+        vllm_policy._stop_token_ids = []
+    assert cut.finish_reason == "stop"
+    assert cut.completion_token_ids == free.completion_token_ids[: first + 1]
+    assert len(cut.logprobs) == len(cut.completion_token_ids)
+    assert cut.text == vllm_policy.tokenizer.decode(cut.completion_token_ids, skip_special_tokens=True)
+
+
 def test_prompt_longer_than_context_is_a_length_completion(vllm_policy):
     huge = ChatRequest(messages=[{"role": "user", "content": "word " * 3000}], sampling=SamplingParams(max_tokens=8))
     ok = PROMPTS[0]
