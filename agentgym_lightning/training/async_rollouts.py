@@ -262,14 +262,14 @@ class AsyncRollouts:
             while True:
                 with self._cond:
                     plan = self._next_start
-                    while not self._stopping and self._error is None and (
-                        self.stamping.version < plan - self.max_staleness or (self._running and not at_once)
-                    ):
-                        # Waiting for weights alone, not (also) for the plan before (one stream at a time).
-                        bound = self.stamping.version < plan - self.max_staleness and not (self._running and not at_once)
+                    while not self._stopping and self._error is None:
+                        bound = self.stamping.version < plan - self.max_staleness  # its weights are not out yet
+                        busy = bool(self._running) and not at_once  # the plan before still runs (one stream at a time)
+                        if not (bound or busy):
+                            break
                         waited = time.perf_counter()
                         self._cond.wait()
-                        if bound:
+                        if bound and not busy:  # the generator's wait is for weights alone
                             self._generator_wait_s += time.perf_counter() - waited
                     if self._stopping or self._error is not None:
                         return

@@ -358,6 +358,10 @@ class LightningRLTrainer:
         interrupted.raise_if_received()
         return metrics
 
+    def _trajectory_file(self) -> Path:
+        """Where the episodes the coming step trains on are written (the viewer reads them there)."""
+        return self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
+
     def _rollout(self) -> tuple[list[Trajectory], float, Path]:
         """1-2. The step's tasks and rollouts (Ctrl-C here loses nothing: the step is simply not
         taken); returns the trajectories, the seconds they took and the file they are in."""
@@ -365,7 +369,7 @@ class LightningRLTrainer:
         tasks = self.schedule.tasks_for(self.step)
         t0 = time.perf_counter()
         rollouts = self._rollouts()
-        written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
+        written = self._trajectory_file()
         with TrajectoryWriter(written) as writer, self._judged(writer.write) as on_trajectory:
             trajectories = rollouts.rollout(
                 episodes=cfg.episodes_per_step,
@@ -404,7 +408,7 @@ class LightningRLTrainer:
             # Judged when taken rather than as they finish: the policy as judge then answers with the
             # version being updated, as in the synchronous loop (the judge's time is not hidden).
             self._judging().judge_groups(taken.trajectories)
-        written = self.output_dir / "trajectories" / f"step-{self.step + 1:06d}.jsonl"
+        written = self._trajectory_file()
         with TrajectoryWriter(written) as writer:  # the episodes this step trains on
             for trajectory in taken.trajectories:
                 writer.write(trajectory)
