@@ -103,9 +103,11 @@ def _meta_model(config: LightningRLConfig, path: str) -> Any:
         warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecations, raised by PEFT's wrapping
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
         if config.use_peft:
+            from agentgym_lightning.training.agent_adapters import AgentAdapters, add_agent_adapters
             from agentgym_lightning.training.models import add_lora
 
-            model = add_lora(model, config)
+            adapters = AgentAdapters.from_config(config)  # lora_per_agent: an adapter per agent, as the trainer adds them
+            model = add_lora(model, config) if adapters is None else add_agent_adapters(model, config, adapters.names)
     return model
 
 
@@ -132,6 +134,11 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
     generator = base if config.backend == "vllm" else 0
     if ranks > 1:
         generator += base
+    elif config.backend == "hf" and config.max_staleness:
+        # Asynchronous training gives the hf generator a copy to decode with while the update runs
+        # (training/generation.py, separate_generator): the base weights, or under lora_per_agent
+        # its own adapters on the shared frozen base.
+        generator += trained if config.use_peft and config.lora_per_agent else base
     reference = 0 if config.use_peft or config.beta <= 0 else weights
     return MemoryPlan(
         ranks=ranks,

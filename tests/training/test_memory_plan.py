@@ -52,6 +52,28 @@ def test_the_estimate_is_what_the_trainer_holds_and_splits_by_ranks(tiny_model_d
     assert plan_memory(LightningRLConfig(backend="vllm"), str(tiny_model_dir), available=2**40).generator == weights
 
 
+def test_asynchronous_training_counts_the_hf_generators_copy(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.agent_adapters import add_agent_adapters
+    from agentgym_lightning.training.memory_plan import plan_memory
+
+    weights = _bytes(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).parameters())
+    assert plan_memory(LightningRLConfig(max_staleness=1), str(tiny_model_dir), available=2**40).generator == weights
+    # one LoRA: the copy is made before the adapter is added, so it holds the base weights
+    assert plan_memory(LightningRLConfig(max_staleness=1, use_peft=True), str(tiny_model_dir), available=2**40).generator == weights
+    # an adapter per agent: the copy shares the frozen base and holds every adapter
+    config = LightningRLConfig(max_staleness=1, use_peft=True, lora_per_agent=True, agent_match="writer|rewriter")
+    plan = plan_memory(config, str(tiny_model_dir), available=2**40)
+    model = add_agent_adapters(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), config, ("writer", "rewriter"))
+    adapters = _bytes(p for p in model.parameters() if p.requires_grad)
+    assert plan.generator == plan.gradients == adapters and plan.weights == weights + adapters
+    # synchronous: the hf policy generates with the trained model itself
+    assert plan_memory(LightningRLConfig(use_peft=True, lora_per_agent=True, agent_match="writer|rewriter"), str(tiny_model_dir), available=2**40).generator == 0
+
+
 def test_a_plan_that_cannot_fit_is_refused_naming_the_options_and_the_trainer_prints_its_plan(tiny_model_dir, tmp_path, capsys):
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
     from agentgym_lightning.training.memory_plan import MemoryPlanError, plan_memory
