@@ -119,7 +119,8 @@ class VLLMServerPolicy(OpenAIPolicy):
             docstring). The trainer sets it when ``max_staleness`` >= 1.
         stop_tokens: Tokens, named by their text, that end every completion as EOS does (sent as
             vLLM's ``stop_token_ids``), e.g. ``["<|im_start|>"]``; as
-            :class:`~agentgym_lightning.policies.hf.HFPolicy`'s.
+            :class:`~agentgym_lightning.policies.hf.HFPolicy`'s. A ``PolicyServer`` generator
+            ignores the field: give the policy it serves ``stop_tokens`` instead.
         **openai_kwargs: Any other :class:`OpenAIPolicy` option (``concurrency``, ``timeout``...).
     """
 
