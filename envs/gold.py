@@ -5,8 +5,9 @@ A small model that never succeeds gives RL groups without reward variance; a sup
 on correct episodes breaks that wall, and data sets with gold solutions give them for free. An env
 supplies ``make_env`` and a ``policy(observation, task) -> action`` (Spider: the gold SQL,
 :mod:`agentgym_lightning.envs.spider.gold`; GSM8K: the gold calculations and answer,
-:mod:`agentgym_lightning.envs.math.gold`); this module plays it, keeps the episodes that scored 1
-and makes the ``python -m ...gold`` command line of both.
+:mod:`agentgym_lightning.envs.math.gold`; HotpotQA: a search per supporting passage and the answer,
+:mod:`agentgym_lightning.envs.rag.gold`); this module plays it, keeps the episodes that scored 1
+and makes the ``python -m ...gold`` command line of each.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ train corpus, never the held-out dev questions or passages.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import sys
@@ -57,8 +58,10 @@ def _named_in(question: str, title: str) -> bool:
 
 def gold_queries(task: Mapping[str, Any], titles: Mapping[str, str]) -> list[str]:
     """The searches of ``task``'s gold episode: the titles (``titles``: passage id -> title) of its
-    supporting passages, those the question names first, otherwise in the data's order."""
-    supporting = [titles[pid] for pid in dict.fromkeys(task.get("supporting_ids") or []) if pid in titles]
+    supporting passages, those the question names first, otherwise in the data's order. HTML
+    entities are written out (HotpotQA's titles keep Wikipedia's ``Simon &amp; Simon``): a query
+    is what a searcher types."""
+    supporting = [html.unescape(titles[pid]) for pid in dict.fromkeys(task.get("supporting_ids") or []) if pid in titles]
     return sorted(supporting, key=lambda title: not _named_in(str(task["question"]), title))
 
 

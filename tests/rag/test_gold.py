@@ -49,6 +49,8 @@ def test_the_queries_are_the_supporting_titles_those_the_question_names_first():
     both = {"question": "Are Barnaby Joyce and Scott Buchholz senators?", "supporting_ids": ["b", "a", "x"]}
     assert gold_queries(both, titles) == ["Barnaby Joyce", "Scott Buchholz"]  # the data's order; no title: no search
     assert gold_queries({"question": "Who?", "supporting_ids": []}, titles) == []
+    escaped = {"question": "Simon & Simon starred which actor?", "supporting_ids": ["g", "s"]}
+    assert gold_queries(escaped, {"g": "Gerald McRaney", "s": "Simon &amp; Simon"}) == ["Simon & Simon", "Gerald McRaney"]
 
 
 def test_gold_episodes_search_each_supporting_title_retrieve_it_answer_the_gold_and_score_1(sample_train, real_embedder, tmp_path):
@@ -116,3 +118,25 @@ def test_the_command_writes_the_recipes_episodes_and_refuses_the_held_out_split(
     assert [len(t.steps) for t in load_trajectories(output)] == [3, 3]  # both seed-3 picks are two-hop: 2 searches + the answer
     assert main(["--config", str(REPO / "recipes" / "rag.yaml"), "--env-kwarg", "split=dev", "--output", str(tmp_path / "x.jsonl")]) == 2
     assert "rag gold: gold episodes are for training" in capsys.readouterr().err
+
+
+def test_the_gold_calls_are_sft_rows_in_the_students_tokens_with_the_compact_tool_prompt(sample_train, real_embedder, smol_tokenizer, tmp_path):
+    """What `sft --config recipes/sft/rag.yaml` trains on: every call re-tokenized (a scripted
+    policy records no ids) in SmolLM2's template, the search tool described as RL describes it."""
+    from agentgym_lightning.policies.tool_calls import format_tool_call
+    from agentgym_lightning.training.sft.episodes import load_sources
+    from agentgym_lightning.training.sft.rows import sft_rows
+
+    output = tmp_path / "gold.jsonl"
+    assert write_solved_episodes(output, gold_episodes(_recipe_kwargs(sample_train, real_embedder), episodes=2)).written == 2
+    episodes = load_sources([output])
+    rows = sft_rows(episodes, tokenizer=smol_tokenizer, tool_prompt="compact")
+    assert rows.counts["calls/retokenized"] == rows.counts["rows"] == sum(len(t.steps) for t in episodes)
+    titles = {p.id: p.title for p in load_hotpotqa("train", sample_train).corpus}
+    expected = []
+    for t in episodes:
+        expected += [format_tool_call("search", {"query": q}) for q in gold_queries(t.task, titles)]
+        expected.append(f"Answer: {t.task['answers'][0]}")
+    assert [smol_tokenizer.decode(s.completion_ids, skip_special_tokens=True).strip() for s in rows.samples] == expected
+    prompt = smol_tokenizer.decode(rows.samples[0].prompt_ids)
+    assert "search" in prompt and EXAMPLES[0][0] in prompt and episodes[0].task["question"] in prompt
