@@ -19,7 +19,7 @@ RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg e
 SEED ?= 0
 LEARN_DIR ?= runs
 
-.PHONY: learn-spider learn-rag learn-math sft-spider sft-math
+.PHONY: learn-spider learn-rag learn-math sft-spider sft-rag sft-math
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
 
 setup: $(STAMP)
@@ -61,6 +61,14 @@ sft-spider: setup
 
 learn-rag: setup
 	$(BIN)/agentgym-lightning train --config recipes/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-s$(SEED)
+
+# The RAG SFT warm start (issue 33): gold-search episodes of HotpotQA train questions (one search per
+# supporting passage's title, then the gold answer; GOLD_EPISODES=256 takes all 100), then `sft` on
+# them (recipes/sft/rag.yaml); RL from it:
+# agentgym-lightning train --config recipes/rag.yaml --init-from $(LEARN_DIR)/rag-sft-s$(SEED)
+sft-rag: setup
+	$(BIN)/python -m agentgym_lightning.envs.rag.gold --config recipes/rag.yaml --episodes $(GOLD_EPISODES) --seed $(SEED) --output $(LEARN_DIR)/rag-gold-s$(SEED).jsonl
+	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/rag-gold-s$(SEED).jsonl --config recipes/sft/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-sft-s$(SEED)
 
 learn-math: setup
 	$(BIN)/agentgym-lightning train --config recipes/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-s$(SEED)

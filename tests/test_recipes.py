@@ -35,7 +35,7 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 #: The SFT warm starts (recipes/sft/<name>.yaml) and their gold modules.
-SFT_RECIPES = ("math", "spider")
+SFT_RECIPES = ("math", "rag", "spider")
 
 
 def _config(name: str, *flags: str):
