@@ -15,16 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agentgym_lightning.llm import Completion, ToolCall
+from agentgym_lightning.policies.tool_calls import new_tool_call_id
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["GoldCounts", "recipe_env_kwargs", "check_train_split", "scripted_episodes", "write_solved_episodes", "gold_command"]
+__all__ = ["GoldCounts", "recipe_env_kwargs", "check_train_split", "scripted_tool_turn", "scripted_episodes", "write_solved_episodes",
+           "gold_command"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,20 @@ def check_train_split(env_kwargs: Mapping[str, Any], default_split: str, held_ou
     split = env_kwargs.get("split", default_split)
     if split != "train":
         raise ValueError(f"gold episodes are for training: use split 'train' (got {split!r}); {held_out}")
+
+
+def scripted_tool_turn(observation: Any, tool: str, arguments: Sequence[Mapping[str, Any]], answer: str) -> Completion | str:
+    """One turn of a scripted ``tools`` policy that calls ``tool`` with each of ``arguments`` in
+    turn, one call a turn, then replies ``answer``: the tool results after the last user message
+    (the task; worked examples come before it, each with its own results) say how many calls were
+    made. A call offered no tools (AutoGen's reflection after its last tool round) answers."""
+    messages = observation.request.messages
+    task = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    made = sum(1 for m in messages[task + 1:] if m.get("role") == "tool")
+    if made < len(arguments) and observation.request.tools:
+        call = ToolCall(id=new_tool_call_id(), name=tool, arguments=json.dumps(dict(arguments[made])))
+        return Completion(text="", tool_calls=[call], finish_reason="tool_calls")
+    return answer
 
 
 def scripted_episodes(env: Any, policy: Callable[[Any, Mapping[str, Any]], Any], episodes: int | None = None,

@@ -18,15 +18,13 @@ agent), so the gold episodes are of the problems RL trains on, never the held-ou
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from agentgym_lightning.envs.gold import check_train_split, gold_command, scripted_episodes
-from agentgym_lightning.llm import Completion, ToolCall
-from agentgym_lightning.policies.tool_calls import new_tool_call_id
+from agentgym_lightning.envs.gold import check_train_split, gold_command, scripted_episodes, scripted_tool_turn
+from agentgym_lightning.llm import Completion
 from agentgym_lightning.trajectory import Trajectory
 
 from .calculator import calculate
@@ -45,20 +43,12 @@ def gold_calculations(solution: str) -> list[str]:
 
 
 def gold_policy(observation: Any, task: Mapping[str, Any]) -> Completion | str:
-    """A scripted policy for the ``tools`` protocol: while the gold solution has calculations left
-    (:func:`gold_calculations`; the tool results since the question say how many were made), one
-    calculator tool call for the next; then ``Answer: <the gold answer>``. A call offered no tools
+    """A scripted policy for the ``tools`` protocol: one calculator tool call a turn for each of
+    the gold solution's calculations (:func:`gold_calculations`), then ``Answer: <the gold
+    answer>`` (:func:`~agentgym_lightning.envs.gold.scripted_tool_turn`). A call offered no tools
     (AutoGen's reflection after its last tool round) answers."""
-    messages = observation.request.messages
-    # The worked examples come before the question, each with its own tool result: count only
-    # the results after the last user message (the problem).
-    question = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    made = sum(1 for m in messages[question + 1:] if m.get("role") == "tool")
     calculations = gold_calculations(str(task.get("solution") or ""))
-    if made < len(calculations) and observation.request.tools:
-        call = ToolCall(id=new_tool_call_id(), name="calculator", arguments=json.dumps({"expression": calculations[made]}))
-        return Completion(text="", tool_calls=[call], finish_reason="tool_calls")
-    return f"Answer: {task['answer']}"
+    return scripted_tool_turn(observation, "calculator", [{"expression": e} for e in calculations], f"Answer: {task['answer']}")
 
 
 def gold_episodes(env_kwargs: Mapping[str, Any], episodes: int | None = None, seed: int = 0) -> Iterator[Trajectory]:

@@ -9,8 +9,10 @@ searcher: one ``search`` tool call per supporting passage, one call a turn, then
 ``Answer: <gold>``) on train questions, and writes those that scored 1 (all should) as trajectory
 JSONL::
 
-    python -m agentgym_lightning.envs.rag.gold --config recipes/rag.yaml --episodes 100 --output runs/rag-gold.jsonl
+    python -m agentgym_lightning.envs.rag.gold --config recipes/rag.yaml --episodes 256 --output runs/rag-gold.jsonl
     agentgym-lightning sft runs/rag-gold.jsonl --config recipes/sft/rag.yaml     # make sft-rag
+
+(HotpotQA's train file has 100 questions: ``--episodes 256`` plays all of them.)
 
 **The queries** are the supporting passages' titles, the passages the question names first (then
 the data's order): a title is the entity a passage is about (HotpotQA's passages are Wikipedia
@@ -32,16 +34,14 @@ train corpus, never the held-out dev questions or passages.
 from __future__ import annotations
 
 import html
-import json
 import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym_lightning.envs.gold import check_train_split, gold_command, scripted_episodes
-from agentgym_lightning.llm import Completion, ToolCall
-from agentgym_lightning.policies.tool_calls import new_tool_call_id
+from agentgym_lightning.envs.gold import check_train_split, gold_command, scripted_episodes, scripted_tool_turn
+from agentgym_lightning.llm import Completion
 from agentgym_lightning.trajectory import Trajectory
 
 from .env import make_env
@@ -78,16 +78,8 @@ class GoldPolicy:
     max_turns: int
 
     def __call__(self, observation: Any, task: Mapping[str, Any]) -> Completion | str:
-        messages = observation.request.messages
-        # The worked examples come before the question, each with its own tool results: count
-        # only the results after the last user message (the question).
-        question = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-        made = sum(1 for m in messages[question + 1:] if m.get("role") == "tool")
         queries = gold_queries(task, self.titles)[: max(self.max_turns - 1, 0)]
-        if made < len(queries) and observation.request.tools:
-            call = ToolCall(id=new_tool_call_id(), name="search", arguments=json.dumps({"query": queries[made]}))
-            return Completion(text="", tool_calls=[call], finish_reason="tool_calls")
-        return f"Answer: {task['answers'][0]}"
+        return scripted_tool_turn(observation, "search", [{"query": q} for q in queries], f"Answer: {task['answers'][0]}")
 
 
 def gold_episodes(env_kwargs: Mapping[str, Any], episodes: int | None = None, seed: int = 0) -> Iterator[Trajectory]:
