@@ -3,12 +3,13 @@
 The RL trainer's and the SFT trainer's (before training, every ``eval_steps``, at the end): the
 held-out env's ``episodes`` tasks, one episode each, at ``temperature`` (greedy by default),
 seeded from the run's seed so every evaluation runs the same tasks; the episodes go to
-``<output_dir>/eval/step-<step>.jsonl`` and the metrics (``eval/...``) to the
-``agentgym_log_metrics`` hook at ``step``.
+``<output_dir>/eval/step-<step>.jsonl`` and the metrics (``eval/...``, with ``eval/cpu_s``: the
+CPU-seconds of this process's threads) to the ``agentgym_log_metrics`` hook at ``step``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ def held_out_eval(
     episodes, seed = config.eval_episodes, config.seed
     policy = SamplingOverride(generator, temperature=config.eval_temperature, max_tokens=config.max_completion_length)
     written = output_dir / "eval" / f"step-{step:06d}.jsonl"
+    cpu_start = time.process_time()
     result = evaluate(
         env_factory,
         policy,
@@ -57,5 +59,6 @@ def held_out_eval(
     release_freed_memory()
     check_episodes_ran(result.trajectories, f"the evaluation at step {step}", written)
     metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
+    metrics["eval/cpu_s"] = time.process_time() - cpu_start  # this process's threads; tool subprocesses not counted
     hook.agentgym_log_metrics(metrics=metrics, step=step)
     return metrics

@@ -308,7 +308,7 @@ class LightningRLTrainer:
     def train_step(self) -> dict[str, float]:
         """One training step (the six moves of the module docstring); returns its metrics."""
         cfg = self.config
-        step_start = time.perf_counter()
+        step_start, cpu_start = time.perf_counter(), time.process_time()
         if cfg.max_staleness:
             trajectories, rollout_s, written, async_metrics = self._take_async()
         else:
@@ -346,6 +346,8 @@ class LightningRLTrainer:
                 "time/sync_s": sync_s,
                 **generator_metrics(self.policy),
                 "time/step_s": time.perf_counter() - step_start,
+                # CPU-seconds of this process's threads (rollout, update, sync); agents' subprocesses not counted
+                "time/step_cpu_s": time.process_time() - cpu_start,
                 "epoch": self.schedule.epoch_of(self.step),
             }
             self.history.append({"step": float(self.step), **metrics})

@@ -202,6 +202,7 @@ def test_sft_on_the_best_episodes_raises_their_likelihood_and_writes_the_run_fol
     assert [m["step"] for m in steps] == [1, 2, 3, 4] and steps[-1]["loss"] < steps[0]["loss"]
     assert steps[0]["data/episodes/chosen"] == 6 and steps[0]["data/rows"] == 6 and steps[0]["samples/rows"] == 4
     assert steps[0]["update/packed"] == 1.0  # the token-tree update: the rows' shared prompt prefix once
+    assert all(m["time/step_cpu_s"] > 0 for m in steps)
     assert steps[0]["update/tokens/forward"] < steps[0]["samples/loss_tokens"] + 4 * len(first.prompt_token_ids)
     rows = [json.loads(line) for line in (run / "rows" / "round-01.jsonl").read_text().splitlines()]
     assert {r["episode_id"] for r in rows} == {f"e{i}-0" for i in range(6)}  # only the good ones, on their recorded ids

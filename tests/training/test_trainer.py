@@ -260,7 +260,9 @@ def test_wandb_plugin_writes_an_offline_run_and_the_jsonl_has_the_same_metrics(t
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = next(x for x in logged if "train/reward/mean" in x)
     assert train["step"] == 1 and "time/rollout_s" in train and "samples/episodes" in train
-    assert any("eval/reward/mean" in x for x in logged)
+    assert 0 < train["time/step_cpu_s"]  # the trainer process's CPU-seconds for the step
+    evals = [x for x in logged if "eval/reward/mean" in x]
+    assert evals and all(x["eval/cpu_s"] > 0 for x in evals)
 
 
 def test_a_skipped_update_nan_metrics_checkpoint_as_null():

@@ -293,7 +293,7 @@ class SFTTrainer:
         """One optimizer step on the next ``rows_per_step`` rows of the round (``order``; ``None``:
         the round has no rows, nothing is updated); returns its metrics."""
         cfg = self.config
-        started = time.perf_counter()
+        started, cpu_start = time.perf_counter(), time.process_time()
         in_round = self.step - (round_ - 1) * cfg.max_steps
         rows: Sequence[Sample] = order.tasks_for(in_round) if order is not None else []
         with deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
@@ -323,6 +323,7 @@ class SFTTrainer:
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
                 "time/step_s": time.perf_counter() - started,
+                "time/step_cpu_s": time.process_time() - cpu_start,  # this process's threads
             }
             self.history.append({"step": float(self.step), **metrics})
             if self.step % cfg.logging_steps == 0 or self.step == cfg.total_steps:
