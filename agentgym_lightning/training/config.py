@@ -268,7 +268,7 @@ class LightningRLConfig(DataclassConfig):
 
     # ------------------------------------------------------------------ the loss (TRL's definitions)
     loss_type: str = field(default="dapo", metadata={"help": f"One of {', '.join(LOSS_TYPES)} (TRL's definitions)."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient against the initial model (0: no reference model is kept)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient against the initial model: the run's starting weights, init_from's adapters included (0: no reference model is kept)."})
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Multiply the KL term by the policy ratio (TRL's default: the unbiased reverse-KL gradient)."}
     )

@@ -10,7 +10,9 @@ of them to train, and the new weights after every update (:mod:`.generation`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,7 +21,10 @@ from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, Trainab
 from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config, with_lora
 from agentgym_lightning.training.config import LightningRLConfig
 
-__all__ = ["build_policy", "trainable_model", "add_lora", "enable_activation_checkpointing", "reference_model", "build_optimizer"]
+__all__ = [
+    "build_policy", "trainable_model", "add_lora", "enable_activation_checkpointing", "reference_model", "AdapterReference",
+    "build_optimizer",
+]
 
 
 def build_policy(config: LightningRLConfig) -> Any:
@@ -82,14 +87,43 @@ def enable_activation_checkpointing(model: Any) -> None:
 
 
 def reference_model(model: Any, config: LightningRLConfig) -> Any:
-    """The KL reference: LoRA needs none (the adapter is switched off); full fine-tuning keeps a
-    frozen copy of the initial weights."""
+    """The KL reference: LoRA needs none (the adapter is switched off; a LoRA run started from
+    adapters takes an :class:`AdapterReference` once sharded); full fine-tuning keeps a frozen
+    copy of the initial weights."""
     if config.use_peft:
         return model
     ref = copy.deepcopy(model)
     ref.requires_grad_(False)
     ref.eval()
     return ref
+
+
+class AdapterReference:
+    """The KL reference of a LoRA run that started from another run's adapters (``init_from``):
+    the trained model with its adapters' initial weights, swapped in for the reference's forward
+    only. Switching the adapters off, LoRA's reference otherwise, would give the base model, not
+    the policy the run started from. Holds one copy of the trainable weights (the adapters, each
+    rank its shards), not of the model. Build it after the initial weights are loaded (and the
+    model sharded); a resumed run builds it before loading its checkpoint, so it stays the start."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._initial = [p.detach().clone() for p in self._params]
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[Any]:
+        """The model with the initial adapter weights, its trained ones restored on leaving."""
+        with torch.no_grad():
+            trained = [p.detach().clone() for p in self._params]
+            for param, initial in zip(self._params, self._initial):
+                param.copy_(initial)
+        try:
+            yield self.model
+        finally:
+            with torch.no_grad():
+                for param, weights in zip(self._params, trained):
+                    param.copy_(weights)
 
 
 def build_optimizer(params: list[torch.nn.Parameter], config: LightningRLConfig) -> torch.optim.Optimizer:

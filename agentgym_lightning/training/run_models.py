@@ -19,6 +19,7 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import separate_generator, shares_model
 from agentgym_lightning.training.initial_weights import find_initial_weights
 from agentgym_lightning.training.models import (
+    AdapterReference,
     add_lora,
     build_optimizer,
     build_policy,
@@ -102,6 +103,8 @@ def build_run_models(
         enable_activation_checkpointing(model)
     ref_model = reference_model(model, config) if config.beta > 0 else None
     model, ref_model = ranks.shard(model, ref_model)  # N ranks: FSDP2
+    if ref_model is not None and config.use_peft and initial is not None and initial.kind != "full":
+        ref_model = AdapterReference(model)  # the KL is to the adapters the run starts from, not to the base
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, config)
     from transformers import get_scheduler

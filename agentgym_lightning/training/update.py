@@ -49,6 +49,7 @@ from agentgym_lightning.training.loss import (
     policy_loss,
     sft_loss,
 )
+from agentgym_lightning.training.models import AdapterReference
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.token_tree import (
     TokenTree,
@@ -99,7 +100,10 @@ def packed_update(model: Any, option: bool | str) -> bool:
 
 @contextlib.contextmanager
 def _reference(model: Any, ref_model: Any) -> Iterator[Any]:
-    if ref_model is model:  # LoRA: the base model is the reference
+    if isinstance(ref_model, AdapterReference):  # LoRA from adapters: the adapters' initial weights
+        with ref_model.swapped_in() as reference:
+            yield reference
+    elif ref_model is model:  # LoRA: the base model is the reference
         with model.disable_adapter():
             yield model
     else:

@@ -263,6 +263,46 @@ def test_lora_sft_then_lora_rl_from_its_adapter(tmp_path, tiny_model_dir):
 
 
 @needs_train
+def test_lora_rl_from_an_adapter_keeps_its_kl_to_that_adapter_not_to_the_base(tmp_path, tiny_model_dir):
+    """``beta`` > 0 from a LoRA warm start: the KL reference is the warm start (the adapters'
+    initial weights), so the first update's KL is 0 and grows as the adapter moves; the trained
+    weights come back after each reference pass. Switching the adapter off would be the base."""
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning.training.models import AdapterReference
+    from agentgym_lightning.training.samples import Sample, SampleBatch
+    from agentgym_lightning.training.sft import SFTTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    source = _source(tmp_path, tok, n=2)
+    SFTTrainer(_config(tiny_model_dir, tmp_path / "lora", sources=[str(source)], success_only=True, use_peft=True, max_steps=2, lora_r=4,
+                       learning_rate=1e-2)).train()
+    first = load_sources([source])[0].steps[0].completion
+    env_file = tmp_path / "env.py"
+    env_file.write_text(ENV)
+    rl = LightningRLTrainer(LightningRLConfig(env=f"{env_file}:make_env", model=str(tiny_model_dir), init_from=str(tmp_path / "lora"),
+                                              use_peft=True, lora_r=4, beta=0.5, learning_rate=1e-2, device="cpu",
+                                              output_dir=str(tmp_path / "rl"), report_to=[], progress=False))
+    assert isinstance(rl.ref_model, AdapterReference)
+    start = _logp(rl, first.prompt_token_ids, first.completion_token_ids)
+    with rl.model.disable_adapter():
+        base = _logp(rl, first.prompt_token_ids, first.completion_token_ids)
+    assert abs(start - base) > 1e-3  # the warm start is not the base model
+
+    n = len(first.completion_token_ids)
+    row = Sample(list(first.prompt_token_ids), list(first.completion_token_ids), [1] * n, [float("nan")] * n, [1.0] * n, 1.0, "e", "g")
+    kl = [rl.update(SampleBatch(samples=[row]))["kl"] for _ in range(2)]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6)  # the policy is still the reference
+    assert kl[1] > 1e-6  # the adapter moved away from it
+    moved = _logp(rl, first.prompt_token_ids, first.completion_token_ids)
+    assert abs(moved - start) > 1e-3
+    with rl.ref_model.swapped_in():
+        assert _logp(rl, first.prompt_token_ids, first.completion_token_ids) == pytest.approx(start, abs=1e-5)
+    assert _logp(rl, first.prompt_token_ids, first.completion_token_ids) == moved  # the trained weights are back
+
+
+@needs_train
 def test_rejection_sampling_rounds_roll_out_the_student_keep_the_best_and_train(tmp_path, tiny_model_dir):
     from agentgym_lightning.training.sft import SFTTrainer
 
