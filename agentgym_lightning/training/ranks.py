@@ -86,6 +86,8 @@ class Ranks:
     _full: Any = field(default=None, init=False, repr=False)
     #: A loaded optimizer state waiting for :meth:`restore` (rank 0).
     _pending_optimizer: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    #: Whether :meth:`from_environment` started the process group (and :meth:`stop` must end it).
+    _owns_group: bool = field(default=False, init=False, repr=False)
 
     @classmethod
     def from_environment(cls, device: str = "auto", *, fsdp: bool | None = None) -> Ranks:
@@ -100,10 +102,13 @@ class Ranks:
         if cuda:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local)  # `cuda` is this rank's GPU from here on
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()
+        if owns:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
         here = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        return cls(dist.get_rank(), dist.get_world_size(), here, fsdp)
+        ranks = cls(dist.get_rank(), dist.get_world_size(), here, fsdp)
+        ranks._owns_group = owns
+        return ranks
 
     @property
     def distributed(self) -> bool:
@@ -254,17 +259,40 @@ class Ranks:
             elif command == "restore":
                 self.restore(trainer.model, trainer.optimizer, trainer.scheduler)
             elif command == "stop":
+                self._leave()
                 return int(payload)
             else:
                 raise RuntimeError(f"unknown command from rank 0: {command!r}")
 
     def stop(self, step: int) -> None:
-        """Rank 0: release the followers (they return from :meth:`follow`); a gone rank is ignored."""
+        """Rank 0: release the followers (they return from :meth:`follow`) and end the process
+        group with them; a gone rank is ignored."""
         if self.distributed and self.is_main:
             try:
                 self._send("stop", step)
             except RankLostError:
-                pass
+                self._leave(together=False)
+                return
+            self._leave()
+
+    def _leave(self, together: bool = True) -> None:
+        """End the process group :meth:`from_environment` started, every rank at once (a barrier:
+        no rank tears down a connection another still reads). Left to the interpreter's exit,
+        gloo's threads may still hold tensors then, which aborts the process ("terminate called
+        without an active exception", pytorch/pytorch#190489)."""
+        if not self._owns_group:
+            return
+        import torch.distributed as dist
+
+        self._owns_group = False
+        if not dist.is_initialized():
+            return
+        if together:
+            try:
+                dist.barrier()
+            except (RuntimeError, dist.DistBackendError):
+                pass  # a rank is gone: end ours all the same
+        dist.destroy_process_group()
 
     # ------------------------------------------------------------------ weights and state
 

@@ -31,6 +31,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
+    import torch.distributed
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
     from agentgym_lightning.trajectory import load_trajectories
@@ -63,15 +64,17 @@ SCRIPT = textwrap.dedent(
             trainer = LightningRLTrainer(config(model, out, **options))
             if not trainer.ranks.is_main:
                 trainer.train()  # a follower: rank 0's updates
+                Path(out, f"ended-{trainer.ranks.rank}").write_text(str(not torch.distributed.is_initialized()))
                 sys.exit(0)
             steps = [list(load_trajectories(Path(rows_from) / "trajectories" / f"step-{k:06d}.jsonl")) for k in (1, 2)]
             for trajectories in (steps[0], steps[1], steps[0] + steps[1]):
                 metrics = trainer.update(trainer.samples(sorted(trajectories, key=lambda t: t.seed or 0)))
-                print("METRICS", json.dumps({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}))
+                print("METRICS", json.dumps({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "kl": metrics.get("kl")}))
             full = trainer.ranks.gather(trainer.model)
             from safetensors.torch import save_file
             save_file({k: v.detach().contiguous().clone() for k, v in full.state_dict().items()}, str(Path(out) / "weights.safetensors"))
             trainer.ranks.stop(3)
+            Path(out, f"ended-{trainer.ranks.rank}").write_text(str(not torch.distributed.is_initialized()))
     """
 )
 
@@ -138,10 +141,17 @@ def test_a_two_rank_run_logs_the_global_loss_and_resumes_on_one_rank_with_the_sa
     [
         pytest.param({"beta": 0.04}, id="full-fine-tune-with-kl"),  # the KL reference sharded too
         pytest.param({"use_peft": True, "beta": 0.04, "num_iterations": 2}, id="lora-kl-2-iterations"),
+        # the KL to the adapter the run starts from, swapped into every rank's shards
+        pytest.param({"use_peft": True, "beta": 0.04, "init_from": "a LoRA run"}, id="lora-kl-to-its-initial-adapter"),
     ],
 )
 def test_two_ranks_compute_the_update_of_one_rank_on_the_same_rows(two_rank_run, script, tiny_model_dir, tmp_path, options):
     import torch
+
+    if "init_from" in options:  # a LoRA run's trained adapter (B is no longer zero)
+        lora_run = tmp_path / "lora-run"
+        _run(script, 1, "train", str(tiny_model_dir), str(lora_run), json.dumps({"use_peft": True, "max_steps": 2, "learning_rate": 1e-2}))
+        options = {**options, "init_from": str(lora_run)}
 
     weights, losses = {}, {}
     for ranks in (1, 2):
@@ -150,7 +160,13 @@ def test_two_ranks_compute_the_update_of_one_rank_on_the_same_rows(two_rank_run,
         done = _run(script, ranks, "update", str(tiny_model_dir), str(out), json.dumps({**options, "rows_from": str(two_rank_run)}))
         losses[ranks] = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("METRICS ")]
         weights[ranks] = _load(out / "weights.safetensors")
+        # every rank ended the process group before exiting (left to the interpreter's exit, a
+        # gloo thread still holding a tensor may abort it)
+        assert [(out / f"ended-{r}").read_text() for r in range(ranks)] == ["True"] * ranks
     assert len(losses[1]) == len(losses[2]) == 3
+    if "init_from" in options:  # the first update's policy is its reference, on both
+        assert losses[1][0]["kl"] == pytest.approx(0.0, abs=1e-7) and losses[2][0]["kl"] == pytest.approx(0.0, abs=1e-7)
+        assert losses[2][2]["kl"] == pytest.approx(losses[1][2]["kl"], rel=1e-3) and losses[1][2]["kl"] > 1e-7
     for one, two in zip(losses[1], losses[2]):  # the step's global loss and gradient norm, to fp32 rounding
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-4, abs=1e-6)
         assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
