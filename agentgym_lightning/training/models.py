@@ -116,14 +116,23 @@ class AdapterReference:
         """The model with the initial adapter weights, its trained ones restored on leaving."""
         with torch.no_grad():
             trained = [p.detach().clone() for p in self._params]
-            for param, initial in zip(self._params, self._initial):
-                param.copy_(initial)
+            self._write(self._initial)
         try:
             yield self.model
         finally:
             with torch.no_grad():
-                for param, weights in zip(self._params, trained):
-                    param.copy_(weights)
+                self._write(trained)
+
+    def _write(self, weights: list[torch.Tensor]) -> None:
+        for param, value in zip(self._params, weights):
+            param.copy_(value)
+        # Sharded (FSDP2): the root unit keeps its parameters gathered after a forward; drop every
+        # gathered copy so the next forward gathers the weights just written.
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def build_optimizer(params: list[torch.nn.Parameter], config: LightningRLConfig) -> torch.optim.Optimizer:

@@ -141,8 +141,10 @@ def test_a_two_rank_run_logs_the_global_loss_and_resumes_on_one_rank_with_the_sa
     [
         pytest.param({"beta": 0.04}, id="full-fine-tune-with-kl"),  # the KL reference sharded too
         pytest.param({"use_peft": True, "beta": 0.04, "num_iterations": 2}, id="lora-kl-2-iterations"),
-        # the KL to the adapter the run starts from, swapped into every rank's shards
-        pytest.param({"use_peft": True, "beta": 0.04, "init_from": "a LoRA run"}, id="lora-kl-to-its-initial-adapter"),
+        # the KL to the adapter the run starts from, swapped into every rank's shards (one on the
+        # head too: the root unit, which FSDP keeps gathered after a forward)
+        pytest.param({"use_peft": True, "beta": 0.04, "init_from": "a LoRA run", "lora_target_modules": ["q_proj", "lm_head"]},
+                     id="lora-kl-to-its-initial-adapter"),
     ],
 )
 def test_two_ranks_compute_the_update_of_one_rank_on_the_same_rows(two_rank_run, script, tiny_model_dir, tmp_path, options):
@@ -150,7 +152,8 @@ def test_two_ranks_compute_the_update_of_one_rank_on_the_same_rows(two_rank_run,
 
     if "init_from" in options:  # a LoRA run's trained adapter (B is no longer zero)
         lora_run = tmp_path / "lora-run"
-        _run(script, 1, "train", str(tiny_model_dir), str(lora_run), json.dumps({"use_peft": True, "max_steps": 2, "learning_rate": 1e-2}))
+        _run(script, 1, "train", str(tiny_model_dir), str(lora_run), json.dumps({"use_peft": True, "max_steps": 2, "learning_rate": 1e-2,
+                                                                                   "lora_target_modules": options["lora_target_modules"]}))
         options = {**options, "init_from": str(lora_run)}
 
     weights, losses = {}, {}
