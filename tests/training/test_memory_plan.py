@@ -18,7 +18,7 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
 
 
-def test_the_estimate_is_what_the_trainer_holds_and_splits_by_ranks(tiny_model_dir):
+def test_the_estimate_is_what_the_trainer_holds_and_splits_by_ranks(tiny_model_dir, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -46,6 +46,10 @@ def test_the_estimate_is_what_the_trainer_holds_and_splits_by_ranks(tiny_model_d
     lora = plan_memory(lora_config, str(tiny_model_dir), available=2**40)
     adapter = _bytes(p for p in add_lora(model, lora_config).parameters() if p.requires_grad)
     assert lora.gradients == adapter and lora.optimizer == 2 * adapter and lora.weights == weights + adapter
+    assert plan_memory(LightningRLConfig(use_peft=True, beta=0.04), str(tiny_model_dir), available=2**40).reference == 0  # the base
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "adapter_model.safetensors").write_bytes(b"")  # a LoRA warm start: a copy of its adapter is the reference
+    assert plan_memory(LightningRLConfig(use_peft=True, beta=0.04, init_from=str(tmp_path)), str(tiny_model_dir), available=2**40).reference == adapter
 
     adafactor = plan_memory(LightningRLConfig(optim="adafactor"), str(tiny_model_dir), available=2**40)
     assert adafactor.optimizer < full.optimizer / 10
