@@ -42,16 +42,21 @@ class InitialWeights:
     #: Each agent adapter's file (``adapters`` from ``final/adapters/<name>/``).
     adapter_files: dict[str, Path] = field(default_factory=dict)
 
+    @property
+    def holds_adapters(self) -> bool:
+        """Whether these are LoRA adapter weights (one adapter or one per agent), not full weights."""
+        return self.kind != "full"
+
     def load_base(self, model: Any) -> None:
         """Full weights into ``model`` (before LoRA is added); nothing for adapters."""
-        if self.kind == "full":
+        if not self.holds_adapters:
             assert self.file is not None
             load_full_weights(model, read_weights(self.file), self.source)
 
     def load_adapters(self, model: Any, *, peft: bool, adapters: Sequence[str] | None = None) -> None:
         """Adapter weights into ``model``'s LoRA adapter (``adapters``: each agent's); nothing for
         full weights. ``ValueError`` when the run has no adapter to take them."""
-        if self.kind == "full":
+        if not self.holds_adapters:
             return
         if not peft:
             raise ValueError(

@@ -3,10 +3,11 @@
 An update's memory is mostly known before it starts: the weights, their gradients and the
 optimizer's state (all three split N ways by FSDP on N ranks, :mod:`.ranks`), a full fine-tune's
 frozen KL reference (a LoRA run started from adapters: a copy of those), and the generator where
-it shares the trainer's device (rank 0). The plan is counted from the model's config on PyTorch's ``meta`` device (no weight is loaded) and compared
-with what the device has free (CPU: the RAM available, shared by the node's ranks; CUDA: the
-device's free memory). A plan that cannot fit is refused with the options that shrink it, instead
-of an out-of-memory error an hour in. Activations come on top; ``micro_batch_tokens`` bounds them.
+it shares the trainer's device (rank 0). The plan is counted from the model's config on PyTorch's
+``meta`` device (no weight is loaded) and compared with what the device has free (CPU: the RAM
+available, shared by the node's ranks; CUDA: the device's free memory). A plan that cannot fit is
+refused with the options that shrink it, instead of an out-of-memory error an hour in.
+Activations come on top; ``micro_batch_tokens`` bounds them.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
         # its own adapters on the shared frozen base.
         generator += trained if config.use_peft and config.lora_per_agent else base
     reference = 0 if config.use_peft or config.beta <= 0 else weights
-    if config.use_peft and config.beta > 0 and config.init_from and find_initial_weights(config.init_from).kind != "full":
+    if config.use_peft and config.beta > 0 and config.init_from and find_initial_weights(config.init_from).holds_adapters:
         reference = trained  # LoRA from adapters: a copy of their initial weights (models.AdapterReference)
     return MemoryPlan(
         ranks=ranks,

@@ -107,9 +107,12 @@ class AdapterReference:
     model sharded); a resumed run builds it before loading its checkpoint, so it stays the start."""
 
     def __init__(self, model: Any) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
         self.model = model
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._initial = [p.detach().clone() for p in self._params]
+        self._sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[Any]:
@@ -128,11 +131,8 @@ class AdapterReference:
             param.copy_(value)
         # Sharded (FSDP2): the root unit keeps its parameters gathered after a forward; drop every
         # gathered copy so the next forward gathers the weights just written.
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in self.model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+        for module in self._sharded:
+            module.reshard()
 
 
 def build_optimizer(params: list[torch.nn.Parameter], config: LightningRLConfig) -> torch.optim.Optimizer:

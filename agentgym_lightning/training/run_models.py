@@ -103,7 +103,7 @@ def build_run_models(
         enable_activation_checkpointing(model)
     ref_model = reference_model(model, config) if config.beta > 0 else None
     model, ref_model = ranks.shard(model, ref_model)  # N ranks: FSDP2
-    if ref_model is not None and config.use_peft and initial is not None and initial.kind != "full":
+    if ref_model is not None and config.use_peft and initial is not None and initial.holds_adapters:
         ref_model = AdapterReference(model)  # the KL is to the adapters the run starts from, not to the base
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, config)
