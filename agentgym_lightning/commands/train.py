@@ -439,6 +439,10 @@ def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], RunTrai
         print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
         return 1
     except TrainingStopped as exc:
+        from agentgym_lightning.training.ranks import RankLostError, launcher_reports_lost_ranks
+
+        if isinstance(exc.__cause__, RankLostError) and launcher_reports_lost_ranks():
+            return 1  # its checkpoint is saved; the launcher's one line names the rank that died
         resume_hint = f"; continue with --resume {config.output_dir}" if exc.checkpoint is not None else ""
         print(f"agentgym-lightning {command}: {exc}{resume_hint}", file=sys.stderr)
         return 1

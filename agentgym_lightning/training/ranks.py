@@ -46,7 +46,7 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.models import trainable_model
 from agentgym_lightning.training.samples import Sample
 
-__all__ = ["Ranks", "RankLostError", "split_by_tokens", "launch", "LaunchFailure"]
+__all__ = ["Ranks", "RankLostError", "split_by_tokens", "launch", "LaunchFailure", "launcher_reports_lost_ranks"]
 
 #: How long a collective waits for a rank (a rollout on rank 0 happens while the others wait).
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
@@ -54,6 +54,17 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 class RankLostError(OSError):
     """A collective failed: another rank is gone (killed, out of memory, its node lost)."""
+
+
+#: Set by :func:`launch` for the ranks it starts: it reports a lost rank itself (which rank, how it
+#: died, the checkpoint to resume from), so a rank that sees the loss need not say it again.
+LAUNCHER_REPORTS_ENV = "AGENTGYM_LIGHTNING_LAUNCHER_REPORTS"
+
+
+def launcher_reports_lost_ranks() -> bool:
+    """Whether this process is a rank :func:`launch` started, whose launcher reports a lost rank
+    (under ``torchrun`` or ``accelerate launch`` rank 0 must report it itself)."""
+    return os.environ.get(LAUNCHER_REPORTS_ENV) == "1"
 
 
 def split_by_tokens(rows: Sequence[Sample], n: int) -> list[list[Sample]]:
@@ -458,6 +469,8 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     args = get_args_parser().parse_args(
         ["--standalone", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0", "--no-python", sys.executable, "-m", "agentgym_lightning", *argv]
     )
+    before = os.environ.get(LAUNCHER_REPORTS_ENV)
+    os.environ[LAUNCHER_REPORTS_ENV] = "1"  # the ranks inherit it
     try:
         run(args)
     except SignalException as exc:  # Ctrl-C or SIGTERM: the ranks got it too (rank 0 saves, then stops the rest)
@@ -473,4 +486,9 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
 
         rank, failure = min(exc.failures.items(), key=cause)
         return LaunchFailure(rank=int(rank), exitcode=int(failure.exitcode), signal=failure.signal_name() if failure.exitcode < 0 else None)
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHER_REPORTS_ENV, None)
+        else:
+            os.environ[LAUNCHER_REPORTS_ENV] = before
     return None

@@ -462,3 +462,52 @@ def test_a_resume_from_an_older_checkpoint_sets_aside_the_later_ones_and_a_stale
     (tmp_path / "final").mkdir()
     assert checkpoints.set_aside_after(1) == [] and (tmp_path / "final").is_dir()
     assert checkpoints.set_aside_message(1, []) == []
+
+
+@pytest.mark.parametrize("launched", [True, False], ids=["under-our-launcher", "under-torchrun"])
+def test_a_lost_rank_is_reported_once_by_whoever_can_name_it(launched, monkeypatch, capsys, tmp_path):
+    """Under ``train --nproc-per-node`` the launcher names the rank that died and the checkpoint, so
+    rank 0 stays quiet (two lines for one loss raced in CI); under ``torchrun`` rank 0 says it."""
+    from types import SimpleNamespace
+
+    from agentgym_lightning.commands import train as command
+    from agentgym_lightning.training import checkpoint, ranks
+    from agentgym_lightning.training.result import TrainingStopped
+
+    class RankZero:
+        is_main_rank = True
+        adapters = None
+        checkpoints = SimpleNamespace(model=None, optimizer=None)
+
+        def train(self, resume_from=None):
+            try:
+                raise ranks.RankLostError("a rank is gone (Connection closed by peer)")
+            except ranks.RankLostError as exc:
+                raise TrainingStopped("the run stopped at step 2: RankLostError(...)", tmp_path / "checkpoint-000001") from exc
+
+    monkeypatch.setattr(checkpoint, "check_checkpoint_space", lambda *args: None)
+    monkeypatch.setattr(checkpoint, "checkpoint_bytes", lambda *args: 0)
+    if launched:
+        monkeypatch.setenv(ranks.LAUNCHER_REPORTS_ENV, "1")
+    else:
+        monkeypatch.delenv(ranks.LAUNCHER_REPORTS_ENV, raising=False)
+    status = command.run_trainer("train", SimpleNamespace(output_dir=str(tmp_path), use_peft=False), lambda config: RankZero(), None)
+    assert status == 1
+    said = capsys.readouterr().err
+    if launched:
+        assert said == ""
+    else:
+        assert said.startswith("agentgym-lightning train: the run stopped at step 2") and f"--resume {tmp_path}" in said
+
+
+def test_the_launcher_tells_its_ranks_that_it_reports_a_lost_rank_and_leaves_the_environment_as_it_was(monkeypatch):
+    import torch.distributed.run
+
+    from agentgym_lightning.training import ranks
+
+    seen = {}
+    monkeypatch.delenv(ranks.LAUNCHER_REPORTS_ENV, raising=False)
+    monkeypatch.setattr(torch.distributed.run, "run", lambda args: seen.update(flag=ranks.launcher_reports_lost_ranks()))
+    assert ranks.launch(2, ["train", "--help"]) is None
+    assert seen == {"flag": True}
+    assert not ranks.launcher_reports_lost_ranks()
