@@ -17,7 +17,7 @@ every statistic are therefore those of the row-by-row computation, for every los
 sampling level, aggregation mode, KL and ``num_iterations``; two identical rows simply share nodes.
 
 What it needs from the model: a decoder-only causal LM whose attention takes a custom 4D mask —
-``sdpa`` (a boolean mask, on CPU and CUDA) or ``eager`` (an additive float mask). Flash-attention
+``sdpa`` or ``eager``; both get one additive float mask in the weights' dtype. Flash-attention
 kernels do not take such masks: :func:`packed_unsupported_reason` says why a model cannot be
 served, and the trainer falls back to the padded update (``packed_update`` in the config).
 """
@@ -37,8 +37,11 @@ from agentgym_lightning.training.samples import Sample
 
 __all__ = ["TokenTree", "build_token_tree", "tree_micro_batches", "tree_token_logps", "packed_unsupported_reason", "count_unique_tokens"]
 
-#: Attention implementations that take an arbitrary 4D mask (with the mask's dtype they expect).
-_MASK_DTYPES = {"sdpa": "bool", "eager": "additive"}
+#: Attention implementations that take an arbitrary 4D mask. Both get an additive float mask: given
+#: a boolean one, sdpa converts it to float in every layer and keeps each copy for the backward
+#: (n x n x 4 bytes a layer; SmolLM2-135M at 4,096 nodes, bench/bench_activations.py: 7.3 GiB
+#: kept for the backward against 5.5 GiB with one float mask, the same loss to the last digit).
+_TAKES_4D_MASK = ("sdpa", "eager")
 
 
 @dataclass
@@ -67,9 +70,9 @@ class TokenTree:
     def to(self, device: torch.device | str) -> TokenTree:
         return TokenTree(*(t.to(device) for t in (self.node_ids, self.parents, self.depths, self.logit_nodes, self.scored_nodes, self.logit_slot, self.gather)))
 
-    def attention_mask(self, kind: str, dtype: torch.dtype) -> torch.Tensor:
-        """The ``(1, 1, n, n)`` mask in which each node sees itself and its ancestors only:
-        boolean (True = attend) for ``kind="bool"``, else additive (0 or the dtype's minimum)."""
+    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The ``(1, 1, n, n)`` additive mask in which each node sees itself and its ancestors
+        only: 0 where it attends, else the ``dtype``'s minimum."""
         n = self.num_nodes
         parents = self.parents.cpu().numpy()
         sees = np.zeros((n, n), dtype=bool)
@@ -78,8 +81,6 @@ class TokenTree:
                 sees[k] = sees[parents[k]]
             sees[k, k] = True
         mask = torch.from_numpy(sees).to(self.node_ids.device)
-        if kind == "bool":
-            return mask[None, None]
         additive = torch.zeros((n, n), dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
         return additive[None, None]
 
@@ -194,7 +195,7 @@ def packed_unsupported_reason(model: Any) -> str | None:
     if getattr(config, "is_encoder_decoder", False):
         return f"{type(config).__name__} is an encoder-decoder model (the token tree needs a decoder-only causal LM)"
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in _MASK_DTYPES:
+    if attention not in _TAKES_4D_MASK:
         return f"its attention implementation {attention!r} takes no custom 4D mask (sdpa and eager do)"
     return None
 
@@ -212,9 +213,8 @@ def tree_token_logps(
     reason = packed_unsupported_reason(model)
     if reason is not None:
         raise ValueError(f"cannot run the packed update: {reason}; set packed_update=False")
-    kind = _MASK_DTYPES[model.config._attn_implementation]
     dtype = next(model.parameters()).dtype
-    inputs = {"input_ids": tree.node_ids[None], "attention_mask": tree.attention_mask(kind, dtype), "position_ids": tree.depths[None], "use_cache": False}
+    inputs = {"input_ids": tree.node_ids[None], "attention_mask": tree.attention_mask(dtype), "position_ids": tree.depths[None], "use_cache": False}
     tokens = tree.node_ids[tree.scored_nodes]
     blank = torch.zeros(1, dtype=torch.float32, device=tokens.device)
     head = _plain_lm_head(model)

@@ -174,6 +174,29 @@ def test_eager_attention_takes_the_tree_as_an_additive_mask():
     torch.testing.assert_close(packed[mask], padded[mask], atol=2e-5, rtol=1e-5)
 
 
+def test_sdpa_takes_the_tree_as_one_additive_mask_in_the_weights_dtype_for_every_layer():
+    """Given a boolean mask, sdpa converts it to float in every layer and keeps each copy for the
+    backward (bench/bench_activations.py: 1.3x the activations at 4,096 nodes); one float mask,
+    shared by the layers, is kept once."""
+    rows = [row([1, 2, 3], [4, 5]), row([1, 2, 3], [6, 7, 8]), row([9], [1, 2])]
+    net = tiny_llama("sdpa")
+    seen = []
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True)
+             for layer in net.model.layers]
+    tree = build_token_tree(rows)
+    batch = pad_samples(rows, 0)
+    packed = tree_token_logps(net, tree, batch, 1.0)[0]
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(net.model.layers) and all(mask is seen[0] for mask in seen)
+    mask = seen[0]
+    assert mask.dtype == torch.float32 and mask.shape == (1, 1, tree.num_nodes, tree.num_nodes)
+    assert set(mask.unique().tolist()) == {0.0, torch.finfo(torch.float32).min}
+    assert torch.equal(mask[0, 0] == 0, torch.tril(mask[0, 0] == 0))  # an ancestor precedes its node
+    completion = batch.completion_mask.bool()
+    torch.testing.assert_close(packed[completion], per_token_logps(net, batch, 1.0)[0][completion], atol=2e-5, rtol=1e-5)
+
+
 def test_micro_batches_keep_shared_prefixes_together_within_the_node_budget():
     group_a = [row([1, 2, 3, 4], [5, i]) for i in range(6, 9)]  # 4 + 1 + 3 = 8 nodes
     group_b = [row([9, 9, 9], [7, i]) for i in range(1, 4)]  # 3 + 1 + 3 = 7 nodes
