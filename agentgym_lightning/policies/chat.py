@@ -10,7 +10,8 @@ means the same prompt ids for the same conversation, whichever engine generates.
   results as ``<tool_response>`` user messages (see :mod:`.tool_calls`).
 * :func:`decode_completion` — decoded text, parsed tool calls and the exact ids/logprobs.
 * :func:`stop_token_ids` — the ids of tokens named by their text (``"<|im_start|>"``) that end a
-  completion as EOS does (a backend's ``stop_tokens`` option).
+  completion as EOS does (a backend's ``stop_tokens`` option); :func:`request_stop_token_ids` —
+  the ids a request names itself (vLLM's ``stop_token_ids``).
 
 These names are stable API.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "DecodedCompletion",
     "decode_completion",
     "stop_token_ids",
+    "request_stop_token_ids",
 ]
 
 
@@ -256,3 +258,22 @@ def stop_token_ids(tokenizer: Any, stop_tokens: Sequence[str]) -> frozenset[int]
             )
         ids.add(int(vocab[name]))
     return frozenset(ids)
+
+
+def request_stop_token_ids(request: ChatRequest, vocab_size: int | None = None) -> frozenset[int]:
+    """The token ids a request itself asks to stop at: vLLM's ``stop_token_ids`` extension of the
+    chat API (the ``vllm-server`` backend sends its ``stop_tokens`` so), honoured by the local
+    backends too so that a policy served by :class:`~agentgym_lightning.policies.policy_server.PolicyServer`
+    stops where a vLLM server would.
+
+    Raises:
+        ValueError: not a list of token ids (of the vocabulary, when ``vocab_size`` is given).
+    """
+    given = request.extra.get("stop_token_ids")
+    if given is None:
+        return frozenset()
+    if not isinstance(given, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in given):
+        raise ValueError(f"'stop_token_ids' must be a list of non-negative token ids; got {given!r}")
+    if vocab_size is not None and any(i >= vocab_size for i in given):
+        raise ValueError(f"'stop_token_ids' {given!r} names ids outside the model's vocabulary (0 to {vocab_size - 1})")
+    return frozenset(given)

@@ -73,7 +73,7 @@ from typing import Any
 from agentgym_lightning.cpu_threads import torch_threads
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion, common_prefix_length
 from agentgym_lightning.policies.base import Policy
-from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, stop_token_ids
+from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, request_stop_token_ids, stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
@@ -97,6 +97,7 @@ class _Row:
     max_tokens: int
     stops: tuple[str, ...]
     adapter: str | None = None  # the LoRA adapter it is generated with (None: the active one)
+    stop_ids: frozenset[int] = frozenset()  # the request's own stop_token_ids, beside the policy's
 
 
 @dataclass
@@ -418,7 +419,8 @@ class HFPolicy(Policy):
                 f"(it has {sorted(getattr(self.hf_model, 'peft_config', None) or {}) or 'none'}): name one of those in "
                 f"metadata[{ADAPTER_KEY!r}], or leave it out to use the model as it is"
             )
-        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops, adapter=adapter)
+        row = _Row(index=index, request=request, prompt_ids=prompt_ids, max_tokens=max_tokens, stops=stops, adapter=adapter,
+                   stop_ids=request_stop_token_ids(request, len(self.tokenizer)))
         do_sample = temperature > 0
         if not do_sample:
             # Greedy ignores temperature/top_p/seed: every greedy request can share one batch.
@@ -485,7 +487,7 @@ class HFPolicy(Policy):
     def _ended(self, row: _Row, tokens: list[int]) -> tuple[str, str | None] | None:
         """``(finish_reason, text)`` once ``row`` has ended with its last token (``text``: the
         answer cut before a stop string; ``None`` to decode the ids), else ``None``."""
-        if tokens[-1] in self.stop_token_ids:
+        if tokens[-1] in self.stop_token_ids or tokens[-1] in row.stop_ids:
             return "stop", None
         if row.stops:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)

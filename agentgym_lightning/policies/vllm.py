@@ -56,7 +56,7 @@ from typing import Any
 
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
-from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, stop_token_ids
+from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, request_stop_token_ids, stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.served_weights import refresh_tied_lm_head, write_weights
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
@@ -395,7 +395,7 @@ class VLLMPolicy(Policy):
             top_p=top_p,
             max_tokens=max(max_tokens, 1),
             stop=stops or None,
-            stop_token_ids=self._stop_token_ids or None,
+            stop_token_ids=sorted(set(self._stop_token_ids) | request_stop_token_ids(request, len(self.tokenizer))) or None,
             seed=s.seed,
             presence_penalty=float(s.presence_penalty or 0.0),
             output_kind=self._final_only,  # the finished sequence only

@@ -179,6 +179,32 @@ def test_stop_tokens_end_a_completion_like_eos_and_keep_the_token(hf_policy, smo
         policy.close()
 
 
+def test_a_requests_own_stop_token_ids_end_it_there_also_through_the_policy_server(hf_policy, greedy):
+    """vLLM's ``stop_token_ids`` in the request (what the ``vllm-server`` backend sends for its
+    ``stop_tokens``) ends the completion as the policy's own stop tokens would: so a served hf
+    policy stops where a vLLM server does."""
+    import httpx
+
+    from agentgym_lightning.policies.policy_server import PolicyServer
+
+    requests, completions = greedy
+    base = max(completions, key=lambda c: len(c.completion_token_ids))
+    request = requests[completions.index(base)]
+    token_id = base.completion_token_ids[len(base.completion_token_ids) // 2]
+    first = base.completion_token_ids.index(token_id)
+    body = {"model": "m", "messages": request.messages, "max_tokens": 16, "temperature": 0, "stop_token_ids": [token_id]}
+    stopped = hf_policy.generate([ChatRequest.from_openai(body)])[0]
+    assert stopped.finish_reason == "stop" and stopped.completion_token_ids == base.completion_token_ids[: first + 1]
+    with PolicyServer(hf_policy) as server:
+        answer = httpx.post(server.base_url + "/chat/completions", json=body, timeout=120).json()
+        assert answer["choices"][0]["finish_reason"] == "stop"
+        assert answer["choices"][0]["token_ids"] == base.completion_token_ids[: first + 1]
+        refused = httpx.post(server.base_url + "/chat/completions", json={**body, "stop_token_ids": "<|im_start|>"}, timeout=120)
+        assert refused.status_code == 400 and "stop_token_ids" in refused.text
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        hf_policy.generate([ChatRequest.from_openai({**body, "stop_token_ids": [len(hf_policy.tokenizer)]})])
+
+
 def test_a_stop_token_that_is_not_one_token_is_a_clear_error(hf_policy):
     from agentgym_lightning.policies.chat import stop_token_ids
 

@@ -178,6 +178,9 @@ def test_stop_tokens_end_a_completion_and_keep_the_token(vllm_policy):
     assert cut.completion_token_ids == free.completion_token_ids[: first + 1]
     assert len(cut.logprobs) == len(cut.completion_token_ids)
     assert cut.text == vllm_policy.tokenizer.decode(cut.completion_token_ids, skip_special_tokens=True)
+    # a request's own stop_token_ids (vLLM's extension, as the vllm-server backend sends them) end it the same way
+    (asked,) = vllm_policy.generate([ChatRequest(messages=base, sampling=sampling, extra={"stop_token_ids": [token_id]})])
+    assert asked.finish_reason == "stop" and asked.completion_token_ids == cut.completion_token_ids
 
 
 def test_prompt_longer_than_context_is_a_length_completion(vllm_policy):
