@@ -336,7 +336,8 @@ class LightningRLConfig(DataclassConfig):
     check_memory: bool = field(
         default=True,
         metadata={"help": "Refuse, before loading the model, a run whose weights, gradients, optimizer state and generator "
-                  "cannot fit the device's free memory per rank (the plan is printed either way; docs/scaling.md)."},
+                  "cannot fit the device's free memory per rank, and warn when one micro-batch's estimated activations "
+                  "at micro_batch_tokens would not fit beside them (the plan is printed either way; docs/scaling.md)."},
     )
 
     # ------------------------------------------------------------------ LoRA

@@ -7,7 +7,12 @@ it shares the trainer's device (rank 0). The plan is counted from the model's co
 ``meta`` device (no weight is loaded) and compared with what the device has free (CPU: the RAM
 available, shared by the node's ranks; CUDA: the device's free memory). A plan that cannot fit is
 refused with the options that shrink it, instead of an out-of-memory error an hour in.
-Activations come on top; ``micro_batch_tokens`` bounds them.
+
+Activations are estimated apart (:func:`activation_bytes`): what autograd keeps for the backward
+of one micro-batch as long as ``micro_batch_tokens``, per token and layer from the model's widths
+(measured by ``bench/bench_activations.py``). A micro-batch is often shorter than its bound (short
+rows, few of them), so activations that cannot fit are a warning
+(:class:`ActivationMemoryWarning`) naming the ways to shrink them, not a refusal.
 """
 
 from __future__ import annotations
@@ -21,14 +26,20 @@ import torch
 
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.initial_weights import find_initial_weights
+from agentgym_lightning.training.token_tree import VOCAB_TILE, packed_unsupported_reason, plain_lm_head
 
-__all__ = ["MemoryPlan", "MemoryPlanError", "plan_memory", "available_memory"]
+__all__ = ["ActivationMemoryWarning", "MemoryPlan", "MemoryPlanError", "activation_bytes", "plan_memory", "available_memory"]
 
 _GIB = 2**30
 
 
 class MemoryPlanError(MemoryError):
     """The run's plan needs more memory per rank than its device has."""
+
+
+class ActivationMemoryWarning(ResourceWarning):
+    """The run's state fits, but with one micro-batch's activations at ``micro_batch_tokens`` it
+    does not: a micro-batch that long may run out of memory."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +55,20 @@ class MemoryPlan:
     generator: int
     #: Bytes the device has for one rank (``None``: unknown, nothing is refused).
     available: int | None
+    #: What one micro-batch of ``activation_tokens`` keeps for its backward, estimated
+    #: (:func:`activation_bytes`); ``None`` when no bound is set (``micro_batch_tokens=None``).
+    activations: int | None = None
+    #: The micro-batch bound the activations are counted at (``micro_batch_tokens``).
+    activation_tokens: int | None = None
 
     @property
     def total(self) -> int:
+        """The state the run holds throughout: everything but the activations."""
         return self.weights + self.gradients + self.optimizer + self.reference + self.generator
+
+    @property
+    def total_with_activations(self) -> int | None:
+        return None if self.activations is None else self.total + self.activations
 
     def describe(self) -> str:
         """The plan in one line per part, as the trainer prints it."""
@@ -56,10 +77,15 @@ class MemoryPlan:
             parts.append(("KL reference", self.reference))
         if self.generator:
             parts.append(("generator copy (rank 0)", self.generator))
-        lines = [f"memory per rank ({self.ranks} rank{'s' if self.ranks > 1 else ''}, {self.device}), before activations:"]
+        lines = [f"memory per rank ({self.ranks} rank{'s' if self.ranks > 1 else ''}, {self.device}):"]
         lines += [f"  {name:<24} {size / _GIB:8.2f} GiB" for name, size in parts]
         free = f"{self.available / _GIB:.2f} GiB available" if self.available is not None else "available memory unknown"
-        lines.append(f"  {'total':<24} {self.total / _GIB:8.2f} GiB of {free}")
+        lines.append(f"  {'total before activations':<24} {self.total / _GIB:8.2f} GiB of {free}")
+        if self.activations is None:
+            lines.append("  activations              unbounded (micro_batch_tokens=None: a micro-batch is as long as its rows)")
+        else:
+            lines.append(f"  {'activations':<24} {self.activations / _GIB:8.2f} GiB at most, a micro-batch of "
+                         f"{self.activation_tokens:,} tokens (estimated)")
         return "\n".join(lines)
 
     def check(self) -> None:
@@ -74,6 +100,23 @@ class MemoryPlan:
             "optimizer state split N ways), LoRA (--lora: gradients and optimizer state of the adapter only), Adafactor "
             "(--set optim=adafactor: no per-weight optimizer state), a separate generator (--backend vllm-server "
             "--generator-url URL: no generator on the trainer's device), or --set check_memory=false to try anyway"
+        )
+
+    def warn_about_activations(self) -> None:
+        """Warn (:class:`ActivationMemoryWarning`) when the state fits but a micro-batch at its
+        bound would not: whether one gets that long depends on the rows, which are not known yet."""
+        full = self.total_with_activations
+        if self.available is None or full is None or full <= self.available:
+            return
+        warnings.warn(
+            f"a micro-batch of {self.activation_tokens:,} tokens keeps about {self.activations / _GIB:.2f} GiB of activations "
+            f"for its backward; with the run's {self.total / _GIB:.2f} GiB that is {full / _GIB:.2f} GiB per rank, and "
+            f"{self.device} has {self.available / _GIB:.2f} GiB. A micro-batch that long may run out of memory. To shrink "
+            "it: --set gradient_checkpointing=true (keeps each layer's input only, recomputes the rest), a smaller "
+            "--set micro_batch_tokens=N (activations grow with it; the loss is the same), or fewer rows per forward "
+            "(--set per_device_train_batch_size=N)",
+            ActivationMemoryWarning,
+            stacklevel=2,
         )
 
 
@@ -119,6 +162,49 @@ def _optimizer_bytes(trainable: list[torch.nn.Parameter], optim: str, itemsize: 
     return 2 * itemsize * sum(p.numel() for p in trainable)  # AdamW: two moments in the weights' dtype
 
 
+def activation_bytes(
+    model_config: Any, *, tokens: int, itemsize: int, tree: bool, gradient_checkpointing: bool, logit_positions: int,
+    tiled_logits: bool, trained_head: bool, device: str = "cpu",
+) -> int:
+    """The peak bytes of one micro-batch of ``tokens`` token positions between its forward and the
+    end of its backward, beyond the weights and their accumulated gradients, estimated from a dense
+    decoder's widths (``model_config``: a transformers config) in weights of ``itemsize`` bytes.
+
+    What autograd keeps, per token and layer: 4 MLP-width tensors (gate, its activation, up, their
+    product), 6 hidden-width ones (each norm's input, normalised and scaled output) and the
+    attention's query and output (2 of query width; the output is the projection's input) plus its
+    key and value — repeated to the query's heads when the call has a mask and fewer key/value heads
+    (transformers' sdpa path; counted always, as the bound). ``gradient_checkpointing`` keeps each
+    layer's input instead and recomputes one layer at a time in the backward. The ``tree`` adds its
+    one additive ``tokens x tokens`` mask. The logits of ``logit_positions``: computed whole, fp32,
+    kept once, and about three more copies in the backward (softmax, gradient, temporaries); ``tiled_logits`` (TRL's chunked
+    kernel) a vocabulary tile at a time, whose backward on a device without Triton (the CPU) holds
+    about 8 fp32 temporaries of a tile. The backward starts with the head's weight gradient
+    (``trained_head``: a full fine-tune), computed whole before it is added to the accumulated one.
+    Against the peak of live tensors that ``bench/bench_activations.py`` measures on SmolLM2-135M:
+    see docs/scaling.md. Mixture-of-experts layers and vision towers are not counted."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    hidden = int(text.hidden_size)
+    layers = int(text.num_hidden_layers)
+    heads = int(getattr(text, "num_attention_heads", None) or 1)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    intermediate = int(getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden)
+    vocab = int(text.vocab_size)
+    kv_width = heads * head_dim if kv_heads < heads else kv_heads * head_dim
+    per_layer = 4 * intermediate + 6 * hidden + 2 * heads * head_dim + 2 * kv_width
+    final_norm = 3 * hidden
+    kept_per_token = (layers * hidden + per_layer + final_norm) if gradient_checkpointing else (layers * per_layer + final_norm)
+    mask = tokens * tokens * itemsize if tree else 0
+    if tiled_logits:  # trl.kernels.chunked_logprob: TOKEN_CHUNK_SIZE x chunk_size tiles (the update's VOCAB_TILE)
+        copies = 8 if device.startswith("cpu") else 1
+        logits = copies * min(logit_positions, 4096) * min(vocab, VOCAB_TILE) * 4
+    else:
+        logits = 4 * logit_positions * vocab * 4  # kept, its softmax, gradient and a temporary (measured: 2.9-3.7)
+    head_gradient = vocab * hidden * itemsize if trained_head else 0
+    return tokens * kept_per_token * itemsize + mask + logits + head_gradient
+
+
 def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device: str = "cpu", available: int | None = None) -> MemoryPlan:
     """What a run of ``config`` on the model in ``path`` holds per rank on ``ranks`` ranks of
     ``device`` (``available``: the bytes free, measured by :func:`available_memory` when ``None``)."""
@@ -142,6 +228,18 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
         # its own adapters on the shared frozen base.
         generator += trained if config.use_peft and config.lora_per_agent else base
     reference = 0 if config.use_peft or config.beta <= 0 else weights
+    activations = None
+    if config.micro_batch_tokens is not None:
+        tokens = config.micro_batch_tokens
+        tree = config.packed_update is not False and packed_unsupported_reason(model) is None
+        completion = config.max_completion_length
+        completions = tokens if completion is None else config.per_device_train_batch_size * (completion + 1)
+        head = model.get_output_embeddings()
+        activations = activation_bytes(
+            model.config, tokens=tokens, itemsize=itemsize, tree=tree, gradient_checkpointing=config.gradient_checkpointing,
+            logit_positions=min(tokens, completions), tiled_logits=tree and ranks == 1 and plain_lm_head(model) is not None,
+            trained_head=head is not None and head.weight.requires_grad, device=device,
+        )
     if config.use_peft and config.beta > 0 and config.init_from and find_initial_weights(config.init_from).holds_adapters:
         reference = trained  # LoRA from adapters: a copy of their initial weights (models.AdapterReference)
     return MemoryPlan(
@@ -153,6 +251,8 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
         reference=-(-reference // ranks),
         generator=generator,
         available=available if available is not None else available_memory(device),
+        activations=activations,
+        activation_tokens=config.micro_batch_tokens,
     )
 
 
@@ -177,4 +277,6 @@ def check_run_memory(config: LightningRLConfig, policy: Any, *, ranks: int, devi
         print(plan.describe(), file=sys.stderr)
     if config.check_memory:
         plan.check()
+        if main:
+            plan.warn_about_activations()
     return plan

@@ -35,7 +35,7 @@ from agentgym_lightning.llm import common_prefix_length
 from agentgym_lightning.training.loss import PaddedBatch
 from agentgym_lightning.training.samples import Sample
 
-__all__ = ["TokenTree", "build_token_tree", "tree_micro_batches", "tree_token_logps", "packed_unsupported_reason", "count_unique_tokens"]
+__all__ = ["TokenTree", "build_token_tree", "tree_micro_batches", "tree_token_logps", "packed_unsupported_reason", "count_unique_tokens", "plain_lm_head"]
 
 #: Attention implementations that take an arbitrary 4D mask. Both get an additive float mask: given
 #: a boolean one, sdpa converts it to float in every layer and keeps each copy for the backward
@@ -217,7 +217,7 @@ def tree_token_logps(
     inputs = {"input_ids": tree.node_ids[None], "attention_mask": tree.attention_mask(dtype), "position_ids": tree.depths[None], "use_cache": False}
     tokens = tree.node_ids[tree.scored_nodes]
     blank = torch.zeros(1, dtype=torch.float32, device=tokens.device)
-    head = _plain_lm_head(model)
+    head = plain_lm_head(model)
     if head is not None:
         # The logits never exist: TRL's chunked kernel projects the parents' hidden states a
         # vocabulary tile at a time (and again in the backward), so the update's largest tensors,
@@ -227,7 +227,7 @@ def tree_token_logps(
         from trl.kernels import ChunkedLogProbFunction
 
         logps, entropy, *_ = ChunkedLogProbFunction.apply(
-            hidden[tree.logit_slot], weight, bias, tokens, temperature, _VOCAB_TILE, None, 1.0, ("entropy",) if compute_entropy else ()
+            hidden[tree.logit_slot], weight, bias, tokens, temperature, VOCAB_TILE, None, 1.0, ("entropy",) if compute_entropy else ()
         )
         per_column = torch.cat([logps, blank])[tree.gather]
         if entropy is not None:
@@ -251,14 +251,14 @@ def tree_token_logps(
 _CHUNK = 128
 
 #: Vocabulary columns projected at a time by the chunked LM head (a tile is tokens x this).
-_VOCAB_TILE = 8192
+VOCAB_TILE = 8192
 
 #: Config attributes by which a model scales or caps its logits in its own ``forward`` (TRL's
 #: list): such a model's logits are not ``hidden @ lm_head.weight.T``, so they are computed whole.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
 
 
-def _plain_lm_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
+def plain_lm_head(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
     """``(decoder, weight, bias)`` when ``model``'s logits are exactly ``decoder(...)``'s last hidden
     states times a plain linear head (so they can be computed a tile at a time); ``None`` when
     they may not be (a LoRA on the head, a logit transform, no separate decoder) or the head's

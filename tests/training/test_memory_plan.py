@@ -111,3 +111,97 @@ def test_the_trainer_refuses_before_loading_the_model(tiny_model_dir, tmp_path, 
     assert not loaded
     # the way to try anyway
     assert LightningRLConfig(check_memory=False).check_memory is False
+
+
+def _peak_of_one_micro_batch(model, rows, config, packed) -> int:
+    """The peak bytes of live tensors in one micro-batch's forward and backward, beyond the weights
+    and their gradients (allocated beforehand, as from the second micro-batch of a step on), as
+    PyTorch's profiler records every allocation and free."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from agentgym_lightning.training.update import FixedLogps, MicroBatches
+
+    micro = MicroBatches(rows, config, packed=packed, pad_token_id=0, device="cpu")
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        micro.loss(model, 0, FixedLogps()).loss.backward()
+    events = sorted((e for e in profiled.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:  # an allocation's bytes, or a free's negated
+        live += event.nbytes()
+        peak = max(peak, live)
+    assert live == 0  # everything the micro-batch allocated was freed: the events are complete
+    return peak
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["tree", "padded"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+def test_the_activation_estimate_is_the_peak_of_a_micro_batch(tiny_model_dir, packed, checkpointing):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.memory_plan import activation_bytes
+    from agentgym_lightning.training.models import enable_activation_checkpointing
+    from agentgym_lightning.training.samples import Sample
+
+    tokens, completion = 512, 256
+    ids = torch.randint(100, 40000, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = [Sample(prompt_ids=ids[:-completion], completion_ids=ids[-completion:], loss_mask=[1] * completion,
+                   sampling_logprobs=[-1.0] * completion, advantages=[1.0] * completion, weight=1.0, episode_id="e", group_id="g")]
+    config = LightningRLConfig(micro_batch_tokens=None, report_to=[], progress=False)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa").train()
+    if checkpointing:
+        enable_activation_checkpointing(model)  # as the trainer does
+    peak = _peak_of_one_micro_batch(model, rows, config, packed)
+    # the tree's logits go through TRL's chunked kernel; padded rows' are computed whole
+    estimate = activation_bytes(model.config, tokens=tokens, itemsize=4, tree=packed, gradient_checkpointing=checkpointing,
+                                logit_positions=completion + 1, tiled_logits=packed, trained_head=True)
+    assert 0.9 * peak <= estimate <= 1.15 * peak
+
+
+def test_the_plan_counts_a_micro_batchs_activations_and_warns_when_they_cannot_fit(tiny_model_dir):
+    import warnings
+
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.memory_plan import ActivationMemoryWarning, plan_memory
+
+    plan = plan_memory(LightningRLConfig(micro_batch_tokens=2048), str(tiny_model_dir), available=2**40)
+    assert plan.activation_tokens == 2048 and plan.activations > 0
+    assert plan_memory(LightningRLConfig(micro_batch_tokens=4096), str(tiny_model_dir), available=2**40).activations > 2 * plan.activations
+    assert plan_memory(LightningRLConfig(micro_batch_tokens=2048, gradient_checkpointing=True), str(tiny_model_dir), available=2**40).activations < plan.activations
+    assert "activations" in plan.describe() and "2,048 tokens" in plan.describe()
+    unbounded = plan_memory(LightningRLConfig(micro_batch_tokens=None), str(tiny_model_dir), available=2**40)
+    assert unbounded.activations is None and "unbounded" in unbounded.describe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        unbounded.warn_about_activations()
+        # exactly enough: no warning
+        plan_memory(LightningRLConfig(micro_batch_tokens=2048), str(tiny_model_dir), available=plan.total_with_activations).warn_about_activations()
+
+    # the state fits, a micro-batch at its bound would not: a warning naming the ways out, not a refusal
+    tight = plan_memory(LightningRLConfig(micro_batch_tokens=2048), str(tiny_model_dir), available=plan.total + plan.activations // 2)
+    tight.check()
+    with pytest.warns(ActivationMemoryWarning) as warned:
+        tight.warn_about_activations()
+    message = str(warned[0].message)
+    for option in ("gradient_checkpointing=true", "micro_batch_tokens", "per_device_train_batch_size"):
+        assert option in message
+
+
+def test_sft_prints_its_plan_and_refuses_one_that_cannot_fit(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    import json
+
+    from agentgym_lightning.training import memory_plan
+    from agentgym_lightning.training.memory_plan import MemoryPlanError
+    from agentgym_lightning.training.sft import SFTConfig, SFTTrainer
+
+    source = tmp_path / "episodes.jsonl"
+    source.write_text(json.dumps({"episode_id": "e"}) + "\n", encoding="utf-8")
+    config = SFTConfig(sources=[str(source)], model=str(tiny_model_dir), output_dir=str(tmp_path / "run"), report_to=[], progress=False)
+    monkeypatch.setattr(memory_plan, "available_memory", lambda device: 1000)
+    with pytest.raises(MemoryPlanError, match="per rank"):
+        SFTTrainer(config)
+    assert "memory per rank (1 rank, cpu)" in capsys.readouterr().err

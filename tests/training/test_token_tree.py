@@ -235,10 +235,10 @@ def test_the_lm_head_is_chunked_only_when_the_logits_are_a_plain_projection(make
     """A plain head is projected a tile at a time (no whole logits); a head that is more than
     ``hidden @ weight.T`` (a LoRA on it, a logit transform) is computed whole, as the model's own
     forward does. Both give the padded logprobs and gradients."""
-    from agentgym_lightning.training.token_tree import _plain_lm_head
+    from agentgym_lightning.training.token_tree import plain_lm_head
 
     net = make()
-    plain = _plain_lm_head(net)
+    plain = plain_lm_head(net)
     assert (plain is not None) == (make is tiny_llama)
     packed = _logps_and_grads(net, lambda n, rows, batch: tree_token_logps(n, build_token_tree(rows), batch, 0.7)[0])
     padded = _logps_and_grads(net, lambda n, rows, batch: per_token_logps(n, batch, 0.7)[0])
@@ -247,11 +247,11 @@ def test_the_lm_head_is_chunked_only_when_the_logits_are_a_plain_projection(make
 
 
 def test_a_logit_transform_in_the_config_keeps_the_logits_whole():
-    from agentgym_lightning.training.token_tree import _plain_lm_head
+    from agentgym_lightning.training.token_tree import plain_lm_head
 
     net = tiny_llama()
     net.config.final_logit_softcapping = 30.0
-    assert _plain_lm_head(net) is None
+    assert plain_lm_head(net) is None
 
 
 def test_a_model_without_a_4d_mask_attention_is_named_with_the_reason():

@@ -47,7 +47,7 @@ _SHARED = (
     "num_generations", "concurrency", "temperature", "top_p", "max_completion_length", "air_weights", "agent_match", "optim",
     "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
     "max_grad_norm", "per_device_train_batch_size", "micro_batch_tokens", "packed_update", "gradient_checkpointing", "dtype",
-    "device", "num_threads", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_per_agent",
+    "device", "num_threads", "check_memory", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_per_agent",
     "eval_env_kwargs", "eval_episodes", "eval_steps", "eval_temperature", "save_steps", "save_total_limit", "logging_steps",
     "report_to", "run_name", "progress",
 )
@@ -162,6 +162,7 @@ class SFTConfig(DataclassConfig):
     dtype: str = _same("dtype")
     device: str = _same("device")
     num_threads: int | None = _same("num_threads")
+    check_memory: bool = _same("check_memory")
 
     # ------------------------------------------------------------------ LoRA (the RL config's)
     use_peft: bool = _same("use_peft")

@@ -48,6 +48,7 @@ from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, sync_weights
 from agentgym_lightning.training.held_out import held_out_eval, held_out_written
+from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
@@ -102,6 +103,8 @@ class SFTTrainer:
         self.eval_factory = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         self._schedule: TaskSchedule | None = None
 
+        #: What the run will hold (printed; a plan that cannot fit is refused before any weight loads).
+        self.memory_plan = check_run_memory(view, policy, ranks=1, device=None, main=True)
         #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
         self._owns_policy = policy is None
         built = build_run_models(view, policy, training_steps=cfg.total_steps)
