@@ -353,6 +353,22 @@ def test_the_update_frees_its_gradients_once_the_weights_are_stepped(tiny_model_
 
 
 @needs_model
+def test_the_update_gives_back_what_each_micro_batch_freed_before_the_next(tiny_model_dir, tmp_path, monkeypatch):
+    # glibc keeps freed memory for reuse, and the next micro-batch's tensors, of other sizes, do not
+    # fit into it: without a trim between them the process grew by a micro-batch's peak each time.
+    from agentgym_lightning.training import update
+
+    trimmed = []
+    monkeypatch.setattr(update, "release_freed_memory", lambda: trimmed.append(len(trimmed)) or True)
+    trainer = _trainer(tiny_model_dir, tmp_path, "trims", micro_batch_tokens=16)
+    trainer.update(_step_rows())
+    micro_batches = update.MicroBatches(_step_rows().samples, trainer.config, packed=trainer.packed_update,
+                                        pad_token_id=trainer.pad_token_id, device="cpu")
+    assert len(micro_batches) > 1 and len(trimmed) == len(micro_batches) - 1
+    trainer.policy.close()
+
+
+@needs_model
 def test_auto_falls_back_to_padded_rows_with_one_warning_for_a_model_without_a_4d_mask(tiny_model_dir, tmp_path, monkeypatch):
     from agentgym_lightning.training import update as update_module
 
