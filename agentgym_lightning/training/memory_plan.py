@@ -8,9 +8,10 @@ it shares the trainer's device (rank 0). The plan is counted from the model's co
 available, shared by the node's ranks; CUDA: the device's free memory). A plan that cannot fit is
 refused with the options that shrink it, instead of an out-of-memory error an hour in.
 
-Activations are estimated apart (:func:`activation_bytes`): what autograd keeps for the backward
-of one micro-batch as long as ``micro_batch_tokens``, per token and layer from the model's widths
-(measured by ``bench/bench_activations.py``). A micro-batch is often shorter than its bound (short
+Activations are estimated apart (:func:`activation_bytes`): the peak of live tensors in one
+micro-batch as long as ``micro_batch_tokens``, from the model's widths (checked against
+``bench/bench_activations.py``'s measure). The process's RSS can be well above it (what the
+allocator keeps; docs/training.md). A micro-batch is often shorter than its bound (short
 rows, few of them), so activations that cannot fit are a warning
 (:class:`ActivationMemoryWarning`) naming the ways to shrink them, not a refusal.
 """
@@ -55,7 +56,7 @@ class MemoryPlan:
     generator: int
     #: Bytes the device has for one rank (``None``: unknown, nothing is refused).
     available: int | None
-    #: What one micro-batch of ``activation_tokens`` keeps for its backward, estimated
+    #: The live peak of one micro-batch of ``activation_tokens``, estimated
     #: (:func:`activation_bytes`); ``None`` when no bound is set (``micro_batch_tokens=None``).
     activations: int | None = None
     #: The micro-batch bound the activations are counted at (``micro_batch_tokens``).
@@ -109,8 +110,8 @@ class MemoryPlan:
         if self.available is None or full is None or full <= self.available:
             return
         warnings.warn(
-            f"a micro-batch of {self.activation_tokens:,} tokens keeps about {self.activations / _GIB:.2f} GiB of activations "
-            f"for its backward; with the run's {self.total / _GIB:.2f} GiB that is {full / _GIB:.2f} GiB per rank, and "
+            f"a micro-batch of {self.activation_tokens:,} tokens holds about {self.activations / _GIB:.2f} GiB of activations "
+            f"at its peak; with the run's {self.total / _GIB:.2f} GiB that is {full / _GIB:.2f} GiB per rank, and "
             f"{self.device} has {self.available / _GIB:.2f} GiB. A micro-batch that long may run out of memory. To shrink "
             "it: --set gradient_checkpointing=true (keeps each layer's input only, recomputes the rest), a smaller "
             "--set micro_batch_tokens=N (activations grow with it; the loss is the same), or fewer rows per forward "
@@ -177,8 +178,8 @@ def activation_bytes(
     (transformers' sdpa path; counted always, as the bound). ``gradient_checkpointing`` keeps each
     layer's input instead and recomputes one layer at a time in the backward. The ``tree`` adds its
     one additive ``tokens x tokens`` mask. The logits of ``logit_positions``: computed whole, fp32,
-    kept once, and about three more copies in the backward (softmax, gradient, temporaries); ``tiled_logits`` (TRL's chunked
-    kernel) a vocabulary tile at a time, whose backward on a device without Triton (the CPU) holds
+    kept once, and about three more copies in the backward (softmax, gradient, temporaries);
+    ``tiled_logits`` (TRL's chunked kernel) a vocabulary tile at a time, whose backward on a device without Triton (the CPU) holds
     about 8 fp32 temporaries of a tile. The backward starts with the head's weight gradient
     (``trained_head``: a full fine-tune), computed whole before it is added to the accumulated one.
     Against the peak of live tensors that ``bench/bench_activations.py`` measures on SmolLM2-135M:
