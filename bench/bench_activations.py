@@ -9,10 +9,9 @@ left out: ``saved_tensors_hooks``); **live peak**, the peak bytes of live tensor
 forward's start and the backward's end (PyTorch's profiler records every allocation and free),
 both exact and the same on every run; and **RSS peak**, the process's peak RSS minus its RSS before
 the forward, in a second process without the profiler (whose records would count): what the
-machine sees, but it moves by up to a GiB between runs of one case (the allocator's free lists). The memory plan's estimate
-(:func:`~agentgym_lightning.training.memory_plan.activation_bytes`) is printed as a ratio to the
-live peak.
-Cases:
+machine sees, but it moves by up to a GiB between runs of one case (the allocator's free lists).
+The memory plan's estimate (:func:`~agentgym_lightning.training.memory_plan.activation_bytes`) is
+printed as a ratio to the live peak. Cases:
 
 * ``padded``: the padded update (``packed_update=False``);
 * ``tree``: the token-tree update (one row: the tree is the row; the 4D mask is what differs);
