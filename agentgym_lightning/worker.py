@@ -163,7 +163,10 @@ class AgentWorker:
         in a C call (``time.sleep``, a socket read with no timeout) cannot be stopped until that
         call returns: such a worker is left running, reported in the log and in the trajectory's
         ``error``, and counted by :meth:`Gateway.lingering_agents` (starting an episode raises
-        past ``GatewayLimits.max_lingering_agents``).
+        past ``GatewayLimits.max_lingering_agents``). A worker left running is stopped again
+        every ``grace`` seconds until it ends (:meth:`_keep_stopping`): a raise can be lost, and
+        an agent that catches everything and calls again over its own HTTP client would
+        otherwise run on for ever.
         """
         episode = self.episode
         episode.close()
@@ -193,8 +196,41 @@ class AgentWorker:
                 "interrupt a call blocked in C code; AgentCancelled is raised when it returns."
             )
             self.gateway.add_lingering(episode.episode_id, self._thread or self._task or self._future, where)
+            threading.Thread(
+                target=self._keep_stopping, args=(grace,), name=f"agent-stopper-{episode.episode_id[:8]}", daemon=True
+            ).start()
         self.endpoint.close()
         return ok
+
+    def _keep_stopping(self, interval: float) -> None:
+        """Stop a worker left running again every ``interval`` seconds until it ends (on a
+        thread of its own). Each raise of :class:`AgentCancelled` is lost when it lands inside a
+        ``__del__`` (Python only prints it), and an agent over its own HTTP client makes no call
+        through this process's guard, so a thread that swallows errors and keeps calling meets
+        only these raises; a thread blocked in a C call gets the last one when the call returns."""
+        interval = max(interval, 0.05)
+        while not self._join(interval):
+            self._stop_once()
+
+    def _stop_once(self) -> bool:
+        """Raise :class:`AgentCancelled` in the worker's thread once, if it is at a point where
+        that is safe (:func:`_safe_to_raise_in`), or cancel its task; False if not now."""
+        if self._thread is not None:
+            with self._raise_lock:
+                ident = self._thread.ident
+                if self._worker_exiting or not self._thread.is_alive() or ident is None:
+                    return False
+                if not _safe_to_raise_in(ident):
+                    return False
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(AgentCancelled))
+                return True
+        if self._task is not None:
+            self.gateway.background_loop().loop.call_soon_threadsafe(self._task.cancel)
+            return True
+        if self._future is not None:
+            self._future.cancel()  # the task has not started yet
+            return True
+        return False
 
     def _force_stop(self, seconds: float) -> tuple[bool, bool]:
         """``(ended, raised asynchronously)`` after forcing the worker for up to ``seconds``."""
@@ -204,24 +240,12 @@ class AgentWorker:
             return True, False
         raised = 0
         while raised < _MAX_ASYNC_RAISES and time.monotonic() < deadline:
-            if self._thread is not None:
-                with self._raise_lock:
-                    ident = self._thread.ident
-                    if self._worker_exiting or not self._thread.is_alive() or ident is None:
-                        pass
-                    elif _safe_to_raise_in(ident):
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(AgentCancelled))
-                        raised += 1
-                    else:  # inside the import system or a stdlib lock dance: try again shortly
-                        if self._join(0.01):
-                            return True, raised > 0
-                        continue
-            elif self._task is not None:
-                self.gateway.background_loop().loop.call_soon_threadsafe(self._task.cancel)
+            if self._stop_once():
                 raised += 1
-            elif self._future is not None:
-                self._future.cancel()  # the task has not started yet
-                raised += 1
+            elif self._thread is not None:  # inside the import system or a stdlib lock dance: try again shortly
+                if self._join(0.01):
+                    return True, raised > 0
+                continue
             if self._join(max(0.0, min(seconds / _MAX_ASYNC_RAISES, deadline - time.monotonic()))):
                 return True, self._thread is not None and raised > 0
         ended = self._join(max(0.0, deadline - time.monotonic()))

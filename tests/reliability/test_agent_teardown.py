@@ -13,6 +13,7 @@ import time
 import openai
 import pytest
 
+from agentgym_lightning.agent import AgentCancelled
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.gateway import Gateway
 from agentgym_lightning.gateway.limits import GatewayLimits
@@ -157,6 +158,46 @@ def test_agents_that_swallow_exceptions_and_keep_calling_are_stopped(resources, 
     # landed inside the shared in-process client's cookie-jar lock froze every other agent.
     resources.assert_no_leaks(before, settle_s=3.0)
     assert gw.lingering_agents() == []
+    gw.close()
+
+
+def stubborn_agent(task, ctx):
+    """Calls over its own client and loses the first five AgentCancelled raised in it, as a raise
+    delivered inside a ``__del__`` is lost; then lets one through."""
+    client = openai.OpenAI(base_url=ctx.base_url, api_key="k", max_retries=0)
+    lost = 0
+    while True:
+        try:
+            client.chat.completions.create(model="m", messages=USER)
+        except AgentCancelled:
+            lost += 1
+            task["lost"] = lost
+            if lost > 5:
+                raise
+        except Exception:  # noqa: BLE001, S112 - the hostile agent under test
+            pass
+
+
+def test_a_worker_left_running_is_stopped_again_until_it_ends(resources):
+    # Before: stop() raised three times and gave up, and the agent (its calls go over its own
+    # HTTP client, past this process's per-call guard) ran on, spinning, for ever.
+    gw = Gateway()
+    gw.start()
+    before = resources.snapshot()
+    task = {"lost": 0}
+    env = AgentEnv(stubborn_agent, [task], gateway=gw, transport="http", stop_grace=0.2)
+    env.reset(seed=0)
+    env.step_async("once")
+    env.close()
+    assert "did not stop" in env.trajectory.error
+    deadline = time.monotonic() + 10
+    while gw.lingering_agents() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gw.lingering_agents() == []
+    # It caught at least the three raises of stop()'s grace, so what ended it came after (six,
+    # unless one landed inside its handler).
+    assert task["lost"] >= 3
+    resources.assert_no_leaks(before, settle_s=3.0)  # the agent's thread and the one that stopped it
     gw.close()
 
 
