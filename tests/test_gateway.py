@@ -258,6 +258,33 @@ def test_an_ended_episodes_connections_are_closed_by_the_gateway():
         gw.close()
 
 
+def test_a_request_for_an_ended_episode_closes_its_connection():
+    # Before: answered 404 on a kept-alive connection, registered again under the ended episode
+    # and left open, so an agent that swallows errors and keeps calling held it for ever.
+    urls = []
+
+    def agent(task, ctx):
+        urls.append(ctx.base_url)
+        return ctx.chat_completion([{"role": "user", "content": task}]).text
+
+    gw = Gateway()
+    env = AgentEnv(agent, ["hi"], lambda t, r: 0.0, gateway=gw, transport="http")
+    client = httpx.Client(timeout=30)
+    try:
+        env.reset(seed=0)
+        *_, terminated, _, _ = env.step("ok")
+        assert terminated
+        body = {"model": "m", "messages": [{"role": "user", "content": "again"}]}
+        for _ in range(2):  # each on a new connection: the last one was closed
+            r = client.post(f"{urls[0]}/chat/completions", json=body)
+            assert r.status_code == 404 and r.headers["connection"] == "close"
+        assert _wait_until(lambda: not any(c.laddr.port == gw.port for c in _connections(gw.port)))
+    finally:
+        client.close()
+        env.close()
+        gw.close()
+
+
 def test_a_connection_shared_across_episodes_stays_open():
     gw = Gateway()
     client = httpx.Client(base_url=gw.url, timeout=30)  # one pool, the header form: shared by every episode

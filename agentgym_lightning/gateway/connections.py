@@ -8,7 +8,9 @@ caches 128 clients) or the gateway's ``keep_alive_timeout`` passes: two sockets 
 the agent runs in this process, one on the gateway's side otherwise. A connection all of whose
 requests went to one episode's base URL (``/episodes/<id>/v1/...``) can only ever be used for that
 episode, whose requests are refused once it ends, so it is closed then: at once when it is idle,
-with ``Connection: close`` on its response when a request is in flight. A connection that served
+with ``Connection: close`` on its response when a request is in flight; a request for it that
+arrives later (a new connection, a head still arriving at the end) is answered 404 with
+``Connection: close``, so an agent that keeps calling leaves no connection open. A connection that served
 anything else (another episode, the header form ``X-Agentgym-Episode``, rewards, the standalone
 API) may belong to a client shared across episodes and is left to the keep-alive timeout.
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
@@ -28,14 +32,20 @@ __all__ = ["EpisodeConnections", "EpisodeHttpProtocol"]
 
 #: The routes under an episode's base URL: only that episode's clients send these.
 _BASE_URL_ROUTE = re.compile(r"/episodes/([^/]+)/v1/")
+#: How many ended episodes are remembered, so that a request for one after its end (on a new
+#: connection, or one whose request head was still arriving at the end) closes its connection.
+_ENDED_REMEMBERED = 4096
 
 
 class EpisodeConnections:
     """The gateway server's connections by the one episode each has served. Its state lives on
-    the server's event loop; :meth:`end` may be called from any thread."""
+    the server's event loop (the ended episodes' ids behind a lock); :meth:`end` may be called
+    from any thread."""
 
     def __init__(self) -> None:
         self._by_episode: dict[str, set[EpisodeHttpProtocol]] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ended_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -50,6 +60,12 @@ class EpisodeConnections:
         episode_id = match.group(1) if match else None
         if episode_id is not None and connection.episode_id in (None, episode_id):
             connection.episode_id = episode_id
+            with self._ended_lock:
+                ended = episode_id in self._ended
+            if ended:
+                # Answered 404 (the episode is over): nothing can use the connection again.
+                connection.close_after_response()
+                return
             self._by_episode.setdefault(episode_id, set()).add(connection)
             return
         connection.shared = True  # not one episode's alone: never closed for an episode's end
@@ -67,6 +83,10 @@ class EpisodeConnections:
 
     def end(self, episode_id: str) -> None:
         """The episode ended: close its connections (on the loop, soon). Thread-safe."""
+        with self._ended_lock:
+            self._ended[episode_id] = None
+            if len(self._ended) > _ENDED_REMEMBERED:
+                self._ended.popitem(last=False)
         loop = self._loop
         if loop is None:
             return  # no connection was ever made
@@ -114,4 +134,10 @@ class EpisodeHttpProtocol(LimitedHttpToolsProtocol):
         if self._waiting_for_request() and not self._head_bytes:
             self.transport.close()
         elif self.cycle is not None and not self.cycle.response_started:
+            self.cycle.keep_alive = False
+        # else a head still arriving: closed after its answer (:meth:`EpisodeConnections.served`)
+
+    def close_after_response(self) -> None:
+        """Say ``Connection: close`` on the response to the request just read, and close."""
+        if self.cycle is not None:
             self.cycle.keep_alive = False
