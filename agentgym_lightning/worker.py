@@ -34,9 +34,10 @@ __all__ = ["AgentWorker"]
 log = logging.getLogger(__name__)
 
 #: How many times :meth:`AgentWorker.stop` raises :class:`AgentCancelled` asynchronously in a
-#: thread that makes no call (one raise can be lost: delivered inside a ``__del__`` or a weakref
-#: callback it is only printed; each raise also risks landing inside a lock, so few, and only
-#: where :func:`_safe_to_raise_in` allows).
+#: thread that makes no call, within its grace (one raise can be lost: delivered inside a
+#: ``__del__`` or a weakref callback it is only printed; each raise also risks landing inside a
+#: lock, so few, and only where :func:`_safe_to_raise_in` allows). A thread still running after
+#: them gets one more every grace seconds (:meth:`AgentWorker._keep_stopping`).
 _MAX_ASYNC_RAISES = 3
 
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
