@@ -70,6 +70,12 @@ class FailureIsolator:
             return False
         return True
 
+    @property
+    def answered_before(self) -> bool:
+        """Whether the backend has answered a request (it has a probe to tell a request's own
+        failure from its own)."""
+        return self._probe is not None
+
     def settle(self, request: ChatRequest, outcome: Any) -> Any:
         """One call's answer from a policy that takes calls one at a time (``submit``):
         ``outcome`` (its completion, or the exception generating it raised) as the completion,

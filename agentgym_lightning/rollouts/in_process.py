@@ -32,7 +32,9 @@ How it drives (continuous batching):
 When ``generate`` raises, the requests that fail on their own are found and answered with an
 OpenAI-style 400 error (the agent decides what to do, as with any API error), the others as usual
 (:class:`~agentgym_lightning.policies.isolation.FailureIsolator`); a submitted call that fails is
-settled the same way, alone. When the backend itself is down, the batch's (the call's) episodes
+settled the same way, alone (before the backend has answered any call, a failed one waits for
+the calls still in flight, as a failed batch's requests wait for the rest of the batch: the
+backend is down only if none of them succeeds). When the backend itself is down, the batch's (the call's) episodes
 end ``infra_failed``, and after ``MAX_POLICY_FAILURES`` such batches (calls) in a row the error is
 raised.
 """
@@ -154,6 +156,8 @@ class _Driver:
         #: Submitted calls' futures by slot, and the answers they delivered: ``(slot, serial, future)``.
         self.in_flight: dict[int, Future[Any]] = {}
         self.answers: queue.SimpleQueue[tuple[int, int, Future[Any]]] = queue.SimpleQueue()
+        #: Failed calls not settled yet: the backend has answered none, and others are in flight.
+        self.undecided: list[tuple[int, int, Exception]] = []
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
         self.concurrency = concurrency
@@ -252,6 +256,7 @@ class _Driver:
         for future in self.in_flight.values():
             future.cancel()  # the policy drops the row at its next step
         self.in_flight.clear()
+        self.undecided.clear()
         for slot, state in enumerate(self.state):
             if state is not _Slot.IDLE:
                 env = self.envs[slot]
@@ -360,18 +365,31 @@ class _Driver:
             try:
                 slot, serial, future = self.answers.get_nowait()
             except queue.Empty:
-                return
+                break
             if future.cancelled() or serial != self.serial[slot] or self.in_flight.get(slot) is not future:
                 continue
             del self.in_flight[slot]
-            request = self._tagged(slot)
             error = future.exception()
-            try:
-                answer = self.batcher.settle(request, future.result() if error is None else error)
-            except PolicyDown as exc:
-                self._policy_down([slot], exc)
+            if error is not None and not self.batcher.answered_before and self.in_flight:
+                # A request's own fault or the backend's? The calls still in flight will tell.
+                self.undecided.append((slot, serial, error))
                 continue
-            self._answer(slot, answer)
+            self._settle(slot, future.result() if error is None else error)
+        if self.undecided and (self.batcher.answered_before or not self.in_flight):
+            undecided, self.undecided = self.undecided, []
+            for slot, serial, error in undecided:
+                if serial == self.serial[slot]:  # not aborted meanwhile
+                    self._settle(slot, error)
+
+    def _settle(self, slot: int, outcome: Any) -> None:
+        """Hand the slot's submitted call its outcome (a completion, or its failure settled by
+        the :class:`FailureIsolator`: a 400, or the backend down)."""
+        try:
+            answer = self.batcher.settle(self._tagged(slot), outcome)
+        except PolicyDown as exc:
+            self._policy_down([slot], exc)
+            return
+        self._answer(slot, answer)
 
     def _finish(self, slot: int, trajectory: Trajectory) -> None:
         self.serial[slot] += 1  # its deadline entry is stale now

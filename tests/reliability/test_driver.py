@@ -275,6 +275,26 @@ def test_a_rejected_call_fails_alone_and_a_dead_backend_is_the_infrastructure():
     assert 3 <= len(ended) <= 12 and all(t.status is Status.INFRA_FAILED for t in ended)
 
 
+def test_a_call_rejected_before_the_backend_answered_any_waits_for_the_calls_in_flight():
+    # Before: the poisoned call failed first, there was no answered request to probe the backend
+    # with, so the backend was taken for down and its episode ended infra_failed (a CI flake of
+    # the test above, whenever a poisoned call was settled before any other).
+    def fail(request):
+        if request.messages[0]["content"] != "poison":
+            return None
+        deadline = time.monotonic() + 10
+        while len(policy.submitted) < 4 and time.monotonic() < deadline:  # every call in flight
+            time.sleep(0.005)
+        return ValueError("top_p must be finite")
+
+    policy = Scheduled(delay=lambda r: 0.0 if r.messages[0]["content"] == "poison" else 0.5, fail=fail)
+    tasks = [{"id": 0, "calls": 1, "poison": True}] + [{"id": i, "calls": 1} for i in (1, 2, 3)]
+    out = rollout(lambda: AgentEnv(agent, tasks, lambda t, r: 1.0), policy, episodes=4, concurrency=4, progress=False)
+    (bad,) = [t for t in out if t.task.get("poison")]
+    assert bad.status is Status.TASK_FAILED and "top_p" in bad.error and bad.steps[0].error.startswith("400")
+    assert all(t.status is Status.SUCCEEDED for t in out if not t.task.get("poison"))
+
+
 def test_a_call_refused_at_submit_gets_a_400():
     class Refusing(Scheduled):
         def submit(self, request):
