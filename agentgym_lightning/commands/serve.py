@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
+import socket
 import sys
-import time
 from typing import Any
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "wait_for_signals"]
 
 
 #: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
@@ -97,20 +98,52 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, FileNotFoundError, OSError) as exc:
         print(f"agentgym-lightning serve: {exc}", file=sys.stderr)
         return 2
-    print(f"listening on {server.url}", flush=True)
-    if server.token:
-        print(f"token: {server.token}", flush=True)
+
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # docker stop, a scheduler: end like Ctrl-C (open episodes truncated, written)
 
-    signal.signal(signal.SIGTERM, stop)
+    previous = signal.getsignal(signal.SIGTERM)
     try:
-        while True:
-            time.sleep(3600)
+        signal.signal(signal.SIGTERM, stop)  # before the URL is out: its first client may stop us at once
+        print(f"listening on {server.url}", flush=True)
+        if server.token:
+            print(f"token: {server.token}", flush=True)
+        wait_for_signals()
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         server.close()
         policy.close()
         print(f"served {server.opened} episodes ({server.finished} finished)", file=sys.stderr)
     return 0
+
+
+def wait_for_signals() -> None:
+    """Block the main thread until a signal's Python handler raises (SIGTERM's ``stop``, Ctrl-C's
+    ``KeyboardInterrupt``); never returns otherwise.
+
+    Python runs a handler only on the main thread, between bytecodes, and a sleep is cut short
+    only by a signal the kernel hands to the sleeping thread itself. But a signal sent to the
+    process may be taken by any of its threads (the server's, the driver's), and one taken by the
+    main thread just before its sleep begins is only noted: either way the handler was tripped and
+    the main thread slept on through ``time.sleep(3600)`` (the CI flake of
+    ``test_sigterm_writes_open_episodes_as_truncated``: serve did not exit within 60 s of SIGTERM).
+    The wakeup fd is written by the C-level handler on whichever thread takes the signal, whenever
+    it comes, so ``select`` on it returns (at once if the byte came first) and the handler runs.
+    """
+    receive, send = socket.socketpair()
+    receive.setblocking(False)
+    send.setblocking(False)
+    previous = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+    try:
+        while True:
+            select.select([receive], [], [])
+            try:
+                receive.recv(4096)  # a signal without a raising handler (SIGCHLD, say): wait on
+            except BlockingIOError:
+                pass
+    finally:
+        signal.set_wakeup_fd(previous)
+        receive.close()
+        send.close()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -96,22 +94,29 @@ def test_serve_without_a_base_url_says_which_flag_is_missing(capsys, monkeypatch
     assert "--base-url" in err and "--backend hf" in err and "OpenAIPolicy(" not in err
 
 
-def test_sigterm_writes_open_episodes_as_truncated(tmp_path):
-    out = tmp_path / "served.jsonl"
-    code = (
-        "import sys; from agentgym_lightning.commands import serve; from agentgym_lightning import policies\n"
-        "from agentgym_lightning.llm import Completion\n"
-        "policies.make_policy = lambda *a, **k: type('P', (), {'generate': lambda s, rs: [Completion(text='1') for _ in rs],"
-        " 'close': lambda s: None})()\n"
-        "from agentgym_lightning.cli import main; sys.exit(main(sys.argv[1:]))\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--backend", "hf", "--port", "0", "--output", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+#: ``serve`` with a stand-in policy; ``kill_me`` runs on a thread of its own: a line on stdin
+#: makes that thread send SIGTERM to itself.
+SERVE = (
+    "import signal, sys, threading; from agentgym_lightning import policies\n"
+    "from agentgym_lightning.llm import Completion\n"
+    "policies.make_policy = lambda *a, **k: type('P', (), {'generate': lambda s, rs: [Completion(text='1') for _ in rs],"
+    " 'close': lambda s: None})()\n"
+    "def kill_me():\n"
+    "    if sys.stdin.readline():\n"
+    "        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)\n"
+    "threading.Thread(target=kill_me, daemon=True).start()\n"
+    "from agentgym_lightning.cli import main; sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def serve_one_open_episode_then_sigterm(out, send_sigterm):
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, "serve", "--backend", "hf", "--port", "0", "--output", str(out)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = proc.stdout.readline().split("listening on ")[-1].strip()
         assert url.startswith("http://127.0.0.1:"), url
         opened = httpx.post(f"{url}/episodes", json={"task": "open"}, timeout=30).json()
-        proc.send_signal(signal.SIGTERM)
+        send_sigterm(proc)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -121,6 +126,21 @@ def test_sigterm_writes_open_episodes_as_truncated(tmp_path):
     (trajectory,) = load_trajectories(out)
     assert trajectory.episode_id == opened["episode_id"] and trajectory.status is Status.TRUNCATED
     assert "served 1 episodes" in err
+
+
+def test_sigterm_writes_open_episodes_as_truncated(tmp_path):
+    serve_one_open_episode_then_sigterm(tmp_path / "served.jsonl", lambda proc: proc.send_signal(signal.SIGTERM))
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="POSIX threads' signals")
+def test_sigterm_taken_by_another_thread_than_the_main_one_stops_serve(tmp_path):
+    def from_a_side_thread(proc):
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+
+    # The kernel may hand a process's SIGTERM to any of its threads. Before: the main thread slept
+    # on in time.sleep(3600) with the handler tripped but never run (serve did not exit).
+    serve_one_open_episode_then_sigterm(tmp_path / "served.jsonl", from_a_side_thread)
 
 
 def test_health_says_when_the_driver_has_stopped():
