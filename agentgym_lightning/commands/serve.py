@@ -23,7 +23,7 @@ import socket
 import sys
 from typing import Any
 
-__all__ = ["register", "run", "wait_for_signals"]
+__all__ = ["SignalWakeup", "register", "run"]
 
 
 #: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
@@ -103,47 +103,57 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt  # docker stop, a scheduler: end like Ctrl-C (open episodes truncated, written)
 
     previous = signal.getsignal(signal.SIGTERM)
-    try:
-        signal.signal(signal.SIGTERM, stop)  # before the URL is out: its first client may stop us at once
-        print(f"listening on {server.url}", flush=True)
-        if server.token:
-            print(f"token: {server.token}", flush=True)
-        wait_for_signals()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.close()
-        policy.close()
-        print(f"served {server.opened} episodes ({server.finished} finished)", file=sys.stderr)
+    with SignalWakeup() as wakeup:
+        try:
+            # After the wakeup fd (a SIGTERM that trips this handler also writes it), before the
+            # URL is out (its first client may stop us at once).
+            signal.signal(signal.SIGTERM, stop)
+            print(f"listening on {server.url}", flush=True)
+            if server.token:
+                print(f"token: {server.token}", flush=True)
+            while True:
+                wakeup.wait()  # a handler that raised has run by the next bytecode
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            server.close()
+            policy.close()
+            print(f"served {server.opened} episodes ({server.finished} finished)", file=sys.stderr)
     return 0
 
 
-def wait_for_signals() -> None:
-    """Block the main thread until a signal's Python handler raises (SIGTERM's ``stop``, Ctrl-C's
-    ``KeyboardInterrupt``); never returns otherwise.
+class SignalWakeup:
+    """Lets the main thread sleep until a signal comes, whichever thread the kernel hands it to.
 
-    Python runs a handler only on the main thread, between bytecodes, and a sleep is cut short
-    only by a signal the kernel hands to the sleeping thread itself. But a signal sent to the
+    Python runs a signal's handler only on the main thread, between bytecodes, and a blocking
+    call is cut short only by a signal the kernel hands to that very thread. A signal sent to the
     process may be taken by any of its threads (the server's, the driver's), and one taken by the
-    main thread just before its sleep begins is only noted: either way the handler was tripped and
-    the main thread slept on through ``time.sleep(3600)`` (the CI flake of
-    ``test_sigterm_writes_open_episodes_as_truncated``: serve did not exit within 60 s of SIGTERM).
-    The wakeup fd is written by the C-level handler on whichever thread takes the signal, whenever
-    it comes, so ``select`` on it returns (at once if the byte came first) and the handler runs.
+    main thread just before its sleep begins (after it released the GIL for it, say) is only
+    noted: either way the handler is tripped and ``time.sleep(3600)`` sleeps on (the CI flake of
+    ``test_sigterm_writes_open_episodes_as_truncated``: serve did not exit within 60 s of
+    SIGTERM). Inside the block, the C-level handler of any signal with a Python handler installed
+    writes the wakeup fd, on whichever thread takes the signal and whenever it comes, so
+    :meth:`wait` returns (at once if the byte came first) and the handler runs. Install the
+    handlers to wait for inside the block; on the main thread only.
     """
-    receive, send = socket.socketpair()
-    receive.setblocking(False)
-    send.setblocking(False)
-    previous = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
-    try:
-        while True:
-            select.select([receive], [], [])
-            try:
-                receive.recv(4096)  # a signal without a raising handler (SIGCHLD, say): wait on
-            except BlockingIOError:
-                pass
-    finally:
-        signal.set_wakeup_fd(previous)
-        receive.close()
-        send.close()
+
+    def __enter__(self) -> SignalWakeup:
+        self._receive, self._send = socket.socketpair()
+        self._receive.setblocking(False)
+        self._send.setblocking(False)
+        self._previous = signal.set_wakeup_fd(self._send.fileno(), warn_on_full_buffer=False)
+        return self
+
+    def wait(self) -> None:
+        """Block until at least one signal has come since the last call (or the block began)."""
+        select.select([self._receive], [], [])
+        try:
+            self._receive.recv(4096)
+        except BlockingIOError:
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self._previous)
+        self._receive.close()
+        self._send.close()
