@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym_lightning.commands.serve import SignalWakeup
 from agentgym_lightning.gateway.limits import GatewayLimits
 from agentgym_lightning.gateway.server import ThreadedServer
 
@@ -285,8 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     server.start()
     print(f"listening on {server.url}", flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        with SignalWakeup() as wakeup:  # Ctrl-C wakes it whichever thread takes the signal (serve's reason)
+            while True:
+                wakeup.wait()
     except KeyboardInterrupt:
         pass
     finally:
