@@ -61,19 +61,12 @@ for s in $RL_SEEDS; do
 done
 el "rl started: $RL_SEEDS"
 
-while :; do
-    alive=0; for s in $RL_SEEDS; do kill -0 ${PID[$s]} 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    [ $(( $(date +%s) - T0 )) -ge $DEADLINE ] && break
-    sleep 3
-done
+rl_alive() { for s in $RL_SEEDS; do kill -0 ${PID[$s]} 2>/dev/null && return 0; done; return 1; }
+while rl_alive && [ $(( $(date +%s) - T0 )) -lt $DEADLINE ]; do sleep 3; done
 el "deadline or done; stopping"
 for s in $RL_SEEDS; do kill -TERM ${PID[$s]} 2>/dev/null; done
-for i in $(seq 60); do
-    alive=0; for s in $RL_SEEDS; do kill -0 ${PID[$s]} 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break; sleep 1
-done
-el "stopped (alive=$alive)"
+for i in $(seq 60); do rl_alive || break; sleep 1; done
+el "stopped$(rl_alive && echo ', one still running')"
 for s in $SEEDS; do tail -2 $RUNS/sft-s$s.log; done
 for s in $RL_SEEDS; do tail -8 $RUNS/rl-s$s.log; done
 # Limits on what comes back: 8 files, 16 MB each, 64 MB in all. The writers' adapters (fp32,
