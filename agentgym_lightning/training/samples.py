@@ -70,6 +70,7 @@ from agentgym_lightning.llm import ids_extend
 from agentgym_lightning.reward_bounds import reward_refused
 from agentgym_lightning.training.agent_adapters import AgentAdapters
 from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.shaping import outcome_first
 from agentgym_lightning.trajectory import Status, Step, Trajectory
 
 __all__ = [
@@ -325,10 +326,11 @@ def build_samples(
 
 
 def configured_samples(trajectories: Sequence[Trajectory], config: LightningRLConfig) -> SampleBatch:
-    """:func:`build_samples` with ``config``'s options (credit, aggregation, advantages,
-    ``agent_match``, ``lora_per_agent``'s adapters): the rows the trainer trains on."""
+    """:func:`build_samples` with ``config``'s options (``outcome_first``'s bounded shaping, credit,
+    aggregation, advantages, ``agent_match``, ``lora_per_agent``'s adapters): the rows the trainer
+    trains on."""
     return build_samples(
-        trajectories,
+        outcome_first(trajectories) if config.outcome_first else trajectories,
         aggregation=config.aggregation,
         credit=config.credit,
         credit_kwargs=config.credit_kwargs,
