@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ class Taken:
 
     trajectories: list[Trajectory]
     metrics: dict[str, float]
+    #: Every group the step looked at within the bound (those without signal among them), for the
+    #: run's pass rates.
+    examined: list[list[Trajectory]] = field(default_factory=list)
 
 
 class AsyncRollouts:
@@ -130,6 +133,9 @@ class AsyncRollouts:
         self._running: set[int] = set()
         self._next_start = 0
         self._dropped = 0
+        #: Groups dynamic sampling set aside for want of signal: the producer may run that many
+        #: groups (in whole plans) further ahead, since the steps consume plans faster.
+        self._no_signal = 0
         self._generator_wait_s = 0.0
         self._error: BaseException | None = None
         self._stopping = False
@@ -161,11 +167,74 @@ class AsyncRollouts:
             self.stamping.version = version
             self._cond.notify_all()
 
-    def take(self, groups: int) -> Taken:
+    def take(
+        self,
+        groups: int,
+        *,
+        judge: Callable[[list[Trajectory]], Any] | None = None,
+        signal: Callable[[list[Trajectory]], bool] | None = None,
+        max_rounds: int = 1,
+    ) -> Taken:
         """The next ``groups`` finished groups within the staleness bound of the current version,
-        waiting for them; staler ones are dropped and counted. Raises what stopped the producer."""
+        waiting for them; staler ones are dropped and counted. ``judge`` sets the rewards of the
+        groups taken (the LLM judge). With ``signal`` (dynamic sampling), a group it rejects is set
+        aside and the next one taken instead, until ``groups`` have signal or ``max_rounds`` times
+        ``groups`` were examined. Raises what stopped the producer."""
         version = self.version
         start = time.perf_counter()
+        chosen: list[FinishedGroup] = []
+        examined: list[list[Trajectory]] = []
+        dropped = no_signal = told = 0
+        limit = groups * max_rounds if signal is not None else groups
+        try:
+            while len(chosen) < groups and len(examined) < limit:
+                pulled, stale = self._pull(min(groups - len(chosen), limit - len(examined)), version)
+                dropped += stale
+                if judge is not None:
+                    judge([t for g in pulled for t in g.trajectories])
+                for group in pulled:
+                    examined.append(group.trajectories)
+                    if signal is None or signal(group.trajectories):
+                        chosen.append(group)
+                    else:
+                        no_signal += 1
+                if no_signal > told:
+                    with self._cond:  # the producer may now run further ahead
+                        self._no_signal += no_signal - told
+                        self._cond.notify_all()
+                    told = no_signal
+        except BaseException:
+            with self._cond:
+                self._buffer.extendleft(reversed(chosen))  # not trained on: kept for the checkpoint
+            raise
+        with self._cond:
+            generator_wait, self._generator_wait_s = self._generator_wait_s, 0.0
+        update_wait = time.perf_counter() - start
+        chosen.sort(key=lambda g: g.key)
+        staleness = [version - v for g in chosen for v in g.versions]
+        trajectories = [t for g in chosen for t in sorted(g.trajectories, key=lambda t: t.seed or 0)]
+        metrics = {
+            "async/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+            "async/staleness_max": float(max(staleness, default=0)),
+            "async/groups_dropped": float(dropped),
+            "async/groups_dropped_total": float(self._dropped),
+            "async/update_wait_s": update_wait,
+            "async/generator_wait_s": generator_wait,
+            "async/groups_buffered": float(len(self._buffer)),
+        }
+        if signal is not None:
+            metrics.update({
+                "sampling/rounds": float(-(-len(examined) // groups)),
+                "sampling/groups_drawn": float(len(examined)),
+                "sampling/groups_zero_variance": float(no_signal),
+                "sampling/groups_kept": float(len(chosen)),
+                "sampling/bound_hit": float(len(chosen) < groups),
+            })
+        return Taken(trajectories, metrics, examined)
+
+    def _pull(self, groups: int, version: int) -> tuple[list[FinishedGroup], int]:
+        """The next ``groups`` finished groups within the bound (the oldest plan's first), waiting
+        for them, and how many staler ones were dropped on the way."""
         chosen: list[FinishedGroup] = []
         dropped = 0
         with self._cond:
@@ -191,23 +260,7 @@ class AsyncRollouts:
             except BaseException:
                 self._buffer.extendleft(reversed(chosen))  # not trained on: kept for the checkpoint
                 raise
-            generator_wait, self._generator_wait_s = self._generator_wait_s, 0.0
-        update_wait = time.perf_counter() - start
-        chosen.sort(key=lambda g: g.key)
-        staleness = [version - v for g in chosen for v in g.versions]
-        trajectories = [t for g in chosen for t in sorted(g.trajectories, key=lambda t: t.seed or 0)]
-        return Taken(
-            trajectories,
-            {
-                "async/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
-                "async/staleness_max": float(max(staleness, default=0)),
-                "async/groups_dropped": float(dropped),
-                "async/groups_dropped_total": float(self._dropped),
-                "async/update_wait_s": update_wait,
-                "async/generator_wait_s": generator_wait,
-                "async/groups_buffered": float(len(self._buffer)),
-            },
-        )
+        return chosen, dropped
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: the buffered groups (their calls' versions in them), the
@@ -218,6 +271,7 @@ class AsyncRollouts:
                 "finished_keys": sorted(list(k) for k in self._finished_keys),
                 "groups": [g.to_dict() for g in self._buffer],
                 "groups_dropped_total": self._dropped,
+                "groups_without_signal_total": self._no_signal,
             }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -229,6 +283,7 @@ class AsyncRollouts:
         self._finished_keys = {(int(p), int(s)) for p, s in state.get("finished_keys", [])}
         self._buffer = deque(FinishedGroup.from_dict(g) for g in state.get("groups", []))
         self._dropped = int(state.get("groups_dropped_total", 0))
+        self._no_signal = int(state.get("groups_without_signal_total", 0))
         self._restored = True
 
     def close(self) -> None:
@@ -263,7 +318,9 @@ class AsyncRollouts:
                 with self._cond:
                     plan = self._next_start
                     while not self._stopping and self._error is None:
-                        bound = self.stamping.version < plan - self.max_staleness  # its weights are not out yet
+                        # its weights are not out yet (plans set aside for want of signal shift the window)
+                        ahead = self._no_signal // self.schedule.tasks_per_step
+                        bound = self.stamping.version < plan - self.max_staleness - ahead
                         busy = bool(self._running) and not at_once  # the plan before still runs (one stream at a time)
                         if not (bound or busy):
                             break

@@ -180,6 +180,54 @@ class LightningRLConfig(DataclassConfig):
         },
     )
 
+    # ------------------------------------------------------------------ which groups a step trains on
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO's dynamic sampling: a step keeps drawing new tasks until it has tasks_per_step groups whose "
+            "rewards vary (the rest carry no gradient), or max_sampling_rounds is spent (said in sampling/bound_hit). "
+            "False: one draw of tasks_per_step tasks, zero-variance groups skipped (zero_variance_groups). "
+            "docs/training.md, \"Groups with signal\"."
+        },
+    )
+    max_sampling_rounds: int = field(
+        default=4,
+        metadata={
+            "help": "dynamic_sampling's bound: draws a step may make (the first included); with max_staleness >= 1, "
+            "the step examines at most this many times tasks_per_step finished groups."
+        },
+    )
+    curriculum_min_attempts: int = field(
+        default=0,
+        metadata={
+            "help": "Online difficulty filtering: once a task has been attempted this many times, it is no longer "
+            "drawn while its pass rate is above curriculum_max_pass_rate or below curriculum_min_pass_rate "
+            "(0: every task is drawn). Pass rates are kept for every task the run draws, in its checkpoints."
+        },
+    )
+    curriculum_min_pass_rate: float = field(
+        default=0.0, metadata={"help": "Tasks solved less often than this (after curriculum_min_attempts) are not drawn again."}
+    )
+    curriculum_max_pass_rate: float = field(
+        default=1.0, metadata={"help": "Tasks solved more often than this (after curriculum_min_attempts) are not drawn again."}
+    )
+    task_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train on these tasks instead of the env's: a JSONL file of {\"task\": ...} lines, such as "
+            "`eval --pass-rates FILE` writes; a line's `attempts` and `successes` seed the task's pass rate."
+        },
+    )
+    outcome_first: bool = field(
+        default=False,
+        metadata={
+            "help": "Shaping never outranks the outcome: within each group, an episode's shaping rewards (AIR and "
+            "any reward besides the final one) are scaled down until they cannot reorder two episodes whose final "
+            "rewards differ; they still break ties among equal outcomes. dynamic_sampling then looks for groups "
+            "whose final rewards vary. docs/training.md, \"Outcome first\"."
+        },
+    )
+
     # ------------------------------------------------------------------ rollouts past one machine (Ray)
     rollout_workers: int = field(
         default=0,
@@ -374,6 +422,14 @@ class LightningRLConfig(DataclassConfig):
     eval_episodes: int = field(default=32, metadata={"help": "Held-out tasks per evaluation (greedy, one episode each)."})
     eval_steps: int | None = field(default=None, metadata={"help": "Also evaluate every K steps (always before and after)."})
     eval_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of evaluation (0: greedy)."})
+    eval_samples: int = field(
+        default=0,
+        metadata={
+            "help": "k: each evaluation also samples k episodes of every held-out task at the training temperature "
+            "and logs eval/pass@1 (their mean success) and eval/pass@k (the share of tasks solved at least once); "
+            "0: greedy only."
+        },
+    )
 
     # ------------------------------------------------------------------ checkpoints and logging
     save_steps: int = field(default=5, metadata={"help": "Checkpoint every N steps (and at the end, and on Ctrl-C)."})
@@ -463,6 +519,26 @@ class LightningRLConfig(DataclassConfig):
         at_least("weight_decay", 0.0)
         at_least("eval_temperature", 0.0)
         at_least("log_episodes", 0)
+        at_least("eval_samples", 0)
+        at_least("max_sampling_rounds", 1)
+        at_least("curriculum_min_attempts", 0)
+        for name in ("eval_samples", "max_sampling_rounds", "curriculum_min_attempts"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
+        for name in ("curriculum_min_pass_rate", "curriculum_max_pass_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a pass rate in [0, 1]; got {value!r}")
+        if self.curriculum_min_pass_rate > self.curriculum_max_pass_rate:
+            raise ValueError(
+                f"curriculum_min_pass_rate ({self.curriculum_min_pass_rate}) is above curriculum_max_pass_rate "
+                f"({self.curriculum_max_pass_rate}): no task could be drawn"
+            )
+        if self.curriculum_min_attempts and self.max_staleness:
+            raise ValueError(
+                "curriculum_min_attempts filters the tasks a step draws, which max_staleness >= 1 draws ahead of the "
+                "pass rates it would need: use max_staleness 0 with the curriculum (dynamic_sampling works with both)"
+            )
         if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
             raise ValueError(f"temperature must be in (0, 2] (training samples; 0 would make every group identical); got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):

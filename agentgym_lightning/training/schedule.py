@@ -8,6 +8,11 @@ for step ``k``'s tasks and gets exactly those the interrupted run would have use
   every task is seen once per epoch.
 * A task function ``fn(rng) -> task`` (an endless generator, such as Arithmetic-v0's) is called
   ``B`` times with an RNG seeded by ``(seed, step)``.
+
+A step that draws a varying number of tasks (``dynamic_sampling``, the pass-rate curriculum) reads
+the same endless sequence through a cursor instead (:meth:`TaskSchedule.draw`): the position of the
+next task, kept in the run's checkpoints. A run that draws exactly ``B`` tasks a step, none
+skipped, gets the tasks of :meth:`TaskSchedule.tasks_for` in the same order.
 """
 
 from __future__ import annotations
@@ -46,11 +51,34 @@ class TaskSchedule:
         if callable(self.source):
             rng = np.random.default_rng([self.seed, step])
             return [self.source(rng) for _ in range(self.tasks_per_step)]
+        return [self.task_at(position) for position in range(step * self.tasks_per_step, (step + 1) * self.tasks_per_step)]
+
+    def task_at(self, position: int) -> Any:
+        """The task at ``position`` of the endless sequence (step ``k``'s tasks are positions
+        ``k*B .. k*B+B-1``; for a task function, each position is one call with its own RNG)."""
+        if callable(self.source):
+            return self.source(np.random.default_rng([self.seed, 1, position]))
         n = len(self.source)
-        out = []
-        for position in range(step * self.tasks_per_step, (step + 1) * self.tasks_per_step):
-            out.append(self.source[int(self._permutation(position // n)[position % n])])
-        return out
+        return self.source[int(self._permutation(position // n)[position % n])]
+
+    def draw(self, cursor: int, count: int, skip: Callable[[Any], bool] | None = None) -> tuple[list[Any], int, int]:
+        """``count`` tasks from ``cursor`` on, passing over those ``skip`` says to; returns them,
+        the cursor after them and how many were passed over. When a whole epoch's worth of
+        positions is passed over (every task skipped), the rest are taken unfiltered rather than
+        searched for ever."""
+        if count < 0 or cursor < 0:
+            raise ValueError(f"count and cursor must be >= 0, got {count}, {cursor}")
+        limit = len(self.source) if not callable(self.source) else 10_000
+        out: list[Any] = []
+        skipped = 0
+        while len(out) < count:
+            task = self.task_at(cursor)
+            cursor += 1
+            if skip is not None and skipped < limit and skip(task):
+                skipped += 1
+                continue
+            out.append(task)
+        return out, cursor, skipped
 
     def epoch_of(self, step: int) -> float:
         """How many passes over a task list step ``step`` has made (NaN for a task function)."""

@@ -88,12 +88,14 @@ from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
 from agentgym_lightning.training.agent_adapters import AdapterRouting, adapter_rollout_metrics, warn_if_air_reaches_every_adapter
 from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, split_groups
 from agentgym_lightning.training.async_rollouts import AsyncRollouts
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
 from agentgym_lightning.training.held_out import held_out_eval, held_out_written
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.memory_plan import check_run_memory
+from agentgym_lightning.training.pass_rates import PassRates, load_task_file
 from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.ranks import Ranks
 from agentgym_lightning.training.result import TrainResult, run_until_stopped
@@ -143,8 +145,17 @@ class LightningRLTrainer:
         # The one env built at the start, before the model loads: a misspelt env kwarg fails here (EnvKwargsError).
         with env_kwargs_refused(target, self.env_factory.kwargs) if isinstance(target, str) else contextlib.nullcontext():
             probe = self.env_factory()
-        self.schedule = TaskSchedule(probe.tasks, cfg.tasks_per_step, cfg.seed)
+        #: Every task's attempts and successes over the run, and the curriculum's filter (:mod:`.pass_rates`).
+        self.pass_rates = PassRates(cfg.curriculum_min_attempts, cfg.curriculum_min_pass_rate, cfg.curriculum_max_pass_rate)
+        source = load_task_file(cfg.task_file, self.pass_rates) if cfg.task_file else probe.tasks
+        self.schedule = TaskSchedule(source, cfg.tasks_per_step, cfg.seed)
         probe.close()
+        #: Dynamic sampling's rounds (:mod:`.dynamic_sampling`); with neither it nor the curriculum,
+        #: each step runs the schedule's B tasks of that step, as before.
+        self.sampler = DynamicSampler(cfg.tasks_per_step, cfg.max_sampling_rounds, outcome_only=cfg.outcome_first, enabled=cfg.dynamic_sampling)
+        self._draws = cfg.dynamic_sampling or bool(cfg.curriculum_min_attempts)
+        #: The position of the next task a drawing step takes in the schedule's endless sequence.
+        self.task_cursor = 0
 
         #: The ranks of the update (:mod:`.ranks`: one unless launched on N); rank 0 alone generates.
         self.ranks = Ranks.from_environment(cfg.device)
@@ -311,8 +322,12 @@ class LightningRLTrainer:
         step_start, cpu_start = time.perf_counter(), time.process_time()
         if cfg.max_staleness:
             trajectories, rollout_s, written, async_metrics = self._take_async()
+        elif self._draws:
+            trajectories, rollout_s, written, async_metrics = self._rollout_rounds()
         else:
             trajectories, rollout_s, written = self._rollout()
+            for group in split_groups(trajectories):
+                self.pass_rates.record_group(group)
             async_metrics = {}
         release_freed_memory()  # the rollout's KV caches, before the update's gradients
         check_episodes_ran(trajectories, f"step {self.step + 1}", written)
@@ -341,6 +356,7 @@ class LightningRLTrainer:
                 **(self._remote.metrics() if self._remote is not None else {}),
                 **(self._judge.take_stats().metrics() if self._judge is not None else {}),
                 **async_metrics,
+                **self.pass_rates.metrics(),
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
@@ -348,7 +364,7 @@ class LightningRLTrainer:
                 "time/step_s": time.perf_counter() - step_start,
                 # CPU-seconds of this process's threads (rollout, update, sync); agents' subprocesses not counted
                 "time/step_cpu_s": time.process_time() - cpu_start,
-                "epoch": self.schedule.epoch_of(self.step),
+                "epoch": self._epoch(),
             }
             self.history.append({"step": float(self.step), **metrics})
             if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
@@ -384,6 +400,68 @@ class LightningRLTrainer:
             )
         return trajectories, time.perf_counter() - t0, written
 
+    def _rollout_rounds(self) -> tuple[list[Trajectory], float, Path, dict[str, float]]:
+        """1-2 with ``dynamic_sampling`` or the curriculum: rounds of new tasks from the task
+        cursor (those the curriculum holds back passed over) until the step has B groups with
+        signal or the rounds are spent (:class:`.dynamic_sampling.DynamicSampler`). Returns the
+        kept groups' trajectories, the seconds, the step's file and the ``sampling/`` metrics; the
+        step's file holds what it trains on, the groups set aside go to
+        ``trajectories/set-aside.jsonl``."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        rollouts = self._rollouts()
+        cursor, passed_over = self.task_cursor, 0
+
+        def run_round(index: int, count: int) -> list[Trajectory]:
+            nonlocal cursor, passed_over
+            tasks, cursor, skipped = self.schedule.draw(cursor, count, skip=self.pass_rates.filtered)
+            passed_over += skipped
+            finished: list[Trajectory] = []
+            with self._judged(finished.append) as on_trajectory:  # judged before the group's signal is read
+                rollouts.rollout(
+                    episodes=len(tasks) * cfg.num_generations,
+                    group_size=cfg.num_generations,
+                    concurrency=cfg.concurrency or len(tasks) * cfg.num_generations,
+                    seed=_round_seed(cfg.seed, self.step, index),
+                    tasks=tasks,
+                    progress=False,
+                    on_trajectory=on_trajectory,
+                )
+            return finished
+
+        # Ctrl-C in a round loses nothing: the step is not taken, and the cursor and the counts move
+        # only once every round has finished.
+        filled = self.sampler.fill(run_round)
+        self.task_cursor = cursor
+        for group in filled.drawn:
+            self.pass_rates.record_group(group)
+        written = self._trajectory_file()
+        kept = {id(group) for group in filled.kept}
+        self._write_groups(written, filled.kept, [g for g in filled.drawn if id(g) not in kept])
+        # Every drawn episode failing before its first call is a dead backend, not a step without signal.
+        check_episodes_ran([t for group in filled.drawn for t in group], f"step {self.step + 1}", written.parent)
+        metrics = {**filled.metrics, "curriculum/tasks_passed_over": float(passed_over)}
+        return filled.trajectories, time.perf_counter() - t0, written, metrics
+
+    def _write_groups(self, written: Path, trained: list[list[Trajectory]], set_aside: list[list[Trajectory]]) -> None:
+        """The step's trained groups to its file, the groups it set aside (dynamic sampling) to
+        ``trajectories/set-aside.jsonl``, each marked with the step (``variables["set_aside_at_step"]``)."""
+        with TrajectoryWriter(written) as writer:
+            for trajectory in (t for group in trained for t in group):
+                writer.write(trajectory)
+        if set_aside:
+            with TrajectoryWriter(self.output_dir / "trajectories" / "set-aside.jsonl", append=True) as writer:
+                for trajectory in (t for group in set_aside for t in group):
+                    trajectory.variables["set_aside_at_step"] = self.step + 1
+                    writer.write(trajectory)
+
+    def _epoch(self) -> float:
+        """Passes over the task list so far (NaN for a task function)."""
+        if not self._draws:
+            return self.schedule.epoch_of(self.step)
+        source = self.schedule.source
+        return float("nan") if callable(source) else self.task_cursor / len(source)
+
     def _take_async(self) -> tuple[list[Trajectory], float, Path, dict[str, float]]:
         """1-2 with ``max_staleness`` >= 1: the next groups within the bound from the rollouts
         running in the background (:mod:`.async_rollouts`, started on first use), written to the
@@ -405,15 +483,16 @@ class LightningRLTrainer:
             self._cores_back = share_cores(self.policy, update_on_cpu=self.device.type == "cpu")
             self._async.start(self.step)
         t0 = time.perf_counter()
-        taken = self._async.take(cfg.tasks_per_step)
-        if cfg.judge is not None:
-            # Judged when taken rather than as they finish: the policy as judge then answers with the
-            # version being updated, as in the synchronous loop (the judge's time is not hidden).
-            self._judging().judge_groups(taken.trajectories)
+        judge = self._judging().judge_groups if cfg.judge is not None else None
+        signal = functools.partial(group_has_signal, outcome_only=cfg.outcome_first) if cfg.dynamic_sampling else None
+        # Judged when taken rather than as they finish: the policy as judge then answers with the
+        # version being updated, as in the synchronous loop (the judge's time is not hidden).
+        taken = self._async.take(cfg.tasks_per_step, judge=judge, signal=signal, max_rounds=cfg.max_sampling_rounds)
+        for group in taken.examined:
+            self.pass_rates.record_group(group)
         written = self._trajectory_file()
-        with TrajectoryWriter(written) as writer:  # the episodes this step trains on
-            for trajectory in taken.trajectories:
-                writer.write(trajectory)
+        kept = {t.episode_id for t in taken.trajectories}
+        self._write_groups(written, [taken.trajectories], [g for g in taken.examined if g[0].episode_id not in kept])
         return taken.trajectories, time.perf_counter() - t0, written, taken.metrics
 
     def _rollouts(self) -> Rollouts:
@@ -437,10 +516,17 @@ class LightningRLTrainer:
         return self._remote if self._remote is not None else InProcessRollouts(self.env_factory, self._sampling)
 
     def _checkpoint_extra(self) -> dict[str, Any]:
-        """What a checkpoint keeps besides the weights: the asynchronous rollouts' buffer."""
+        """What a checkpoint keeps besides the weights: every task's pass rate, the task cursor and
+        dynamic sampling's counts, and the asynchronous rollouts' buffer."""
+        extra: dict[str, Any] = {
+            "pass_rates": self.pass_rates.state(),
+            "task_sampling": {"cursor": self.task_cursor, **self.sampler.state()},
+        }
         if self._async is not None:
-            return {"async_rollouts": self._async.state()}
-        return {"async_rollouts": self._async_state} if self._async_state is not None else {}
+            extra["async_rollouts"] = self._async.state()
+        elif self._async_state is not None:
+            extra["async_rollouts"] = self._async_state
+        return extra
 
     def _judged(self, on_trajectory: Callable[[Trajectory], Any]) -> Any:
         """``on_trajectory`` as the rollout's callback, behind the LLM judge when the config has
@@ -508,6 +594,12 @@ class LightningRLTrainer:
         self.step = state.step
         self.history = [dict(h) for h in state.history]
         self._async_state = state.extra.get("async_rollouts")
+        if "pass_rates" in state.extra:
+            self.pass_rates.restore(state.extra["pass_rates"])
+        sampling = state.extra.get("task_sampling") or {}
+        # A checkpoint from before the cursor was kept: the plain loop's position at its step.
+        self.task_cursor = int(sampling.get("cursor", self.step * self.config.tasks_per_step))
+        self.sampler.restore(sampling)
         self._sync()
         return self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
 
@@ -521,3 +613,8 @@ def _nothing() -> None:
 
 def _step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 10_007) % 2**31
+
+
+def _round_seed(seed: int, step: int, round_index: int) -> int:
+    """The reset seeds of a step's round (the first round's are the plain step's)."""
+    return (_step_seed(seed, step) + round_index * 100_003) % 2**31

@@ -1,0 +1,184 @@
+"""Per-task pass rates kept across a run, and the curriculum they drive (online difficulty filtering).
+
+A group of episodes on one task tells how often the policy solves it: its attempts and successes
+(success as :func:`agentgym_lightning.metrics.succeeded` defines it: status ``succeeded`` and a
+positive final reward) are added to the task's history every time the run draws it. A task the
+policy always solves, or never does, carries no gradient in a GRPO group (every advantage is 0):
+with ``curriculum_min_attempts`` N > 0, once a task has N attempts it is no longer drawn while its
+pass rate lies outside ``[curriculum_min_pass_rate, curriculum_max_pass_rate]`` (arXiv 2504.03380;
+prime-rl's online difficulty filtering).
+
+Tasks are told apart by :func:`task_key`: their ``id`` when they have one, else a hash of their
+JSON. The history goes into every checkpoint (:meth:`PassRates.state`), so a resumed run filters
+exactly as the interrupted one would have. :func:`load_task_file` reads a task list with measured
+pass rates (``agentgym-lightning eval --pass-rates FILE`` writes one): the run trains on those tasks,
+their history seeded from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentgym_lightning.metrics import succeeded
+from agentgym_lightning.trajectory import Status, Trajectory
+
+__all__ = ["PassRates", "task_key", "load_task_file", "write_pass_rates", "group_pass_counts"]
+
+
+def task_key(task: Any) -> str:
+    """A stable name for ``task``: its ``id`` (a mapping's ``"id"`` or ``"task_id"``), else the
+    SHA-1 of its JSON with sorted keys."""
+    if isinstance(task, Mapping):
+        for name in ("id", "task_id"):
+            value = task.get(name)
+            if isinstance(value, (str, int)) and not isinstance(value, bool):
+                return f"{name}:{value}"
+    text = json.dumps(task, sort_keys=True, default=repr, ensure_ascii=False)
+    return "sha1:" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:20]
+
+
+def group_pass_counts(trajectories: Sequence[Trajectory]) -> tuple[int, int]:
+    """``(attempts, successes)`` of one task's episodes; infrastructure failures and unfinished
+    episodes are not attempts (the policy was never judged on them)."""
+    judged = [t for t in trajectories if t.status is not Status.INFRA_FAILED and t.status is not Status.RUNNING]
+    return len(judged), sum(1 for t in judged if succeeded(t))
+
+
+@dataclass
+class _Record:
+    attempts: int = 0
+    successes: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.attempts if self.attempts else math.nan
+
+
+class PassRates:
+    """Each task's attempts and successes over the run, and the curriculum's filter on them.
+
+    Args:
+        min_attempts: Attempts before a task may be filtered (0: never filtered).
+        min_rate: A task solved less often than this (after ``min_attempts``) is not drawn again.
+        max_rate: A task solved more often than this (after ``min_attempts``) is not drawn again.
+    """
+
+    def __init__(self, min_attempts: int = 0, min_rate: float = 0.0, max_rate: float = 1.0) -> None:
+        if min_attempts < 0 or not 0.0 <= min_rate <= max_rate <= 1.0:
+            raise ValueError(f"need min_attempts >= 0 and 0 <= min_rate <= max_rate <= 1; got {min_attempts}, {min_rate}, {max_rate}")
+        self.min_attempts, self.min_rate, self.max_rate = min_attempts, min_rate, max_rate
+        self._records: dict[str, _Record] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def record(self, task: Any, attempts: int, successes: int) -> None:
+        """Add a group's ``attempts`` and ``successes`` to ``task``'s history."""
+        if not 0 <= successes <= attempts:
+            raise ValueError(f"successes must be within 0..attempts; got {successes} of {attempts}")
+        if attempts:
+            record = self._records.setdefault(task_key(task), _Record())
+            record.attempts += attempts
+            record.successes += successes
+
+    def record_group(self, trajectories: Sequence[Trajectory]) -> None:
+        """Add one task's group of episodes (they share ``trajectories[0].task``)."""
+        if trajectories:
+            self.record(trajectories[0].task, *group_pass_counts(trajectories))
+
+    def rate(self, task: Any) -> float:
+        """``task``'s pass rate so far (NaN before its first attempt)."""
+        record = self._records.get(task_key(task))
+        return record.rate if record is not None else math.nan
+
+    def attempts(self, task: Any) -> int:
+        record = self._records.get(task_key(task))
+        return record.attempts if record is not None else 0
+
+    def filtered(self, task: Any) -> bool:
+        """Whether the curriculum no longer draws ``task``: it has ``min_attempts`` attempts and a
+        pass rate outside ``[min_rate, max_rate]``."""
+        if not self.min_attempts:
+            return False
+        record = self._records.get(task_key(task))
+        if record is None or record.attempts < self.min_attempts:
+            return False
+        return record.rate < self.min_rate or record.rate > self.max_rate
+
+    def metrics(self) -> dict[str, float]:
+        """``curriculum/...``: tasks with a history, and how many the filter holds back as too
+        easy (above ``max_rate``) or too hard (below ``min_rate``)."""
+        seasoned = [r for r in self._records.values() if self.min_attempts and r.attempts >= self.min_attempts]
+        return {
+            "curriculum/tasks_seen": float(len(self._records)),
+            "curriculum/tasks_too_easy": float(sum(1 for r in seasoned if r.rate > self.max_rate)),
+            "curriculum/tasks_too_hard": float(sum(1 for r in seasoned if r.rate < self.min_rate)),
+        }
+
+    def state(self) -> dict[str, list[int]]:
+        """What a checkpoint keeps: task key -> ``[attempts, successes]``."""
+        return {key: [r.attempts, r.successes] for key, r in self._records.items()}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take a checkpoint's :meth:`state` back (replacing the history)."""
+        records: dict[str, _Record] = {}
+        for key, value in state.items():
+            attempts, successes = (int(v) for v in value)
+            if not 0 <= successes <= attempts:
+                raise ValueError(f"a checkpoint's pass rate for {key!r} is not a count: {value!r}")
+            records[str(key)] = _Record(attempts, successes)
+        self._records = records
+
+
+def load_task_file(path: str | Path, pass_rates: PassRates | None = None) -> list[Any]:
+    """The tasks of a task file (JSONL, one ``{"task": ..., "attempts": k, "successes": s}`` a
+    line; the counts optional), their counts added to ``pass_rates``. Errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task_file {path} is not a file: write one with `agentgym-lightning eval --pass-rates {path}`")
+    tasks: list[Any] = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno} is not JSON ({exc.msg}): each line is {{\"task\": ...}}") from None
+            if not isinstance(row, Mapping) or "task" not in row:
+                raise ValueError(f"{path}:{lineno} has no \"task\": each line is {{\"task\": ..., \"attempts\": k, \"successes\": s}}")
+            attempts, successes = row.get("attempts", 0), row.get("successes", 0)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempts, successes)) or not 0 <= successes <= attempts:
+                raise ValueError(f"{path}:{lineno}: attempts and successes must be counts with successes <= attempts; got {attempts!r}, {successes!r}")
+            tasks.append(row["task"])
+            if pass_rates is not None:
+                pass_rates.record(row["task"], attempts, successes)
+    if not tasks:
+        raise ValueError(f"task_file {path} holds no tasks")
+    return tasks
+
+
+def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> int:
+    """Write each task of ``trajectories`` (grouped by ``group_id``) as one line of a task file:
+    ``{"task", "key", "attempts", "successes", "pass_rate"}``, in the order the tasks were run;
+    returns how many. ``train --set task_file=PATH`` trains on them, their counts seeding the
+    curriculum's history."""
+    from agentgym_lightning.training.dynamic_sampling import split_groups
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for group in split_groups(trajectories):
+        attempts, successes = group_pass_counts(group)
+        rate = successes / attempts if attempts else None
+        rows.append({"task": group[0].task, "key": task_key(group[0].task), "attempts": attempts, "successes": successes, "pass_rate": rate})
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False, default=repr) + "\n")
+    return len(rows)
