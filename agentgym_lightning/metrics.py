@@ -38,7 +38,7 @@ from typing import Any
 
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["summarize", "succeeded", "episode_metrics", "finite_or_none", "json_metrics"]
+__all__ = ["summarize", "pass_at_k", "succeeded", "episode_metrics", "finite_or_none", "json_metrics"]
 
 
 def finite_or_none(value: Any) -> Any:
@@ -59,6 +59,30 @@ def succeeded(t: Trajectory) -> bool:
     """Whether an episode counts as a success: status ``succeeded`` and a positive final reward
     (what ``success_rate`` counts, and what SFT's ``success_only`` keeps)."""
     return t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0
+
+
+def pass_at_k(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Sampled success on tasks run ``k`` times each (groups of ``k`` episodes sharing a
+    ``group_id``; infrastructure failures left out): ``pass@1``, the mean success over every
+    judged episode, and ``pass@<k>``, the share of tasks with at least one success among their
+    ``k`` (``k``: the largest group; a task with fewer judged episodes still counts, with those
+    it has). ``groups_with_variance``: tasks with some successes and some failures, the groups a
+    GRPO step at this temperature learns from. Success is :func:`succeeded`'s."""
+    groups: dict[str, list[bool]] = {}
+    for t in trajectories:
+        if t.status is Status.INFRA_FAILED or _unscored(t):
+            continue
+        groups.setdefault(t.group_id if t.group_id is not None else t.episode_id, []).append(succeeded(t))
+    if not groups:
+        return {}
+    k = max(len(g) for g in groups.values())
+    outcomes = [s for g in groups.values() for s in g]
+    return {
+        "pass@1": _mean([float(s) for s in outcomes]),
+        f"pass@{k}": _mean([float(any(g)) for g in groups.values()]),
+        "tasks": float(len(groups)),
+        "groups_with_variance": float(sum(1 for g in groups.values() if any(g) and not all(g))),
+    }
 
 
 def summarize(trajectories: Sequence[Trajectory], wall_time: float) -> dict[str, float]:

@@ -57,15 +57,18 @@ def tagged(request: ChatRequest, episode_id: str | None) -> ChatRequest:
     return dataclasses.replace(request, metadata={**request.metadata, EPISODE_KEY: episode_id})
 
 
-def resampled(request: ChatRequest, *, temperature: float, top_p: float = 1.0, max_tokens: int | None = None) -> ChatRequest:
-    """``request`` sampled at ``temperature`` and ``top_p`` (``1.0``: the backend's default, no
-    top-p), with at most ``max_tokens`` tokens (``None``: the request's own limit). Its seed and
-    other options are kept."""
+def resampled(request: ChatRequest, *, temperature: float | None, top_p: float = 1.0, max_tokens: int | None = None) -> ChatRequest:
+    """``request`` sampled at ``temperature`` (``None``: the request's own, and its top-p too) and
+    ``top_p`` (``1.0``: the backend's default, no top-p), with at most ``max_tokens`` tokens
+    (``None``: the request's own limit). Its seed and other options are kept."""
     s = request.sampling
     limit = s.max_tokens
     if max_tokens is not None:
         limit = max_tokens if limit is None else min(limit, max_tokens)
-    sampling = dataclasses.replace(s, temperature=temperature, top_p=None if top_p == 1.0 else top_p, max_tokens=limit)
+    if temperature is None:
+        sampling = dataclasses.replace(s, max_tokens=limit)
+    else:
+        sampling = dataclasses.replace(s, temperature=temperature, top_p=None if top_p == 1.0 else top_p, max_tokens=limit)
     return dataclasses.replace(request, sampling=sampling)
 
 

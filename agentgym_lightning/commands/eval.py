@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentgym_lightning.metrics import json_metrics
+from agentgym_lightning.metrics import json_metrics, pass_at_k
 from agentgym_lightning.trajectory import Status
 
 if TYPE_CHECKING:
@@ -65,6 +65,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--group-size", type=int, default=1, help="episodes per task, GRPO groups (default: %(default)s)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes running at once (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seeds task order and each episode's reset (default: %(default)s)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sample every call at this temperature, whatever the agent asked (0: greedy; default: the agent's and the backend's)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="cap every call's max_tokens (the agent's own limit still applies when lower), as train's max_completion_length",
+    )
     p.add_argument("--output", "-o", default=None, help="write trajectories here as JSONL, as they finish")
     p.add_argument("--max-turns", type=int, default=None, help="truncate episodes after this many LLM calls")
     p.add_argument(
@@ -80,6 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=[],
         metavar="KEY=VALUE",
         help="keyword argument for the policy backend, e.g. device=cuda, max_batch_size=16 (repeatable)",
+    )
+    p.add_argument(
+        "--pass-rates",
+        default=None,
+        metavar="FILE",
+        help="write each task's attempts, successes and pass rate (of its --group-size episodes) to FILE as JSONL: "
+        "a task file `train --set task_file=FILE` takes (docs/training.md, \"Groups with signal\")",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -117,6 +136,12 @@ def _format_summary(args: argparse.Namespace, model: str, result: EvalResult) ->
         f"  mean turns        {m['turns/mean']:.2f}",
         f"  tokens/s          {m['tokens_per_s']:.1f}   ({int(m['completion_tokens'])} completion tokens)",
     ]
+    if args.group_size > 1 and "pass@1" in m:
+        k = args.group_size
+        lines.append(
+            f"  pass@1 / pass@{k}   {_number(m['pass@1'])} / {_number(m.get(f'pass@{k}', math.nan))}   "
+            f"({int(m['pass/groups_with_variance'])} of {int(m['pass/tasks'])} tasks solved sometimes, not always)"
+        )
     for key in sorted(k for k in m if k.startswith("metrics/")):
         lines.append(f"  {key:<17} {m[key]:.4f}")
     statuses = ", ".join(f"{k.split('/', 1)[1]} {int(v)}" for k, v in m.items() if k.startswith("status/"))
@@ -129,6 +154,8 @@ def _format_summary(args: argparse.Namespace, model: str, result: EvalResult) ->
         )
     if args.output:
         lines.append(f"  wrote {args.output} ({len(result.trajectories)} trajectories)")
+    if args.pass_rates:
+        lines.append(f"  wrote {args.pass_rates} (each task's pass rate)")
     return "\n".join(lines)
 
 
@@ -146,7 +173,9 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
         policy_kwargs = parse_kwargs(args.policy_kwarg, "--policy-kwarg")
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
-    for name in ("episodes", "group_size", "concurrency", "max_turns"):
+    if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:
+        raise _UsageError(f"--temperature must be within 0..2, got {args.temperature}")
+    for name in ("episodes", "group_size", "concurrency", "max_turns", "max_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise _UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -164,23 +193,24 @@ def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str
         check_policy_kwargs(args.backend, policy_kwargs)  # may import the backend (torch): after the cheap checks
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
-    if args.output:
-        _check_writable(args.output)  # last: it creates the file
+    for flag, path in (("--output", args.output), ("--pass-rates", args.pass_rates)):
+        if path:
+            _check_writable(path, flag)  # last: it creates the file
     return env_id, env_kwargs, policy_kwargs
 
 
-def _check_writable(output: str) -> None:
+def _check_writable(output: str, flag: str = "--output") -> None:
     """``output`` can be written: its folder is created and the file opened for appending
     (nothing in it is changed; the run truncates it when it starts)."""
     path = Path(output)
     if path.is_dir():
-        raise _UsageError(f"--output {output} is a directory; give a file path")
+        raise _UsageError(f"{flag} {output} is a directory; give a file path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as exc:
-        raise _UsageError(f"--output {output} cannot be written: {exc.strerror or exc}") from None
+        raise _UsageError(f"{flag} {output} cannot be written: {exc.strerror or exc}") from None
 
 
 def add_server_kwargs(backend: str, base_url: str | None, api_key: str | None, policy_kwargs: dict[str, Any]) -> None:
@@ -219,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
     from agentgym_lightning.rollouts.evaluation import evaluate
+    from agentgym_lightning.training.pass_rates import write_pass_rates
 
     try:
         env_id, env_kwargs, policy_kwargs = _check_args(args)
@@ -231,6 +262,11 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, ValueError, FileNotFoundError) as exc:
         print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
         return 2
+    owned = policy  # a wrapper leaves the policy it wraps open: this is what closes
+    if args.temperature is not None or args.max_tokens is not None:
+        from agentgym_lightning.training.generation import SamplingOverride
+
+        policy = SamplingOverride(policy, temperature=args.temperature, max_tokens=args.max_tokens)
     try:
         result = evaluate(
             env_id,
@@ -244,7 +280,11 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     finally:
-        policy.close()
+        owned.close()
+    if args.group_size > 1:
+        result.metrics.update({(name if name.startswith("pass@") else f"pass/{name}"): value for name, value in pass_at_k(result.trajectories).items()})
+    if args.pass_rates:
+        write_pass_rates(args.pass_rates, result.trajectories)
     if args.json:
         print(json.dumps(json_metrics(result.metrics)))
     else:

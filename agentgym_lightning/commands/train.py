@@ -542,6 +542,12 @@ def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
         lines.append(f"  held-out reward   {before['eval/reward/mean']:.3f} -> {after_text}   ({how})")
         if after:
             lines.append(f"  success rate      {before['eval/success_rate']:.3f} -> {after['eval/success_rate']:.3f}")
+        k = config.eval_samples
+        if k and after and f"eval/pass@{k}" in before and f"eval/pass@{k}" in after:
+            lines.append(
+                f"  pass@1 / pass@{k}   {before['eval/pass@1']:.3f} / {before[f'eval/pass@{k}']:.3f} -> "
+                f"{after['eval/pass@1']:.3f} / {after[f'eval/pass@{k}']:.3f}   (T={config.temperature}, {k} samples a task)"
+            )
     if result.history:
         first, last = result.history[0], result.history[-1]
         lines.append(f"  train reward      {first.get('train/reward/mean', float('nan')):.3f} (step 1) -> {last.get('train/reward/mean', float('nan')):.3f} (step {int(last['step'])})")

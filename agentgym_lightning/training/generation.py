@@ -39,13 +39,13 @@ __all__ = [
 
 
 class SamplingOverride(RewritingPolicy):
-    """Answers with ``policy``, sampling every request at ``temperature``/``top_p`` and at most
-    ``max_tokens`` tokens (``None``: the request's own limit). Seeds in the request are kept.
-    Has ``submit`` when ``policy`` has."""
+    """Answers with ``policy``, sampling every request at ``temperature``/``top_p`` (``None``: each
+    request's own) and at most ``max_tokens`` tokens (``None``: the request's own limit). Seeds in
+    the request are kept. Has ``submit`` when ``policy`` has."""
 
-    def __init__(self, policy: Any, *, temperature: float, top_p: float = 1.0, max_tokens: int | None = None) -> None:
+    def __init__(self, policy: Any, *, temperature: float | None, top_p: float = 1.0, max_tokens: int | None = None) -> None:
         super().__init__(policy)
-        self.temperature = float(temperature)
+        self.temperature = None if temperature is None else float(temperature)
         self.top_p = float(top_p)
         self.max_tokens = max_tokens
 

@@ -5,6 +5,12 @@ held-out env's ``episodes`` tasks, one episode each, at ``temperature`` (greedy 
 seeded from the run's seed so every evaluation runs the same tasks; the episodes go to
 ``<output_dir>/eval/step-<step>.jsonl`` and the metrics (``eval/...``, with ``eval/cpu_s``: the
 CPU-seconds of this process's threads) to the ``agentgym_log_metrics`` hook at ``step``.
+
+With ``eval_samples`` k > 0 each evaluation also samples k episodes of each of those tasks at the
+training ``temperature`` (``eval/samples-step-<step>.jsonl``) and logs ``eval/pass@1``,
+``eval/pass@<k>`` and ``eval/samples/groups_with_variance``
+(:func:`agentgym_lightning.metrics.pass_at_k`): the ceiling RL can pull greedy accuracy toward, and
+how many of the tasks a step at that temperature could learn from.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
+from agentgym_lightning.metrics import pass_at_k
 from agentgym_lightning.rollouts.evaluation import evaluate
 from agentgym_lightning.training.generation import SamplingOverride
 
@@ -31,6 +38,34 @@ def held_out_written(output_dir: Path, step: int, episodes: int) -> bool:
     a run killed during it, after its step's checkpoint, did not, and a resumed run runs it again."""
     written = output_dir / "eval" / f"step-{step:06d}.jsonl"
     return written.is_file() and len(written.read_text(encoding="utf-8").splitlines()) >= episodes
+
+
+def _sampled(env_factory: Callable[[], AgentEnv], generator: Any, config: Any, *, output_dir: Path, step: int) -> dict[str, float]:
+    """The held-out tasks ``eval_samples`` times each at the training temperature: pass@1, pass@k."""
+    k = config.eval_samples
+    policy = SamplingOverride(generator, temperature=config.temperature, top_p=getattr(config, "top_p", 1.0), max_tokens=config.max_completion_length)
+    written = output_dir / "eval" / f"samples-step-{step:06d}.jsonl"
+    result = evaluate(
+        env_factory,
+        policy,
+        episodes=config.eval_episodes * k,
+        group_size=k,  # the same tasks as the greedy episodes, in the same order
+        concurrency=config.eval_episodes * k,
+        seed=config.seed + HELD_OUT_SEED_OFFSET,  # the same tasks as the greedy evaluation (a task function too)
+        output=written,
+        progress=False,
+        log_metrics=False,
+        strict=True,
+    )
+    release_freed_memory()
+    check_episodes_ran(result.trajectories, f"the sampled evaluation at step {step}", written)
+    rates = pass_at_k(result.trajectories)
+    return {
+        **{f"eval/{name}": value for name, value in rates.items() if name.startswith("pass@")},
+        "eval/samples/groups_with_variance": rates.get("groups_with_variance", float("nan")),
+        "eval/samples/reward/mean": result.metrics["reward/mean"],
+        "eval/samples/temperature": float(config.temperature),
+    }
 
 
 def held_out_eval(
@@ -59,6 +94,8 @@ def held_out_eval(
     release_freed_memory()
     check_episodes_ran(result.trajectories, f"the evaluation at step {step}", written)
     metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
+    if getattr(config, "eval_samples", 0):
+        metrics.update(_sampled(env_factory, generator, config, output_dir=output_dir, step=step))
     metrics["eval/cpu_s"] = time.process_time() - cpu_start  # this process's threads; tool subprocesses not counted
     hook.agentgym_log_metrics(metrics=metrics, step=step)
     return metrics

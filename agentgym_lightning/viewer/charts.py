@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources", "held_out", "run_charts"]
+__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources", "held_out", "pass_at_k", "groups_with_signal", "run_charts"]
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
 
@@ -89,12 +89,34 @@ def held_out(series_by_run: Sequence[Series]) -> Chart | None:
     return Chart("Held-out evaluation", tuple((metric, " = ".join(labels)) for metric, labels in lines.values()), name="heldout", from_zero=True)
 
 
+def pass_at_k(series_by_run: Sequence[Series]) -> Chart | None:
+    """Greedy held-out success against sampled pass@1 and pass@k (``eval_samples``): how far greedy
+    accuracy is from what the policy reaches when sampling, if any run measured it."""
+    logged = {n for s in series_by_run for n in s if s.get(n)}
+    ks = sorted((n for n in logged if n.startswith("eval/pass@") and n != "eval/pass@1"), key=lambda n: int(n.rsplit("@", 1)[1]))
+    if "eval/pass@1" not in logged:
+        return None
+    lines = (("eval/success_rate", "greedy"), ("eval/pass@1", "pass@1 (sampled)"), *((n, n.removeprefix("eval/") + " (sampled)") for n in ks))
+    return Chart("Held-out: greedy and pass@k", lines, name="pass_at_k", from_zero=True)
+
+
+def groups_with_signal(series_by_run: Sequence[Series]) -> Chart | None:
+    """Dynamic sampling's draws (``sampling/...``), if any run sampled dynamically."""
+    if not any(s.get("sampling/groups_drawn") for s in series_by_run):
+        return None
+    lines = (("sampling/groups_drawn", "drawn"), ("sampling/groups_kept", "kept (signal)"), ("sampling/groups_zero_variance", "without signal"))
+    return Chart("Groups drawn a step", lines, name="groups_with_signal", from_zero=True)
+
+
 def run_charts(series_by_run: Sequence[Series]) -> list[Chart]:
-    """The charts of a run view, in order: :data:`CHARTS` with the held-out curve and the AIR
-    sources after the reward, where the runs logged them."""
+    """The charts of a run view, in order: :data:`CHARTS` with the held-out curves (scores, then
+    greedy against pass@k) and the AIR sources after the reward, and dynamic sampling's groups
+    after the zero-variance chart, where the runs logged them."""
     charts = list(CHARTS)
-    extra = [c for c in (held_out(series_by_run), air_sources(series_by_run)) if c is not None]
-    return charts[:1] + extra + charts[1:]
+    extra = [c for c in (held_out(series_by_run), pass_at_k(series_by_run), air_sources(series_by_run)) if c is not None]
+    signal = [c for c in (groups_with_signal(series_by_run),) if c is not None]
+    at = next(i for i, c in enumerate(charts) if c.name == "zero_variance") + 1
+    return charts[:1] + extra + charts[1:at] + signal + charts[at:]
 
 
 def _figure():  # type: ignore[no-untyped-def]

@@ -48,7 +48,7 @@ _SHARED = (
     "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
     "max_grad_norm", "per_device_train_batch_size", "micro_batch_tokens", "packed_update", "gradient_checkpointing", "dtype",
     "device", "num_threads", "check_memory", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_per_agent",
-    "eval_env_kwargs", "eval_episodes", "eval_steps", "eval_temperature", "save_steps", "save_total_limit", "logging_steps",
+    "eval_env_kwargs", "eval_episodes", "eval_steps", "eval_temperature", "eval_samples", "save_steps", "save_total_limit", "logging_steps",
     "report_to", "run_name", "progress",
 )
 
@@ -177,6 +177,7 @@ class SFTConfig(DataclassConfig):
     eval_episodes: int = _same("eval_episodes")
     eval_steps: int | None = _same("eval_steps", help="Also evaluate every K steps (always before, after each round, and at the end).")
     eval_temperature: float = _same("eval_temperature")
+    eval_samples: int = _same("eval_samples")
     save_steps: int = _same("save_steps", help="Checkpoint every N steps (and at the end of each round, and on Ctrl-C).")
     save_total_limit: int | None = _same("save_total_limit")
     logging_steps: int = _same("logging_steps")
