@@ -201,6 +201,44 @@ def test_cli_with_a_fake_policy(tmp_path, monkeypatch, capsys):
     assert summary["episodes"] == 2 and summary["success_rate"] == 1.0
 
 
+class RecordingBisectPolicy(BisectPolicy):
+    """BisectPolicy that keeps the sampling of every request it answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sampling = []
+
+    def generate(self, requests):
+        self.sampling.extend((r.sampling.temperature, r.sampling.max_tokens) for r in requests)
+        return super().generate(requests)
+
+
+def test_cli_samples_each_task_k_times_reports_pass_at_k_and_writes_the_pass_rates(tmp_path, monkeypatch, capsys):
+    from agentgym_lightning import cli, policies
+
+    policy = RecordingBisectPolicy()
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: policy)
+    rates = tmp_path / "rates.jsonl"
+    code = cli.main([
+        "eval", "--env", "lightning/GuessNumber-v0", "--episodes", "6", "--group-size", "3", "--temperature", "0.6",
+        "--max-tokens", "5", "--pass-rates", str(rates), "--no-progress",
+    ])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "pass@1 / pass@3   1.0000 / 1.0000   (0 of 2 tasks solved sometimes, not always)" in text
+    assert policy.closed  # the sampling wrapper closes the policy it wraps
+    assert {t for t, _ in policy.sampling} == {0.6}
+    assert all(m is not None and m <= 5 for _, m in policy.sampling)  # capped, as train's max_completion_length
+    rows = [json.loads(line) for line in rates.read_text().splitlines()]
+    assert [(r["attempts"], r["successes"], r["pass_rate"]) for r in rows] == [(3, 3, 1.0), (3, 3, 1.0)]
+    assert rows[0]["task"] != rows[1]["task"]
+
+    code = cli.main(["eval", "--env", "lightning/GuessNumber-v0", "--episodes", "4", "--group-size", "2", "--json", "--no-progress"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["pass@1"] == 1.0 and summary["pass@2"] == 1.0 and summary["pass/tasks"] == 2.0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -208,6 +246,8 @@ def test_cli_with_a_fake_policy(tmp_path, monkeypatch, capsys):
         (["--env", "lightning/NoSuchEnv-v0"], "unknown environment"),
         (["--env", "lightning/GuessNumber-v0", "--env-kwarg", "oops"], "KEY=VALUE"),
         (["--env", "lightning/GuessNumber-v0", "--episodes", "0"], "--episodes must be >= 1"),
+        (["--env", "lightning/GuessNumber-v0", "--temperature", "3"], "--temperature must be within 0..2"),
+        (["--env", "lightning/GuessNumber-v0", "--max-tokens", "0"], "--max-tokens must be >= 1"),
     ],
 )
 def test_cli_errors(argv, message, capsys, monkeypatch):

@@ -22,6 +22,8 @@ from agentgym_lightning.commands.train import build_config
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {"spider": "lightning/Spider-v0", "rag": "lightning/HotpotQA-v0", "math": "lightning/GSM8K-v0"}
+#: The recipes redone from the evidence (issue 46), each sized to one session.
+SESSION_SIZED = {"math"}
 #: The held-out split of each recipe, never its training split.
 HELD_OUT = {"spider": "dev", "rag": "dev", "math": "test"}
 
@@ -57,7 +59,14 @@ def test_the_recipe_is_a_valid_config_with_a_held_out_split_and_flags_override_i
     assert data_dir.startswith("../shared/data/"), "a fresh clone finds the data beside it, never at a fixed path"
     assert config.eval_env_kwargs["split"] == HELD_OUT[name] != config.env_kwargs["split"]
     assert config.eval_steps and config.eval_temperature == 0.0 and config.eval_episodes >= 32
-    assert config.save_steps <= 2 and config.max_steps >= 100  # long runs, resumable, losing at most two steps
+    # Long runs, resumable, losing at most two steps; a recipe redone for issue 46 is sized to finish
+    # in one 2.5-hour session (its figures: docs/experiments.md), the older ones to be extended.
+    assert config.save_steps <= 2 and config.max_steps >= (20 if name in SESSION_SIZED else 100)
+    if name in SESSION_SIZED:  # the evidence's recipe (../shared/notes/rl-recipes.md): each choice cited in the file
+        assert config.dynamic_sampling and config.outcome_first and config.curriculum_min_attempts > 0
+        assert config.loss_type == "dr_grpo" and config.scale_rewards == "none"
+        assert config.eval_episodes >= 96 and config.eval_samples >= 8
+        assert config.tasks_per_step * config.num_generations >= 64 and config.temperature < 1.0
     tiny = _config(name, "--steps", "1", "--tasks-per-step", "1", "--group-size", "2", "--env-kwarg", "limit=3", "--seed", "4")
     assert (tiny.max_steps, tiny.tasks_per_step, tiny.num_generations, tiny.seed) == (1, 1, 2, 4)
     assert tiny.env_kwargs == {**config.env_kwargs, "limit": 3}  # merged into the recipe's, not replacing them
@@ -106,7 +115,11 @@ def test_the_sft_recipe_warm_starts_its_rl_recipe_and_has_its_make_target(name: 
     # Like for like: the student learns the calls RL will make, in the env, eval and prompts RL has.
     assert (sft.model, sft.env, sft.env_kwargs, sft.policy_kwargs) == (rl.model, rl.env, rl.env_kwargs, rl.policy_kwargs)
     assert (sft.eval_env_kwargs, sft.eval_episodes, sft.agent_match, sft.use_peft) == (rl.eval_env_kwargs, rl.eval_episodes, rl.agent_match, rl.use_peft)
-    assert sft.learning_rate == rl.learning_rate and sft.optim == rl.optim
+    assert sft.eval_samples == rl.eval_samples and sft.optim == rl.optim
+    if name in SESSION_SIZED:  # RL takes smaller steps than the warm start's (issue 46: KL well under 0.01 a step)
+        assert rl.learning_rate < sft.learning_rate
+    else:
+        assert sft.learning_rate == rl.learning_rate
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     target = re.search(rf"^sft-{name}: setup\n\t(.*)\n\t(.*)\n", makefile, re.M)
     assert target, f"no make sft-{name}"
