@@ -9,14 +9,22 @@ within its group; a *flat* task earns 1 whatever happens (its group ties), any o
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import json
 import math
+import sys
 import threading
 from collections import defaultdict
 
 import pytest
+
+if importlib.util.find_spec("ray") is not None:
+    import cloudpickle  # installed with ray
+
+    # Ray workers unpickle this module's agent and env by value (a test module is not importable by name there).
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 from agentgym_lightning import ChatRequest, Completion, Reward, Status, Step, Trajectory
 
@@ -30,26 +38,28 @@ TASKS = [{"q": f"question {i}"} for i in range(8)]
 FLAT: set[str] = set()
 
 
-#: Each group's next start order (the test reads the group off the episode's record).
+#: Each group's next start order (the test reads the group off the episode's record), and its lock,
+#: made where the agent runs (a Ray worker unpickles this module's state without a lock in it).
 _ORDER: defaultdict = defaultdict(itertools.count)
-_ORDER_LOCK = threading.Lock()
+_STATE: dict = {}
 
 
 def agent(task, ctx):
-    with _ORDER_LOCK:
+    with _STATE.setdefault("lock", threading.Lock()):
         order = next(_ORDER[ctx._episode.trajectory.group_id])
     ctx.chat_completion([{"role": "user", "content": task["q"]}], max_tokens=4)
     return str(order)
 
 
-def reward(task, result):
-    return 1.0 if task["q"] in FLAT else float(int(result) % 2)
+def reward(flat, task, result):
+    return 1.0 if task["q"] in flat else float(int(result) % 2)
 
 
-def make_env():
+def make_env(flat=frozenset()):
+    """The env, its flat questions bound in (a Ray worker gets them with the pickled factory)."""
     from agentgym_lightning.env import AgentEnv
 
-    return AgentEnv(agent, list(TASKS), reward, time_limit=120)
+    return AgentEnv(agent, list(TASKS), functools.partial(reward, frozenset(flat)), time_limit=120)
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +75,8 @@ def _trainer(tiny_model_dir, output_dir, **overrides):
     options = dict(env="scripted", model=str(tiny_model_dir), max_steps=1, tasks_per_step=2, num_generations=2,
                    output_dir=str(output_dir), report_to=[], save_steps=1, learning_rate=1e-3, progress=False)
     policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4, num_threads=1)
-    return LightningRLTrainer(LightningRLConfig(**{**options, **overrides}), env=make_env, policy=policy)
+    env = functools.partial(make_env, frozenset(FLAT))  # FLAT as the test set it
+    return LightningRLTrainer(LightningRLConfig(**{**options, **overrides}), env=env, policy=policy)
 
 
 def _read(path):
@@ -172,6 +183,19 @@ def test_a_step_that_finds_no_signal_within_its_bound_trains_on_nothing_and_says
 
 
 @needs_training
+def test_on_ray_workers_a_step_draws_again_until_its_groups_have_signal(local_ray, tiny_model_dir, tmp_path):
+    FLAT.update(_positions(2))  # pickled with the env to the workers
+    trainer = _trainer(tiny_model_dir, tmp_path / "run", dynamic_sampling=True, max_sampling_rounds=4, rollout_workers=2)
+    trainer.train()
+    trainer.policy.close()
+    metrics = trainer.history[0]
+    assert metrics["sampling/rounds"] == 2.0 and metrics["sampling/groups_kept"] == 2.0
+    trained = _read(tmp_path / "run" / "trajectories" / "step-000001.jsonl")
+    assert len(trained) == 4 and not {t.task["q"] for t in trained} & FLAT
+    assert metrics["rollout/workers_lost"] == 0.0
+
+
+@needs_training
 def test_with_max_staleness_1_a_step_takes_groups_with_signal_and_sets_the_others_aside(tiny_model_dir, tmp_path):
     FLAT.update(_positions(2))  # plan 0 ties; the producer runs further ahead for each group set aside
     trainer = _trainer(tiny_model_dir, tmp_path / "run", dynamic_sampling=True, max_sampling_rounds=4, max_staleness=1, max_steps=2)
@@ -268,7 +292,7 @@ def test_pass_at_k_counts_tasks_solved_at_least_once_and_leaves_infrastructure_f
 def test_the_held_out_eval_samples_k_episodes_a_task_and_its_pass_at_k_is_the_hand_count(tiny_model_dir, tmp_path):
     FLAT.add(TASKS[0]["q"])  # the first held-out task is always solved; the others one time in two
     trainer = _trainer(tiny_model_dir, tmp_path / "run", eval_episodes=3, eval_samples=4, temperature=0.7)
-    trainer.eval_factory = make_env
+    trainer.eval_factory = functools.partial(make_env, frozenset(FLAT))
     metrics = trainer.evaluate()
     samples = _read(tmp_path / "run" / "eval" / "samples-step-000000.jsonl")
     assert len(samples) == 12
