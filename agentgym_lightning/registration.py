@@ -160,16 +160,17 @@ def is_file_factory(env: str) -> bool:
     return bool(sep) and path.endswith(".py") and name.isidentifier()
 
 
-def file_factory(env: str) -> Callable[..., Any]:
+def file_factory(env: str, option: str = "--env ", kind: str = "a function returning an AgentEnv") -> Callable[..., Any]:
     """The function ``name`` of the file in ``"path/to/file.py:name"`` (the file is imported once
     per process): called with the env kwargs, it must return an ``AgentEnv``. Raises
-    ``ValueError`` saying what is missing."""
+    ``ValueError`` saying what is missing, as ``option`` named it and what ``kind`` of function
+    it must be (another file function, such as a verifier, says its own)."""
     path, _, name = env.rpartition(":")
     file = Path(path).resolve()
     module = _file_modules.get(file)
     if module is None:
         if not file.is_file():
-            raise ValueError(f"--env {env}: no such file {path}")
+            raise ValueError(f"{option}{env}: no such file {path}")
         spec = importlib.util.spec_from_file_location(f"agentgym_env_file_{len(_file_modules)}_{file.stem}", file)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -177,7 +178,7 @@ def file_factory(env: str) -> Callable[..., Any]:
         _file_modules[file] = module
     factory = getattr(module, name, None)
     if not callable(factory):
-        raise ValueError(f"--env {env}: {path} has no function {name!r} (a function returning an AgentEnv)")
+        raise ValueError(f"{option}{env}: {path} has no function {name!r} ({kind})")
     return factory
 
 
