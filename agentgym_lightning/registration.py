@@ -6,7 +6,9 @@ Gymnasium 1.x has no entry-point env plugins, so environments come through the
 see :mod:`agentgym_lightning.plugin_manager`) and third-party ones alike. Only the core's own demo
 env is named here. An env of one's own needs none of that: ``module:Id`` (Gymnasium's form:
 ``module`` registers ``Id`` when imported) and ``path/to/file.py:make_env`` (a function returning an
-``AgentEnv``) work wherever an env id does.
+``AgentEnv``) work wherever an env id does. So do the shared environment formats, named by a
+prefix (:data:`ENV_FORMATS`): ``verifiers:MODULE`` (a verifiers environment) and ``openenv:URL``
+(an OpenEnv server), each made by the id its env package registers, with the target as a kwarg.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from agentgym_lightning.env import AgentEnv
 
 __all__ = [
-    "BUNDLED_ENVS", "TIME_LIMIT_AS_MAX_TURNS", "EnvKwargsError", "register_envs", "lightning_env_ids", "resolve_env_id",
+    "BUNDLED_ENVS", "ENV_FORMATS", "TIME_LIMIT_AS_MAX_TURNS", "EnvKwargsError", "env_format", "register_envs", "lightning_env_ids", "resolve_env_id",
     "make_env_factory", "env_kwargs_refused", "is_file_factory", "file_factory",
 ]
 
@@ -35,6 +37,13 @@ __all__ = [
 #: ``envs/`` register theirs through their plugins).
 BUNDLED_ENVS: dict[str, str] = {
     "lightning/GuessNumber-v0": "agentgym_lightning.envs.guess_number:make_env",
+}
+
+#: Environments of a shared format, named ``<prefix>:<target>``: prefix -> (the env id that runs
+#: them, registered by its env package's plugin; the keyword argument ``target`` is given as).
+ENV_FORMATS: dict[str, tuple[str, str]] = {
+    "verifiers": ("lightning/Verifiers-v0", "environment"),
+    "openenv": ("lightning/OpenEnv-v0", "server"),
 }
 
 #: Applied by ``gym.make`` after its ``TimeLimit``: ``max_episode_steps=N`` ends agent episodes
@@ -91,6 +100,11 @@ def resolve_env_id(env: str) -> str:
     if is_file_factory(env):
         file_factory(env)
         return env
+    made_as = env_format(env)
+    if made_as is not None:
+        if made_as[0] not in gym.registry:
+            raise ValueError(f"--env {env}: {made_as[0]}, which runs it, is not registered (is agentgym-lightning installed whole?)")
+        return env
     module, sep, env_id = env.partition(":")
     if sep:
         if os.getcwd() not in sys.path:  # as `python -m` does: a module beside you imports
@@ -106,7 +120,8 @@ def resolve_env_id(env: str) -> str:
     raise ValueError(
         f"unknown environment {env!r} (registered: {known}); for an env of your own, pass --env my_module:{env} "
         "(a module that calls gymnasium.register on import) or --env path/to/file.py:make_env (a function "
-        "returning an AgentEnv), or register it from a plugin's agentgym_register_envs hook"
+        "returning an AgentEnv), or register it from a plugin's agentgym_register_envs hook; a verifiers "
+        "environment is --env verifiers:MODULE, an OpenEnv server --env openenv:URL"
     )
 
 
@@ -121,7 +136,13 @@ def make_env_factory(env: str | Callable[[], AgentEnv], env_kwargs: Mapping[str,
         kwargs = dict(env_kwargs or {})
 
         def factory() -> AgentEnv:
-            made = file_factory(env)(**kwargs) if is_file_factory(env) else gym.make(env, **kwargs)
+            made_as = env_format(env)
+            if is_file_factory(env):
+                made = file_factory(env)(**kwargs)
+            elif made_as is not None:
+                made = gym.make(made_as[0], **made_as[1], **kwargs)
+            else:
+                made = gym.make(env, **kwargs)
             if not isinstance(made.unwrapped, AgentEnv):
                 raise TypeError(f"{env} is not an agentgym-lightning AgentEnv")
             return made.unwrapped
@@ -152,6 +173,16 @@ def env_kwargs_refused(env: str, kwargs: Mapping[str, Any]) -> Iterator[None]:
         raise
     except (TypeError, ValueError, gym.error.Error) as exc:
         raise EnvKwargsError(env, kwargs, exc) from exc
+
+
+def env_format(env: str) -> tuple[str, dict[str, str]] | None:
+    """For ``"<prefix>:<target>"`` of a format in :data:`ENV_FORMATS` (``verifiers:my_env``), the
+    env id that runs it and its kwargs (``{"environment": "my_env"}``); ``None`` for anything else."""
+    prefix, sep, target = env.partition(":")
+    if not sep or not target or prefix not in ENV_FORMATS:
+        return None
+    env_id, keyword = ENV_FORMATS[prefix]
+    return env_id, {keyword: target}
 
 
 def is_file_factory(env: str) -> bool:

@@ -1,0 +1,1 @@
+"""``--env verifiers:MODULE``: a verifiers environment trained unchanged (see ``README.md``)."""
