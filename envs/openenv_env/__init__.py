@@ -1,0 +1,1 @@
+"""``--env openenv:URL``: an OpenEnv environment server driven by a chat agent (see ``README.md``)."""
