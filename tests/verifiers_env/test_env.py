@@ -10,6 +10,7 @@ installs beside the autogen, mcp and openai-agents extras of .venv (pyproject.to
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,18 @@ def test_a_rollout_that_raises_fails_only_its_episode_infra_failed():
         assert again["status"] == "infra_failed" and len(again["trajectory"].steps) == 1
     finally:
         env.close()
+
+
+def test_train_one_step_on_a_verifiers_environment_from_the_cli(train_one_step, tmp_path):
+    episodes = train_one_step("verifiers:vf_sums", "--env-kwarg", "num_train=3", "--set", "max_completion_length=16", cwd=ENVIRONMENTS)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(m for m in metrics if m.get("step") == 1 and any(k.endswith("metrics/exact_answer") for k in m))
+    assert any(k.endswith("metrics/brief") for k in step)  # each rubric function, in the run's metrics
+    assert len(episodes) == 4
+    for episode in episodes:
+        assert episode["env_id"] == "verifiers:vf_sums" and episode["status"] == "succeeded", episode["error"]
+        rubric = episode["variables"]["rubric"]
+        assert episode["final_reward"] == pytest.approx(sum(r["score"] * r["weight"] for r in rubric.values()))
+        [call] = episode["steps"]  # a SingleTurnEnv: one model call, recorded with its token ids
+        assert call["completion"]["prompt_token_ids"] and call["completion"]["completion_token_ids"]
+        assert call["request"]["messages"][-1]["content"] == episode["task"]["prompt"][-1]["content"]
