@@ -205,3 +205,22 @@ def test_train_one_step_on_an_mcp_servers_tools_from_the_cli(files, train_one_st
         assert [t["function"]["name"] for t in first["request"]["tools"]] == ["add", "capital"]
         for step in episode["steps"]:
             assert step["completion"]["prompt_token_ids"] and step["completion"]["completion_token_ids"]
+
+
+def test_without_a_verifier_the_llm_judge_gives_the_reward(files, train_one_step):
+    from agentgym_lightning.testing.mock_openai_server import MockOpenAIServer, default_reply
+
+    def second_is_best(body: dict) -> dict:
+        return default_reply(body, json.dumps({"scores": [0.0, 1.0]}))
+
+    with MockOpenAIServer(second_is_best) as judge:
+        episodes = train_one_step(
+            "lightning/MCP-v0", "--env-kwarg", f"server={sys.executable} {SERVER}", "--env-kwarg", f"tasks={files['tasks']}",
+            "--env-kwarg", "max_turns=1", "--env-kwarg", "max_tokens=8", "--judge-base-url", judge.base_url,
+            "--judge-model", "scripted",
+        )
+        assert judge.state.requests == 2  # one call per group of two episodes
+    for group in {e["group_id"] for e in episodes}:
+        members = sorted((e for e in episodes if e["group_id"] == group), key=lambda e: e["seed"])
+        assert [e["final_reward"] for e in members] == [0.0, 1.0]
+        assert all(e["variables"]["judge"]["model"] == "scripted" for e in members)
