@@ -147,8 +147,22 @@ def test_a_server_that_is_down_or_crashes_fails_only_its_episode(server):
         process.wait(10)
     assert info["status"] == "infra_failed" and f"OpenEnv server {crashing} failed while step" in info["error"]
     assert "the game engine crashed" in info["error"]
-    with pytest.raises(ValueError, match="give the server's base URL"):
-        make("openenv:my_env.server.app")
+
+
+def test_a_module_names_the_environments_app_served_in_this_process(monkeypatch):
+    monkeypatch.syspath_prepend(str(SERVER.parent))
+    env = make("openenv:word_game_server")
+    try:
+        assert env.agent.url.startswith("http://127.0.0.1:")
+        _, info = play(env, lambda obs, turn: word_in(obs))
+    finally:
+        env.close()
+    assert info["status"] == "succeeded" and info["final_reward"] == 1.0
+    assert info["trajectory"].env_id == "openenv:word_game_server"
+    with pytest.raises(ValueError, match=r"cannot import 'my_missing_env.server.app' \(No module named 'my_missing_env'\)"):
+        make("openenv:my_missing_env.server.app")
+    with pytest.raises(ValueError, match="word_game_server has no app 'application'"):
+        make("openenv:word_game_server:application")
 
 
 def test_train_one_step_on_an_openenv_server_from_the_cli(server, train_one_step):

@@ -4,7 +4,8 @@ an Environment, create_app), served by uvicorn on 127.0.0.1 for the tests.
 The game: the observation names a target word; each action is a message; the reward is 1.0 when
 the message is the word (and the episode ends), else -0.1; three tries at most.
 
-``python word_game_server.py PORT [--crash]``: with ``--crash`` its step raises.
+``python word_game_server.py PORT [--crash]``: with ``--crash`` its step raises. Its ``app`` is
+also what ``openenv:word_game_server`` serves in-process.
 """
 
 import argparse
@@ -57,11 +58,12 @@ class WordGame(Environment):
         return self._state
 
 
+app = create_app(WordGame, WordAction, WordObservation, env_name="word_game", max_concurrent_envs=8)
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int)
     parser.add_argument("--crash", action="store_true")
     args = parser.parse_args()
     WordGame.crash = args.crash
-    app = create_app(WordGame, WordAction, WordObservation, env_name="word_game", max_concurrent_envs=8)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
