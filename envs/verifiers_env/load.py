@@ -1,6 +1,11 @@
 """Loading a verifiers environment as its Hub does: import the module, call its
 ``load_environment(**kwargs)``, get a ``vf.Environment`` of the classic API.
 
+The environment is loaded once per process for the same module and kwargs: a rollout driver
+builds one env per concurrent episode, and they share the Environment, as verifiers' own
+``generate`` runs its rollouts concurrently on one (loading a data set again per episode would
+cost minutes on a large one).
+
 A module named with dashes (an Environments Hub id, ``vf-math-python``) is imported with
 underscores, as ``vf.load_environment`` does; one beside you imports (the current folder is on
 the path, as with ``python -m``).
@@ -10,8 +15,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,12 +26,24 @@ from .errors import VerifiersLoadError
 
 __all__ = ["load_environment"]
 
+_loaded: dict[tuple[str, str], Any] = {}
+_lock = threading.Lock()
+
 
 def load_environment(module: str, kwargs: Mapping[str, Any]) -> Any:
-    """The Environment ``module.load_environment(**kwargs)`` returns. Raises
+    """The Environment ``module.load_environment(**kwargs)`` returns (loaded once per process for
+    the same ``module`` and ``kwargs``). Raises
     :class:`VerifiersLoadError` when the module does not import, has no
     ``load_environment``, refuses the kwargs, or returns something without the classic API's
     ``run_rollout`` and ``rubric``."""
+    key = (module, json.dumps(dict(kwargs), sort_keys=True, default=repr))
+    with _lock:
+        if key not in _loaded:
+            _loaded[key] = _load(module, kwargs)
+        return _loaded[key]
+
+
+def _load(module: str, kwargs: Mapping[str, Any]) -> Any:
     if importlib.util.find_spec("verifiers") is None:
         raise VerifiersLoadError(
             f"verifiers:{module}: verifiers is not installed; `make setup-verifiers` builds .venv-verifiers with it "

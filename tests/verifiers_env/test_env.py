@@ -90,11 +90,14 @@ def test_the_eval_split_is_the_eval_dataset_and_kwargs_reach_load_environment():
         assert [t["answer"] for t in env.tasks] == ["201", "203", "205"] and env.time_limit == 60
     finally:
         env.close()
-    train = make("verifiers:vf_sums", num_train=2)
+    train, again = make("verifiers:vf_sums", num_train=2), make("verifiers:vf_sums", num_train=2)
     try:
         assert [t["answer"] for t in train.tasks] == ["1", "3"]
+        # One env per concurrent episode, one Environment loaded for them all (as verifiers shares one).
+        assert train.agent.environment is again.agent.environment is not env.agent.environment
     finally:
         train.close()
+        again.close()
 
 
 def test_a_module_without_load_environment_says_what_one_is(capsys):
