@@ -95,3 +95,27 @@ def test_a_trainer_given_an_env_factory_keeps_the_configs_air_weights(tiny_model
         assert trainer.env_factory().air_weights == {"own": 1.0, "math.calc_ok": 0.5}
     finally:
         policy.close()
+
+
+def test_a_formats_prefix_names_the_env_id_that_runs_it():
+    from agentgym_lightning.registration import env_format, make_env_factory, resolve_env_id
+
+    assert env_format("verifiers:my_env") == ("lightning/Verifiers-v0", {"environment": "my_env"})
+    assert env_format("openenv:http://127.0.0.1:8000") == ("lightning/OpenEnv-v0", {"server": "http://127.0.0.1:8000"})
+    assert env_format("my_unit_env:my/Unit-v0") is None and env_format("verifiers:") is None
+    # Before: Gymnasium's module:Id form, "cannot import 'openenv'" or "did not register 'http'".
+    assert resolve_env_id("openenv:http://127.0.0.1:9") == "openenv:http://127.0.0.1:9"
+    env = make_env_factory("openenv:http://127.0.0.1:9", {"num_tasks": 2, "time_limit": 5})()
+    try:  # built without reaching the server: a server that is down fails its episodes, not the build
+        assert env.env_id == "openenv:http://127.0.0.1:9" and env.tasks == [{"seed": 0}, {"seed": 1}] and env.time_limit == 5
+    finally:
+        env.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verifiers") is not None, reason="says what to do when verifiers is absent")
+def test_verifiers_absent_is_one_line_saying_where_it_is(capsys):
+    from agentgym_lightning import cli
+
+    assert cli.main(["eval", "--env", "verifiers:my_env", "--episodes", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "verifiers:my_env: verifiers is not installed; `make setup-verifiers`" in err and len(err.strip().splitlines()) == 1
