@@ -86,24 +86,27 @@ def ours(rollouts: int, transport: str) -> float:
         env.close()
 
 
+def one_round(rollouts: int, base_url: str) -> dict[str, float]:
+    """Seconds per model call of each path, the paths run one after the other."""
+    calls = rollouts * CALLS_PER_ROLLOUT
+    return {
+        "direct": direct(rollouts, base_url) / calls,
+        "ours-http": ours(rollouts, "http") / calls,
+        "ours-inproc": ours(rollouts, "inproc") / calls,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=40, help="rollouts per path and round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    per_call: dict[str, list[float]] = {"direct": [], "ours-http": [], "ours-inproc": []}
     with MockOpenAIServer(mock_answer) as server:
-        direct(3, server.base_url), ours(3, "http"), ours(3, "inproc")  # warm up: imports, connections
-        for _ in range(args.rounds):
-            calls = args.rollouts * CALLS_PER_ROLLOUT
-            per_call["direct"].append(direct(args.rollouts, server.base_url) / calls)
-            per_call["ours-http"].append(ours(args.rollouts, "http") / calls)
-            per_call["ours-inproc"].append(ours(args.rollouts, "inproc") / calls)
-    base = statistics.median(per_call["direct"])
+        one_round(3, server.base_url)  # warm up: imports, connections
+        rounds = [one_round(args.rollouts, server.base_url) for _ in range(args.rounds)]
+    medians = {path: statistics.median(r[path] for r in rounds) for path in rounds[0]}
     print(f"per model call of a verifiers ToolEnv rollout (median of {args.rounds} rounds of {args.rollouts} rollouts):")
-    for path, times in per_call.items():
-        median = statistics.median(times)
-        print(f"  {path:<12} {median * 1e3:7.2f} ms  ({median / base:.2f}x direct)")
+    print("\n".join(f"  {path:<12} {m * 1e3:7.2f} ms  ({m / medians['direct']:.2f}x direct)" for path, m in medians.items()))
 
 
 if __name__ == "__main__":
