@@ -56,9 +56,8 @@ class VerifiersAgent:
         from verifiers import OpenAIChatCompletionsClient
 
         client = OpenAIChatCompletionsClient(ctx.async_openai_client())
-        sampling_args = {k: v for k, v in dict(self.environment.sampling_args or {}).items() if not (k == "n" and v == 1)}
         try:
-            output = await self.environment.run_rollout(dict(task), client, ctx.model, sampling_args)
+            output = await self.environment.run_rollout(dict(task), client, ctx.model, dict(self.environment.sampling_args or {}))
         except Exception as exc:  # noqa: BLE001 - the environment's code failing is not the model's doing
             raise VerifiersRolloutError(
                 f"{self.name}: its rollout raised {type(exc).__name__}: {exc}; fix the environment "
