@@ -381,6 +381,22 @@ def test_the_held_out_chart_draws_the_eval_scores_not_its_counts_or_times():
     assert "heldout" not in [c.name for c in run_charts([_series(loss=[1.0])])]
 
 
+def test_a_run_that_measured_pass_at_k_and_sampled_dynamically_gets_their_charts():
+    from agentgym_lightning.viewer.charts import groups_with_signal, pass_at_k, run_charts
+
+    series = _series(eval__success_rate=[0.1, 0.2], eval__pass__1=[0.05, 0.1], eval__pass__8=[0.3, 0.35],
+                     sampling__groups_drawn=[12, 9], sampling__groups_kept=[4, 4], sampling__groups_zero_variance=[8, 5], loss=[1.0, 0.9])
+    series = {name.replace("pass/", "pass@"): points for name, points in series.items()}
+    chart = pass_at_k([series])
+    assert chart.lines == (("eval/success_rate", "greedy"), ("eval/pass@1", "pass@1 (sampled)"), ("eval/pass@8", "pass@8 (sampled)"))
+    assert groups_with_signal([series]).lines[1] == ("sampling/groups_kept", "kept (signal)")
+    names = [c.name for c in run_charts([series])]
+    assert names.index("pass_at_k") < names.index("success")
+    assert names.index("groups_with_signal") == names.index("zero_variance") + 1
+    plain = _series(eval__success_rate=[0.1], loss=[1.0])
+    assert pass_at_k([plain]) is None and groups_with_signal([plain]) is None
+
+
 def test_charts_dir_overlays_several_seeds_on_one_held_out_chart(tmp_path):
     synthetic = _synthetic()
     seeds = [str(synthetic.write_run(tmp_path / f"seed{s}", steps=4, tasks=1, group_size=2, calls=1, seed=s, eval_every=2, eval_episodes=2))
