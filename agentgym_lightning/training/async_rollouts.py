@@ -173,17 +173,20 @@ class AsyncRollouts:
         *,
         judge: Callable[[list[Trajectory]], Any] | None = None,
         signal: Callable[[list[Trajectory]], bool] | None = None,
+        fallback: Callable[[list[Trajectory]], bool] | None = None,
         max_rounds: int = 1,
     ) -> Taken:
         """The next ``groups`` finished groups within the staleness bound of the current version,
         waiting for them; staler ones are dropped and counted. ``judge`` sets the rewards of the
         groups taken (the LLM judge). With ``signal`` (dynamic sampling), a group it rejects is set
         aside and the next one taken instead, until ``groups`` have signal or ``max_rounds`` times
-        ``groups`` were examined. Raises what stopped the producer."""
+        ``groups`` were examined; a group set aside that ``fallback`` accepts (told apart by shaping
+        alone) fills a place left empty then. Raises what stopped the producer."""
         version = self.version
         start = time.perf_counter()
         chosen: list[FinishedGroup] = []
         examined: list[list[Trajectory]] = []
+        held_back: list[FinishedGroup] = []
         dropped = no_signal = told = 0
         limit = groups * max_rounds if signal is not None else groups
         try:
@@ -198,6 +201,8 @@ class AsyncRollouts:
                         chosen.append(group)
                     else:
                         no_signal += 1
+                        if fallback is not None and fallback(group.trajectories):
+                            held_back.append(group)
                 if no_signal > told:
                     with self._cond:  # the producer may now run further ahead
                         self._no_signal += no_signal - told
@@ -207,6 +212,9 @@ class AsyncRollouts:
             with self._cond:
                 self._buffer.extendleft(reversed(chosen))  # not trained on: kept for the checkpoint
             raise
+        bound_hit = len(chosen) < groups
+        shaping = held_back[: groups - len(chosen)]
+        chosen += shaping
         with self._cond:
             generator_wait, self._generator_wait_s = self._generator_wait_s, 0.0
         update_wait = time.perf_counter() - start
@@ -226,9 +234,10 @@ class AsyncRollouts:
             metrics.update({
                 "sampling/rounds": float(-(-len(examined) // groups)),
                 "sampling/groups_drawn": float(len(examined)),
-                "sampling/groups_zero_variance": float(no_signal),
+                "sampling/groups_zero_variance": float(no_signal - len(shaping)),
                 "sampling/groups_kept": float(len(chosen)),
-                "sampling/bound_hit": float(len(chosen) < groups),
+                "sampling/groups_shaping_only": float(len(shaping)),
+                "sampling/bound_hit": float(bound_hit),
             })
         return Taken(trajectories, metrics, examined)
 

@@ -202,7 +202,8 @@ class LightningRLConfig(DataclassConfig):
         metadata={
             "help": "Online difficulty filtering: once a task has been attempted this many times, it is no longer "
             "drawn while its pass rate is above curriculum_max_pass_rate or below curriculum_min_pass_rate "
-            "(0: every task is drawn). Pass rates are kept for every task the run draws, in its checkpoints."
+            "(0: every task is drawn). Pass rates are kept for every task the run draws from a task list (a task "
+            "function's tasks never come again), in its checkpoints."
         },
     )
     curriculum_min_pass_rate: float = field(

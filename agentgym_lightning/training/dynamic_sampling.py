@@ -23,8 +23,11 @@ With ``max_staleness`` >= 1 the producer's finished groups are filtered as the s
 lets the producer run one group further ahead.
 
 "Rewards vary" means the episodes' returns differ (the same test as the update's zero-variance
-groups); under ``outcome_first`` their final rewards must differ: a group told apart only by
-shaping is not worth a step's place.
+groups). Under ``outcome_first`` a group whose final rewards differ comes first; a group told apart
+by its shaping alone (AIR breaking a tie of outcomes) is held back and trains only where the rounds
+end with fewer than ``B`` groups of the first kind (``sampling/groups_shaping_only``): a policy that
+solves nothing yet, as the main job's base model, learns from shaping alone, and once outcomes vary
+the outcome decides.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any
 from agentgym_lightning.training.shaping import outcomes_vary
 from agentgym_lightning.trajectory import Trajectory
 
-__all__ = ["group_has_signal", "split_groups", "DynamicSampler", "Filled"]
+__all__ = ["group_has_signal", "shaping_only", "split_groups", "DynamicSampler", "Filled"]
 
 #: Returns closer than this are equal (samples.py's tie).
 _TIE = 1e-9
@@ -58,6 +61,12 @@ def group_has_signal(trajectories: Sequence[Trajectory], outcome_only: bool = Fa
         return outcomes_vary(judged)
     returns = [t.total_reward for t in judged]
     return max(returns) - min(returns) > _TIE
+
+
+def shaping_only(trajectories: Sequence[Trajectory]) -> bool:
+    """Whether a group's returns vary although its final rewards do not (its shaping alone tells
+    the episodes apart)."""
+    return group_has_signal(trajectories) and not group_has_signal(trajectories, outcome_only=True)
 
 
 def split_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
@@ -120,6 +129,7 @@ class DynamicSampler:
         filled = Filled()
         dropped = rounds = 0
         with_signal: list[list[Trajectory]] = []
+        held_back: list[list[Trajectory]] = []  # outcome_only: told apart by shaping alone
         while rounds < self.max_rounds and len(with_signal) < self.tasks_per_step:
             count = self.round_size(self.tasks_per_step - len(with_signal), first=rounds == 0)
             groups = split_groups(run_round(rounds, count))
@@ -129,17 +139,24 @@ class DynamicSampler:
                 signal = group_has_signal(group, self.outcome_only)
                 self.groups_drawn_total += 1
                 self.groups_with_signal_total += int(signal)
-                dropped += int(not signal)
                 if signal or not self.enabled:  # disabled: every group trains (the update skips those that tie)
                     with_signal.append(group)
+                elif self.outcome_only and shaping_only(group):
+                    held_back.append(group)
+                else:
+                    dropped += 1
         filled.kept = with_signal[: self.tasks_per_step]
+        shaping = held_back[: self.tasks_per_step - len(filled.kept)]
+        filled.kept += shaping
+        dropped += len(held_back) - len(shaping)
         filled.metrics = {
             "sampling/rounds": float(rounds),
             "sampling/groups_drawn": float(len(filled.drawn)),
             "sampling/groups_zero_variance": float(dropped),
             "sampling/groups_kept": float(len(filled.kept)),
-            "sampling/groups_surplus": float(len(with_signal) - len(filled.kept)),
-            "sampling/bound_hit": float(self.enabled and len(filled.kept) < self.tasks_per_step),
+            "sampling/groups_surplus": float(max(len(with_signal) - self.tasks_per_step, 0)),
+            "sampling/groups_shaping_only": float(len(shaping)),
+            "sampling/bound_hit": float(self.enabled and len(with_signal) < self.tasks_per_step),
         }
         return filled
 

@@ -9,7 +9,8 @@ pass rate lies outside ``[curriculum_min_pass_rate, curriculum_max_pass_rate]`` 
 prime-rl's online difficulty filtering).
 
 Tasks are told apart by :func:`task_key`: their ``id`` when they have one, else a hash of their
-JSON. The history goes into every checkpoint (:meth:`PassRates.state`), so a resumed run filters
+JSON. The trainer keeps it for a task list (a task function's tasks never come again, so it would
+only grow). The history goes into every checkpoint (:meth:`PassRates.state`), so a resumed run filters
 exactly as the interrupted one would have. :func:`load_task_file` reads a task list with measured
 pass rates (``agentgym-lightning eval --pass-rates FILE`` writes one): the run trains on those tasks,
 their history seeded from the file.

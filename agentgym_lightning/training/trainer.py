@@ -88,7 +88,7 @@ from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
 from agentgym_lightning.training.agent_adapters import AdapterRouting, adapter_rollout_metrics, warn_if_air_reaches_every_adapter
 from agentgym_lightning.training.config import LightningRLConfig
-from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, split_groups
+from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, shaping_only, split_groups
 from agentgym_lightning.training.async_rollouts import AsyncRollouts
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
@@ -326,8 +326,7 @@ class LightningRLTrainer:
             trajectories, rollout_s, written, async_metrics = self._rollout_rounds()
         else:
             trajectories, rollout_s, written = self._rollout()
-            for group in split_groups(trajectories):
-                self.pass_rates.record_group(group)
+            self._record_pass_rates(split_groups(trajectories))
             async_metrics = {}
         release_freed_memory()  # the rollout's KV caches, before the update's gradients
         check_episodes_ran(trajectories, f"step {self.step + 1}", written)
@@ -356,7 +355,7 @@ class LightningRLTrainer:
                 **(self._remote.metrics() if self._remote is not None else {}),
                 **(self._judge.take_stats().metrics() if self._judge is not None else {}),
                 **async_metrics,
-                **self.pass_rates.metrics(),
+                **(self.pass_rates.metrics() if self._tracks_pass_rates else {}),
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
@@ -433,15 +432,20 @@ class LightningRLTrainer:
         # only once every round has finished.
         filled = self.sampler.fill(run_round)
         self.task_cursor = cursor
-        for group in filled.drawn:
-            self.pass_rates.record_group(group)
+        self._record_pass_rates(filled.drawn)
         written = self._trajectory_file()
         kept = {id(group) for group in filled.kept}
         self._write_groups(written, filled.kept, [g for g in filled.drawn if id(g) not in kept])
         # Every drawn episode failing before its first call is a dead backend, not a step without signal.
         check_episodes_ran([t for group in filled.drawn for t in group], f"step {self.step + 1}", written.parent)
-        metrics = {**filled.metrics, "curriculum/tasks_passed_over": float(passed_over)}
-        return filled.trajectories, time.perf_counter() - t0, written, metrics
+        elapsed = time.perf_counter() - t0
+        metrics = {
+            # train/...: every episode the policy ran this step, not only the groups it trains on
+            **episode_metrics([t for group in filled.drawn for t in group], elapsed, prefix="train/"),
+            **filled.metrics,
+            "curriculum/tasks_passed_over": float(passed_over),
+        }
+        return filled.trajectories, elapsed, written, metrics
 
     def _write_groups(self, written: Path, trained: list[list[Trajectory]], set_aside: list[list[Trajectory]]) -> None:
         """The step's trained groups to its file, the groups it set aside (dynamic sampling) to
@@ -454,6 +458,17 @@ class LightningRLTrainer:
                 for trajectory in (t for group in set_aside for t in group):
                     trajectory.variables["set_aside_at_step"] = self.step + 1
                     writer.write(trajectory)
+
+    @property
+    def _tracks_pass_rates(self) -> bool:
+        """Whether tasks can come again: a task list (a task function's tasks are new each time,
+        so their history would only grow)."""
+        return not callable(self.schedule.source)
+
+    def _record_pass_rates(self, groups: Sequence[list[Trajectory]]) -> None:
+        if self._tracks_pass_rates:
+            for group in groups:
+                self.pass_rates.record_group(group)
 
     def _epoch(self) -> float:
         """Passes over the task list so far (NaN for a task function)."""
@@ -487,12 +502,14 @@ class LightningRLTrainer:
         signal = functools.partial(group_has_signal, outcome_only=cfg.outcome_first) if cfg.dynamic_sampling else None
         # Judged when taken rather than as they finish: the policy as judge then answers with the
         # version being updated, as in the synchronous loop (the judge's time is not hidden).
-        taken = self._async.take(cfg.tasks_per_step, judge=judge, signal=signal, max_rounds=cfg.max_sampling_rounds)
-        for group in taken.examined:
-            self.pass_rates.record_group(group)
+        fallback = shaping_only if cfg.dynamic_sampling and cfg.outcome_first else None
+        taken = self._async.take(cfg.tasks_per_step, judge=judge, signal=signal, fallback=fallback, max_rounds=cfg.max_sampling_rounds)
+        self._record_pass_rates(taken.examined)
         written = self._trajectory_file()
         kept = {t.episode_id for t in taken.trajectories}
         self._write_groups(written, [taken.trajectories], [g for g in taken.examined if g[0].episode_id not in kept])
+        if cfg.dynamic_sampling:  # train/...: every group the step looked at, not only those it trains on
+            taken.metrics.update(episode_metrics([t for group in taken.examined for t in group], time.perf_counter() - t0, prefix="train/"))
         return taken.trajectories, time.perf_counter() - t0, written, taken.metrics
 
     def _rollouts(self) -> Rollouts:

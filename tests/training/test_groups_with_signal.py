@@ -123,7 +123,7 @@ def test_the_sampler_draws_again_until_the_step_has_its_groups_with_signal_and_s
     assert [g[0].group_id for g in filled.kept] == ["r1g0", "r1g2"]
     assert filled.metrics == {
         "sampling/rounds": 2.0, "sampling/groups_drawn": 10.0, "sampling/groups_zero_variance": 6.0,
-        "sampling/groups_kept": 2.0, "sampling/groups_surplus": 2.0, "sampling/bound_hit": 0.0,
+        "sampling/groups_kept": 2.0, "sampling/groups_surplus": 2.0, "sampling/groups_shaping_only": 0.0, "sampling/bound_hit": 0.0,
     }
     # The run's share with signal sizes the next step's later rounds: 4 of 10 so far.
     assert sampler.round_size(3, first=False) == math.ceil(3 / 0.4)
@@ -139,6 +139,29 @@ def test_the_sampler_stops_at_its_bound_and_says_so():
     assert filled.kept == []
     assert filled.metrics["sampling/rounds"] == 3.0
     assert filled.metrics["sampling/bound_hit"] == 1.0
+
+
+def test_under_outcome_first_groups_told_apart_by_shaping_alone_fill_only_the_places_outcomes_leave_empty():
+    from agentgym_lightning.training.dynamic_sampling import DynamicSampler
+
+    def run_round(index, count):
+        # Round 0: one group whose outcomes vary, two told apart by AIR alone, one flat; later rounds: flat.
+        kinds = ["outcome", "shaping", "shaping", "flat"] if index == 0 else ["flat"] * count
+        out = []
+        for g, kind in enumerate(kinds):
+            name = f"r{index}{kind}{g}"
+            second = {"outcome": (0.0, 0.0), "shaping": (1.0, 0.1), "flat": (1.0, 0.0)}[kind]
+            out += [_episode(f"{name}a", name, 2 * g, 1.0), _episode(f"{name}b", name, 2 * g + 1, second[0], air=second[1])]
+        return out
+
+    filled = DynamicSampler(tasks_per_step=2, max_rounds=2, outcome_only=True).fill(run_round)
+    assert [g[0].group_id for g in filled.kept] == ["r0outcome0", "r0shaping1"]  # the outcome first, then one shaping group
+    assert filled.metrics["sampling/groups_shaping_only"] == 1.0
+    assert filled.metrics["sampling/bound_hit"] == 1.0  # fewer groups whose outcomes vary than B: said
+    assert filled.metrics["sampling/groups_zero_variance"] == filled.metrics["sampling/groups_drawn"] - 2
+    # Enough groups whose outcomes vary: no shaping group trains.
+    plenty = DynamicSampler(tasks_per_step=1, max_rounds=1, outcome_only=True).fill(run_round)
+    assert [g[0].group_id for g in plenty.kept] == ["r0outcome0"] and plenty.metrics["sampling/groups_shaping_only"] == 0.0
 
 
 def test_a_group_of_infrastructure_failures_or_of_one_judged_episode_has_no_signal():
