@@ -24,12 +24,20 @@ text of every version it tried beside it (``docs/prompt-optimization.md``).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Resource", "ResourceSpec", "content_version", "as_resources", "resource_versions", "parse_resource_arg"]
+__all__ = [
+    "Resource", "ResourceSpec", "content_version", "as_resources", "resource_versions", "parse_resource_arg",
+    "resource_file_name",
+]
+
+# A name that becomes a file name: letters, digits, '_', '-' and inner dots. No separator, no
+# leading dot, so '..', '.hidden' and '../../victim' can never name a path outside the folder.
+_FILE_SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 
 
 def content_version(text: str) -> str:
@@ -126,3 +134,16 @@ def parse_resource_arg(item: str, flag: str = "--resource") -> Resource:
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"{flag} {name}=@{path}: cannot read it ({exc})") from None
     return Resource(name, value)
+
+
+def resource_file_name(name: str, suffix: str = ".txt") -> str:
+    """The file name a resource's text is written under (``<name><suffix>``), for a name that is
+    safe as one: letters, digits, ``_``, ``-`` and inner dots, at most 128 characters. A resource's
+    name comes from a user (``--resource``), so one with a path separator or a leading dot would
+    write or delete a file outside the output folder. Raises ``ValueError`` naming the resource."""
+    if not isinstance(name, str) or not _FILE_SAFE_NAME.fullmatch(name):
+        raise ValueError(
+            f"resource name {name!r} cannot be a file name: use letters, digits, '_', '-' and '.' "
+            "(not first), at most 128 characters"
+        )
+    return name + suffix

@@ -160,6 +160,30 @@ def test_an_earlier_run_is_not_overwritten_unless_asked(tmp_path):
     assert lines(tmp_path / "candidates.jsonl")[0]["candidate"] == 0
 
 
+@pytest.mark.parametrize("name", ["../../victim", "ABSOLUTE", "..", ".hidden", "a/b", "a\\b", ""])
+def test_a_resource_name_that_is_no_file_name_is_refused_and_nothing_outside_is_touched(tmp_path, name):
+    victim = tmp_path / "victim.txt"
+    name = str(tmp_path / "victim") if name == "ABSOLUTE" else name
+    victim.write_text("keep me\n", encoding="utf-8")
+    out = tmp_path / "a" / "b"
+    reflection = ReflectionModel(agent_policy)
+    with pytest.raises(ValueError, match="cannot be a file name|at least one resource"):
+        optimize_prompt(ENV, agent_policy, reflection, output_dir=out, env_kwargs=ENV_KWARGS, resources=[name],
+                        seed_texts={name: "x"}, overwrite=True, **SMALL)
+    assert victim.read_text(encoding="utf-8") == "keep me\n" and not out.exists()
+
+
+def test_the_command_refuses_a_resource_name_that_escapes_the_output_folder(tmp_path, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n", encoding="utf-8")
+    out = tmp_path / "a" / "b"
+    status = main(["optimize-prompt", "--env", ENV, "--output-dir", str(out), "--reflection-base-url", "policy",
+                   "--resource", "../../victim=hello", "--overwrite"])
+    err = capsys.readouterr().err
+    assert status == 2 and "resource name '../../victim' cannot be a file name" in err and len(err.strip().splitlines()) == 1
+    assert victim.read_text(encoding="utf-8") == "keep me\n" and not out.exists()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -85,7 +85,7 @@ class _UsageError(Exception):
 
 def _resources(items: list[str]) -> tuple[list[str], dict[str, str]]:
     """``--resource`` values: the names to evolve, and the starting texts given."""
-    from agentgym_lightning.resources import parse_resource_arg
+    from agentgym_lightning.resources import parse_resource_arg, resource_file_name
 
     names: list[str] = []
     seeds: dict[str, str] = {}
@@ -100,6 +100,8 @@ def _resources(items: list[str]) -> tuple[list[str], dict[str, str]]:
             names.append(item.strip())
     if len(set(names)) != len(names):
         raise ValueError(f"--resource names a resource twice: {names}")
+    for name in names:
+        resource_file_name(name)  # the best text is written as <name>.txt in --output-dir
     return names, seeds
 
 

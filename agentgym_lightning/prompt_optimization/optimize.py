@@ -48,7 +48,7 @@ from agentgym_lightning.prompt_optimization.adapter import EpisodeAdapter, _task
 from agentgym_lightning.prompt_optimization.candidates import CandidateLog
 from agentgym_lightning.prompt_optimization.reflection import ReflectionFailed, ReflectionModel
 from agentgym_lightning.registration import make_env_factory
-from agentgym_lightning.resources import Resource
+from agentgym_lightning.resources import Resource, resource_file_name
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
 __all__ = ["optimize_prompt", "PromptOptimizationResult", "draw_tasks", "read_seed_texts", "OUTPUT_FILES"]
@@ -132,7 +132,7 @@ def read_seed_texts(env: Any, names: Sequence[str], seed: int = 0) -> dict[str, 
 
 
 def _clear(output: Path, names: Sequence[str], overwrite: bool) -> None:
-    found = [n for n in (*OUTPUT_FILES, *(f"{r}.txt" for r in names)) if (output / n).exists()]
+    found = [n for n in (*OUTPUT_FILES, *(resource_file_name(r) for r in names)) if (output / n).exists() or (output / n).is_symlink()]
     if found and not overwrite:
         raise ValueError(
             f"{output} already holds an optimization ({', '.join(found)}): choose another output folder, or "
@@ -219,6 +219,8 @@ def optimize_prompt(
     names = list(resources)
     if not names or len(set(names)) != len(names):
         raise ValueError(f"resources must name at least one resource, each once; got {names}")
+    for name in names:
+        resource_file_name(name)  # each best text is written as <name>.txt: refused before anything is touched
     for label, value, low in (("train_tasks", train_tasks, 1), ("heldout_tasks", heldout_tasks, 1), ("test_tasks", test_tasks, 0),
                               ("minibatch_size", minibatch_size, 1), ("concurrency", concurrency, 1),
                               ("max_reflection_failures", max_reflection_failures, 1)):
@@ -316,7 +318,7 @@ def optimize_prompt(
         )
     files: dict[str, str] = {}
     for name, text in best.items():
-        path = output / f"{name}.txt"
+        path = output / resource_file_name(name)
         path.write_text(text + "\n", encoding="utf-8")  # read back without its newline (--resource NAME=@FILE)
         files[name] = str(path)
     proposals = [r for r in log.records if r["iteration"] > 0]
