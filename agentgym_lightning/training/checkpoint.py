@@ -8,7 +8,8 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
 * ``optimizer.pt``, ``scheduler.pt`` — their ``state_dict``s;
 * ``rng.pt`` — the Python, NumPy and torch (CPU and CUDA) RNG states;
 * ``trainer_state.json`` — the step it was taken after, the config, and the metrics history;
-* ``manifest.json`` — every other file's size and SHA-256, written last.
+* ``manifest.json`` — the step it was taken after and every other file's size and SHA-256,
+  written last (so weights or a manifest moved from another checkpoint do not pass).
 
 It is written to a temporary sibling and renamed into place, so a run killed while saving leaves
 the previous checkpoint intact and never a half-written one (so keeping only the newest one, the default,
@@ -21,7 +22,10 @@ A checkpoint is verified against its manifest before it is loaded: a file change
 (a truncated or zeroed ``model.safetensors``, a cut ``optimizer.pt``) is refused in one line
 (:class:`CorruptCheckpointError`), and resuming a run folder takes its newest *intact* checkpoint,
 saying which it passed over (:func:`intact_checkpoint`). A checkpoint written before manifests
-existed is loaded unverified; a file of it that cannot be read is refused in one line as well.
+existed is loaded unverified; a file of it that cannot be read is refused in one line as well. In a
+run whose checkpoints have manifests, one without (deleted) is corrupt, and passed over like one.
+Weights that are not finite are refused on load as well (a checkpoint edited with a recomputed
+manifest), and ``final/`` is never written from non-finite weights.
 How much room a checkpoint takes is known before the first step
 (:func:`checkpoint_bytes`, :func:`check_checkpoint_space`); a save that runs out of it raises
 ``OSError(ENOSPC)`` saying how much it needs.
@@ -150,8 +154,7 @@ def save_checkpoint(
         if stale.is_dir() and _TMP_PATTERN.match(stale.name):
             shutil.rmtree(stale, ignore_errors=True)
     weights = _trainable_state(model, peft, adapters)
-    bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
-    if bad:
+    if bad := _non_finite(weights):
         raise NonFiniteWeightsError(
             f"the weights of step {state.step} are not finite ({len(bad)} tensors, e.g. {bad[0]}): not saved"
         )
@@ -165,7 +168,7 @@ def save_checkpoint(
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(_rng_state(), tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(state.to_json(), encoding="utf-8")
-            _write_manifest(tmp)
+            _write_manifest(tmp, state.step)
         except Exception as exc:
             raise _as_os_error(exc, tmp, weights, optimizer) from exc
         if target.exists():  # the same step saved before (a resumed run re-saving): replace it
@@ -178,6 +181,11 @@ def save_checkpoint(
         for old in _checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _non_finite(weights: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors holding NaN or infinity."""
+    return [name for name, tensor in weights.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
 def _weights_name(peft: bool) -> str:
@@ -256,10 +264,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_manifest(folder: Path) -> None:
+def _write_manifest(folder: Path, step: int) -> None:
     files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:
-        json.dump({"files": files}, fh, indent=1)
+        # The step binds the manifest (and so every file it hashes) to its checkpoint-<step> folder.
+        json.dump({"step": step, "files": files}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -269,21 +278,28 @@ def _write_manifest(folder: Path) -> None:
 _verified: set[tuple[str, int, int]] = set()
 
 
-def verify_checkpoint(checkpoint: str | Path) -> None:
+def verify_checkpoint(checkpoint: str | Path, *, require_manifest: bool = False) -> None:
     """Raise :class:`CorruptCheckpointError` (one line: which file, what is wrong) unless every
-    file of the checkpoint's manifest is there with its size and hash. A checkpoint saved
-    before manifests existed passes (nothing to check against)."""
+    file of the checkpoint's manifest is there with its size and hash, and the manifest is of
+    this folder's step. A checkpoint saved before manifests existed passes (nothing to check
+    against) unless ``require_manifest`` (its run's other checkpoints have one: it was deleted)."""
     checkpoint = Path(checkpoint)
     manifest = checkpoint / MANIFEST
     if not manifest.is_file():
         if not (checkpoint / "trainer_state.json").is_file():
             raise CorruptCheckpointError(f"{checkpoint} is not a checkpoint: it has no {MANIFEST} and no trainer_state.json")
+        if require_manifest:
+            raise CorruptCheckpointError(f"{checkpoint} is corrupt: its {MANIFEST} is missing (the run's other checkpoints have one)")
         return
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        files, saved_step = data["files"], data.get("step")
         entries = [(str(name), int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{checkpoint} is corrupt: its {MANIFEST} cannot be read ({type(exc).__name__})") from None
+    folder_step = _PATTERN.match(checkpoint.name)
+    if saved_step is not None and folder_step is not None and saved_step != int(folder_step.group(1)):
+        raise CorruptCheckpointError(f"{checkpoint} is corrupt: its {MANIFEST} is the one of step {saved_step!r}")
     for name, size, sha in entries:
         path = checkpoint / name
         if path.name != name or not path.is_file():
@@ -310,9 +326,12 @@ def save_final_model(
     than written again: for a 135M model in fp32 that is 540 MB less on disk. Without it, or for
     an adapter (small, and PEFT's own file layout), ``save_pretrained`` writes them. ``adapters``
     (``lora_per_agent``): each goes to ``folder/adapters/<name>/``, loadable on its own with
-    ``PeftModel.from_pretrained(base, folder / "adapters" / name)``.
+    ``PeftModel.from_pretrained(base, folder / "adapters" / name)``. Raises
+    :class:`NonFiniteWeightsError`, writing nothing, when the weights hold NaN or infinity.
     """
     folder = Path(folder)
+    if bad := _non_finite(_trainable_state(model, peft, adapters)):
+        raise NonFiniteWeightsError(f"the final weights are not finite ({len(bad)} tensors, e.g. {bad[0]}): {folder} not written")
     if adapters:
         model.save_pretrained(folder / "adapters", selected_adapters=list(adapters))
     elif peft or checkpoint is None:
@@ -378,9 +397,11 @@ def intact_checkpoint(path: str | Path) -> tuple[Path, list[str]]:
             "or one checkpoint folder"
         )
     skipped = []
+    # A run that writes manifests writes one for every checkpoint: a missing one was deleted.
+    require_manifest = any((c / MANIFEST).is_file() for c in found)
     for checkpoint in reversed(found):
         try:
-            verify_checkpoint(checkpoint)
+            verify_checkpoint(checkpoint, require_manifest=require_manifest)
         except CorruptCheckpointError as exc:
             skipped.append(str(exc))
             continue
@@ -416,7 +437,7 @@ def load_checkpoint(
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds full weights, not a LoRA adapter: resume without use_peft, or from a LoRA run")
-        saved = _load_weights(weights)
+        saved = _finite_weights(weights)
         if adapters:
             for name in adapters:
                 own = {k[len(name) + 1 :]: v for k, v in saved.items() if k.startswith(f"{name}/")}
@@ -429,7 +450,7 @@ def load_checkpoint(
         weights = checkpoint / _weights_name(peft)
         if not weights.is_file():
             raise ValueError(f"{checkpoint} holds a LoRA adapter, not full weights: resume with use_peft")
-        load_full_weights(model, _load_weights(weights), checkpoint)
+        load_full_weights(model, _finite_weights(weights), checkpoint)
     optimizer.load_state_dict(_load(checkpoint / "optimizer.pt"))
     scheduler.load_state_dict(_load(checkpoint / "scheduler.pt"))
     _set_rng_state(_load(checkpoint / "rng.pt"))
@@ -492,6 +513,18 @@ def _set_rng_state(rng: dict[str, Any]) -> None:
 #: What checkpoints saved before the RNG states were plain data hold in rng.pt (NumPy's legacy
 #: state: an array of uint32): data constructors only, the allowlist torch documents for them.
 _NUMPY_ARRAY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+
+
+def _finite_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights, refused when any is not finite: a model resumed from them would
+    fail every later episode ("probability tensor contains nan") and write them to ``final/``."""
+    weights = _load_weights(path)
+    if bad := _non_finite(weights):
+        raise CorruptCheckpointError(
+            f"{path.parent} is corrupt: {path.name} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
+            "resume from an earlier checkpoint"
+        )
+    return weights
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:

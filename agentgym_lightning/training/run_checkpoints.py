@@ -197,8 +197,9 @@ class RunCheckpoints:
                 self.output_dir / "final", model=self.model, tokenizer=self.tokenizer, peft=self.config.use_peft,
                 checkpoint=checkpoint, adapters=self.adapters,
             )
-        except OSError as exc:  # a full disk: the checkpoints stand, say so instead of a traceback
-            message = f"the final model was not saved in {self.output_dir / 'final'}: {exc.strerror or exc}; the last checkpoint is kept"
+        except (OSError, NonFiniteWeightsError) as exc:  # a full disk, NaN weights: the checkpoints stand, say so
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            message = f"the final model was not saved in {self.output_dir / 'final'}: {why}; the last checkpoint is kept"
             warnings.warn(message, CheckpointNotSavedWarning, stacklevel=3)
             return message
         return None

@@ -106,7 +106,7 @@ def test_a_checkpoint_with_pickled_code_is_refused(tmp_path):
             return (os.system, ("touch " + str(tmp_path / "pwned"),))
 
     torch.save({"state": Payload()}, saved / "optimizer.pt")
-    ckpt._write_manifest(saved)  # a crafted checkpoint: its manifest matches the planted file
+    ckpt._write_manifest(saved, 1)  # a crafted checkpoint: its manifest matches the planted file
     with pytest.raises(ValueError, match="pickled Python objects, which are not loaded"):
         load_checkpoint(saved, model=model, peft=False, optimizer=optimizer, scheduler=scheduler)
     assert not (tmp_path / "pwned").exists()
@@ -190,3 +190,54 @@ def test_a_full_disk_says_how_much_room_a_checkpoint_needs(tmp_path, monkeypatch
         save(tmp_path, 1, model, optimizer, scheduler)
     assert caught.value.errno == errno.ENOSPC
     assert not [p for p in (tmp_path / "checkpoints").iterdir()]
+
+
+def test_a_checkpoint_with_nan_weights_and_a_recomputed_manifest_is_refused_on_resume(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, optimizer, scheduler = parts()
+    saved = save(tmp_path, 1, model, optimizer, scheduler)
+    weights = load_file(str(saved / "model.safetensors"))
+    weights["weight"][0, 0] = float("nan")
+    save_file(weights, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    ckpt._write_manifest(saved, 1)  # what an edit that recomputes the manifest leaves
+    # Before: loaded, and every later episode failed on NaN probabilities.
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"model.safetensors holds non-finite weights \(1 tensors, e.g. weight\)") as caught:
+        load_checkpoint(saved, model=model, peft=False, optimizer=optimizer, scheduler=scheduler)
+    assert len(str(caught.value).splitlines()) == 1
+    assert bool(torch.isfinite(model.weight).all())
+
+
+def test_final_is_never_written_from_non_finite_weights(tmp_path):
+    model, optimizer, scheduler = parts()
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    # Before: final/ was written with the infinite weight.
+    with pytest.raises(NonFiniteWeightsError, match="final weights are not finite"):
+        ckpt.save_final_model(tmp_path / "final", model=model, tokenizer=None, peft=False)
+    assert not (tmp_path / "final").exists()
+
+
+def test_a_manifest_moved_from_another_checkpoint_does_not_pass(tmp_path):
+    model, optimizer, scheduler = parts()
+    older = save(tmp_path, 1, model, optimizer, scheduler)
+    optimizer.step()
+    newest = save(tmp_path, 2, model, optimizer, scheduler)
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json", ckpt.MANIFEST):
+        (newest / name).write_bytes((older / name).read_bytes())
+    # Before: step 1's files passed as checkpoint-000002.
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"checkpoint-000002 is corrupt: its manifest.json is the one of step 1"):
+        ckpt.verify_checkpoint(newest)
+    with pytest.warns(ckpt.CorruptCheckpointWarning, match="resuming from checkpoint-000001"):
+        assert ckpt.find_checkpoint(tmp_path) == older
+
+
+def test_a_newest_checkpoint_whose_manifest_was_deleted_falls_back_to_the_older_intact_one(tmp_path):
+    model, optimizer, scheduler = parts()
+    older = save(tmp_path, 1, model, optimizer, scheduler)
+    newest = save(tmp_path, 2, model, optimizer, scheduler)
+    (newest / ckpt.MANIFEST).unlink()
+    (newest / "model.safetensors").write_bytes(b"\x00" * 16)
+    # Before: the newest was taken unverified, and its load failed with no fallback.
+    with pytest.warns(ckpt.CorruptCheckpointWarning, match=r"checkpoint-000002 is corrupt: its manifest.json is missing.*resuming from checkpoint-000001"):
+        assert ckpt.find_checkpoint(tmp_path) == older
