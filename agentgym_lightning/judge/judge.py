@@ -13,7 +13,8 @@ kept in ``trajectory.variables["judge"]``. What a demanding run needs:
   ``infra_failed`` (error ``"judge failed: ..."``), counted and warned (:class:`JudgeFailedWarning`),
   and the other groups train.
 - **Cached**: scores are kept by a hash of the exact prompt, model and answer format in a JSONL
-  file, so a resumed run that replays a step's episodes does not pay for them twice.
+  file, so a resumed run that replays a step's episodes does not pay for them twice. A cached
+  answer is checked as a fresh one is (finite, between 0 and 1): one that is not is judged again.
 - **Costed**: calls, tokens, seconds, cache hits and failures per step (:meth:`take_stats`).
 
 ::
@@ -39,7 +40,7 @@ from typing import Any
 
 from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.judge.prompt import SCORES_SCHEMA, GroupPrompt, TokenCounter, approx_tokens, group_prompt
-from agentgym_lightning.judge.scores import JudgeAnswerError, scores_from_reply
+from agentgym_lightning.judge.scores import JudgeAnswerError, check_scores, scores_from_reply
 from agentgym_lightning.reward_bounds import checked_reward
 from agentgym_lightning.trajectory import Status, Trajectory
 
@@ -221,8 +222,8 @@ class GroupJudge:
             prompt = group_prompt(episodes[0].task, episodes, self.config, self.count_tokens)
             stats.cut_chars = prompt.cut_chars
             key = self._key(prompt)
-            scores = self._cache.get(key)
-            if scores is not None and len(scores) == len(episodes):
+            scores = self._valid(self._cache.get(key), len(episodes))
+            if scores is not None:
                 stats.cache_hits = 1
                 self._apply(episodes, scores, cached=True)
             else:
@@ -236,6 +237,17 @@ class GroupJudge:
         with self._lock:
             self._stats.add(stats)
         return stats
+
+    @staticmethod
+    def _valid(scores: list[float] | None, n: int) -> list[float] | None:
+        """Cached ``scores`` if they are what a fresh answer may be, else ``None`` (judged again):
+        the cache file is read back from the run folder, so a 5.0 or a NaN there is no reward."""
+        if scores is None:
+            return None
+        try:
+            return check_scores(scores, n)
+        except JudgeAnswerError:
+            return None
 
     def _ask(self, prompt: GroupPrompt, n: int, stats: JudgeStats) -> tuple[list[float] | None, str]:
         messages = list(prompt.messages)

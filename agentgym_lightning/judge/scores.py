@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["JudgeAnswerError", "parse_scores", "scores_from_reply"]
+__all__ = ["JudgeAnswerError", "parse_scores", "scores_from_reply", "check_scores"]
 
 _FENCE = re.compile(r"\A```(?:json)?\s*\n?(.*?)\n?```\Z", re.DOTALL)
 # A judge's answer is a short object; anything longer is not one (and never reaches json.loads).
@@ -54,6 +54,12 @@ def scores_from_reply(reply: Any, n: int, answer_format: str) -> list[float]:
             raise JudgeAnswerError(f"the judge was asked for one submit_scores tool call, made {names or 'none'}")
         return parse_scores(calls[0].function.arguments, n)
     return parse_scores(message.content or "", n)
+
+
+def check_scores(scores: Any, n: int) -> list[float]:
+    """``scores`` held to what a fresh answer is: ``n`` finite numbers between 0 and 1 (scores read
+    back from a cache file, which anyone may have edited). Raises :class:`JudgeAnswerError`."""
+    return _checked({"scores": scores}, n)
 
 
 def _no_constant(name: str) -> Any:

@@ -243,3 +243,19 @@ def test_agreement_counts_pairs_the_verifier_tells_apart():
     # pairs the verifier tells apart: (0,1) judge wrong, (0,2) judge right
     assert result["pairs"] == 2 and result["pairwise_accuracy"] == 0.5
     assert result["groups"] == 1
+
+
+@pytest.mark.parametrize("cached", [[5.0, 1.0], [-1e6, 0.5], [float("nan"), 0.5], [1e300, 0.5]])
+def test_cached_scores_are_checked_as_fresh_ones_and_a_bad_one_is_judged_again(tmp_path, cached):
+    cache = tmp_path / "judge_cache.jsonl"
+    with MockOpenAIServer(by_number_rule) as server:
+        with GroupJudge(config(server.base_url), cache_path=cache) as judge:
+            judge.judge([episode("g", 0, "40"), episode("g", 1, "42")])
+        key = json.loads(cache.read_text(encoding="utf-8"))["key"]
+        cache.write_text(json.dumps({"key": key, "scores": cached}) + "\n", encoding="utf-8")  # an edited cache file
+        replay = [episode("g", 0, "40"), episode("g", 1, "42")]
+        with GroupJudge(config(server.base_url), cache_path=cache) as judge:
+            stats = judge.judge(replay)
+    # Before: the cached 5.0 or -1e6 became a reward, and NaN or 1e300 raised out of the judge.
+    assert stats.cache_hits == 0 and stats.calls == 1 and stats.groups_failed == 0
+    assert [t.final_reward for t in replay] == pytest.approx([1 - 2 / 42, 1.0])
