@@ -4,6 +4,8 @@
 - :func:`group_prompt` (``prompt.py``): what the judge reads, cut to a token budget.
 - :func:`parse_scores` (``scores.py``): its answer, read strictly.
 - :class:`GroupJudge` (``judge.py``): the calls, retries, cache, concurrency and the rewards.
+- :class:`~.bounded_http.BoundedTransport` (``bounded_http.py``): its HTTP answers within a decoded
+  size and a deadline.
 - :func:`agreement` (``agreement.py``): rank agreement with a verifier where there is one.
 
 See ``docs/judge.md``.

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.judge.bounded_http import BoundedTransport
 from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.judge.prompt import SCORES_SCHEMA, GroupPrompt, TokenCounter, approx_tokens, group_prompt
 from agentgym_lightning.judge.scores import JudgeAnswerError, check_scores, scores_from_reply
@@ -135,10 +136,14 @@ class GroupJudge:
             url = base_url or config.base_url
             if config.is_policy and base_url is None:
                 raise ValueError("the policy judges (base_url='policy'), but no URL serves it: pass base_url")
+            import httpx
             import openai
 
+            # The answer is untrusted: its decoded size is bounded and timeout_s is the whole call's deadline.
+            http = httpx.Client(transport=BoundedTransport(deadline_s=config.timeout_s), timeout=config.timeout_s)
             client = openai.OpenAI(
-                base_url=url, api_key=os.environ.get(config.api_key_env) or "none", timeout=config.timeout_s, max_retries=0
+                base_url=url, api_key=os.environ.get(config.api_key_env) or "none", timeout=config.timeout_s, max_retries=0,
+                http_client=http,
             )
         self._client = client
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="judge")
@@ -260,7 +265,9 @@ class GroupJudge:
             except Exception as exc:  # any transport or API error: retried, then the group fails
                 stats.call_seconds += time.perf_counter() - t0
                 stats.call_errors += 1
-                why = f"{type(exc).__name__}: {exc}"
+                # openai's connection error says only "Connection error.": its cause says what failed.
+                cause = f" ({exc.__cause__})" if exc.__cause__ is not None and str(exc.__cause__) not in str(exc) else ""
+                why = f"{type(exc).__name__}: {exc}{cause}"
                 continue
             stats.call_seconds += time.perf_counter() - t0
             usage = getattr(reply, "usage", None)
