@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from agentgym_lightning.llm import ChatRequest, Completion, common_prefix_length
+from agentgym_lightning.run_files import LONG_LINE, MAX_LINE_BYTES, RunFileError, iter_lines, open_run_file
 
 __all__ = [
     "Status",
@@ -288,6 +289,12 @@ class Trajectory:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         data = dict(data)
+        # Identity fields are keys and sort keys downstream (groups, pages): a wrong type is no trajectory.
+        for name, kinds in (("episode_id", (str,)), ("group_id", (str, type(None))), ("seed", (int, type(None)))):
+            value = data.get(name)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                want = "a string" if name == "episode_id" else "a string or null" if name == "group_id" else "a whole number or null"
+                raise TypeError(f"{name} must be {want}, got {type(value).__name__} {str(value)[:40]}")
         steps: list[Step] = []
         for s in data.get("steps") or []:
             steps.append(Step.from_dict(s, steps[-1] if steps else None))
@@ -541,8 +548,23 @@ def load_trajectories(
 
 
 def _iter_lines(path: str | os.PathLike[str], on_error: str, wanted: Callable[[bytes], bool] | None = None) -> Iterator[Trajectory]:
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
+    # A trajectory file is often someone else's (a shared run folder): only a regular file of a
+    # bounded size is read, and a line too long to hold is not (run_files).
+    try:
+        fh = open_run_file(path)
+    except RunFileError as exc:
+        if on_error == "raise":
+            raise
+        warnings.warn(f"{exc}; skipped (on_error='skip')", SkippedLineWarning, stacklevel=2)
+        return
+    with fh:
+        for lineno, raw in iter_lines(fh):
+            if raw is LONG_LINE:
+                exc = ValueError(f"{path}:{lineno}: a line over {MAX_LINE_BYTES:,} bytes, not read")
+                if on_error == "raise":
+                    raise exc
+                warnings.warn(f"{exc}; skipped (on_error='skip')", SkippedLineWarning, stacklevel=2)
+                continue
             if not raw.strip() or (wanted is not None and not wanted(raw)):
                 continue
             try:

@@ -50,7 +50,7 @@ KINDS = ("module", "function", "typing")
 #: under it (``gateway``: ``gateway.router``, ...). An import may go to an earlier layer or
 #: within one, never to a later one. Every module must be in one (a new one is placed here).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("data model", ("llm", "trajectory", "spaces", "metrics", "agent_match", "paths", "background_loop", "policy_request", "memory", "failed_episodes", "cpu_threads", "resources")),
+    ("data model", ("llm", "trajectory", "spaces", "metrics", "agent_match", "paths", "background_loop", "policy_request", "memory", "failed_episodes", "cpu_threads", "resources", "run_files")),
     ("plugin hooks", ("hookspecs", "plugin_manager", "credit")),
     ("reward bounds, AIR, tracing", ("reward_bounds", "air", "tracing")),
     ("episode", ("episode",)),

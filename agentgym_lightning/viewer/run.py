@@ -12,7 +12,10 @@ so far; an episode file is parsed again only when it changed (size or mtime), an
 are kept up to :attr:`RunFolder.cache_bytes` (a bigger file is read line by line each time; one
 episode's page reads only its group: :meth:`RunFolder.episode_group`).
 
-Everything in a run folder is data written by agents and envs: a line that cannot be read (not
+Everything in a run folder is data written by agents and envs, and the folder may be anyone's:
+only regular files of bounded size are read, line by line within a bounded length
+(:mod:`agentgym_lightning.run_files`: a FIFO or a link to ``/dev/zero`` is a problem listed, not a
+hang). A line that cannot be read (not
 JSON, nested too deeply, a step that is not a small non-negative integer, a reward that is not a
 number) is skipped and listed by :meth:`RunFolder.problems`, which the pages show; a half-written
 last line of a live file is simply not read yet.
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgym_lightning.run_files import LONG_LINE, MAX_LINE_BYTES, RunFileError, iter_lines, open_run_file, read_run_text
 from agentgym_lightning.trajectory import SkippedLineWarning, Trajectory, load_trajectories
 
 __all__ = ["EpisodeFile", "RunFolder"]
@@ -37,6 +41,8 @@ __all__ = ["EpisodeFile", "RunFolder"]
 _STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
 #: Steps a run can have (larger numbers in a file are not steps: 10^400 would overflow a chart).
 MAX_STEP = 10**12
+#: The largest metrics.jsonl read (a million steps' metrics are far less; its records are held).
+MAX_METRICS_BYTES = 256 * 2**20
 #: Problems listed per file (a file of bad lines is not listed line by line).
 MAX_PROBLEMS = 20
 #: The episode file kinds: training steps and held-out evaluations.
@@ -75,9 +81,20 @@ class RunFolder:
         path = self.path / "metrics.jsonl"
         if not path.is_file():
             return []
-        records, problems = [], []
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
+        records: list[dict[str, Any]] = []
+        problems: list[str] = []
+        try:
+            fh = open_run_file(path, MAX_METRICS_BYTES)
+        except (RunFileError, OSError) as exc:
+            self._problems[path] = [f"{path.name}: not read ({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})"]
+            return records
+        with fh:
+            for lineno, raw in iter_lines(fh):
+                if len(problems) >= MAX_PROBLEMS:
+                    problems = problems[:MAX_PROBLEMS]
+                if raw is LONG_LINE:
+                    problems.append(f"{path.name}:{lineno}: a line over {MAX_LINE_BYTES:,} bytes, not read")
+                    continue
                 try:
                     record = json.loads(raw)
                 except (ValueError, RecursionError) as exc:
@@ -113,8 +130,8 @@ class RunFolder:
         )
         for _, path in reversed(states):
             try:
-                return dict(json.loads(path.read_text(encoding="utf-8")).get("config") or {})
-            except (OSError, ValueError):
+                return dict(json.loads(read_run_text(path)).get("config") or {})
+            except (OSError, ValueError, AttributeError, TypeError, RecursionError):
                 continue
         return {}
 
