@@ -26,8 +26,10 @@ library at import time (torch and safetensors are imported where they are used).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -88,16 +90,34 @@ def write_weights(weights: Iterable[tuple[str, Any]], folder: str | Path) -> Pat
 
 
 def read_weights(folder: str | Path) -> dict[str, Any]:
-    """The tensors :func:`write_weights` wrote to ``folder``."""
+    """The tensors :func:`write_weights` wrote to ``folder``: a regular file, never a symlink
+    (the writer renames a file it wrote into place; a link there was planted by someone else in
+    the shared folder, and may lead anywhere). Raises ``FileNotFoundError`` when there is none,
+    ``ValueError`` when it is not a regular file of its own."""
     from safetensors.torch import load_file
 
     path = Path(folder) / WEIGHTS_FILE
-    if not path.is_file():
+    try:
+        # O_NOFOLLOW: a symlink is refused by the open itself, so no link swapped in after a
+        # check is followed; O_NONBLOCK: a FIFO planted there does not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
         raise FileNotFoundError(
             f"no {WEIGHTS_FILE} in {folder}: the generator server must read the folder the trainer writes to "
             "(the same path on both machines: a shared or network file system)"
-        )
-    return load_file(str(path))
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symlink, which the trainer never writes: not read (remove it)") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file, which the trainer always writes: not read (remove it)")
+        # The file just opened and checked, by its descriptor, where /proc names it (Linux).
+        by_fd = f"/proc/self/fd/{fd}"
+        return load_file(by_fd if os.path.exists(by_fd) else str(path))
+    finally:
+        os.close(fd)
 
 
 def refresh_tied_lm_head(worker: Any) -> bool:
