@@ -45,6 +45,7 @@ __all__ = [
     "write_weights",
     "unique_tensors",
     "read_weights",
+    "check_written",
     "refresh_tied_lm_head",
 ]
 
@@ -96,6 +97,23 @@ def read_weights(folder: str | Path) -> dict[str, Any]:
     ``ValueError`` when it is not a regular file of its own."""
     from safetensors.torch import load_file
 
+    fd = _open_written(folder)
+    try:
+        # The file just opened and checked, by its descriptor, where /proc names it (Linux).
+        by_fd = f"/proc/self/fd/{fd}"
+        return load_file(by_fd if os.path.exists(by_fd) else str(Path(folder) / WEIGHTS_FILE))
+    finally:
+        os.close(fd)
+
+
+def check_written(folder: str | Path) -> None:
+    """Raise as :func:`read_weights` does unless ``folder`` holds a weights file the writer could
+    have written (a regular file, no link); for readers that open it by path themselves (vLLM)."""
+    os.close(_open_written(folder))
+
+
+def _open_written(folder: str | Path) -> int:
+    """A descriptor of ``folder``'s weights file, opened only if it is a regular file, not a link."""
     path = Path(folder) / WEIGHTS_FILE
     try:
         # O_NOFOLLOW: a symlink is refused by the open itself, so no link swapped in after a
@@ -110,14 +128,10 @@ def read_weights(folder: str | Path) -> dict[str, Any]:
         if exc.errno == errno.ELOOP:
             raise ValueError(f"{path} is a symlink, which the trainer never writes: not read (remove it)") from None
         raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file, which the trainer always writes: not read (remove it)")
-        # The file just opened and checked, by its descriptor, where /proc names it (Linux).
-        by_fd = f"/proc/self/fd/{fd}"
-        return load_file(by_fd if os.path.exists(by_fd) else str(path))
-    finally:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
+        raise ValueError(f"{path} is not a regular file, which the trainer always writes: not read (remove it)")
+    return fd
 
 
 def refresh_tied_lm_head(worker: Any) -> bool:
@@ -144,7 +158,8 @@ class WeightSyncExtension:
         """Reload every weight from ``weights_path`` (vLLM's ``reload_weights`` in checkpoint
         format), then re-process a LM head tied to the embeddings (on CPU its GEMM keeps a packed
         copy of the old embeddings, which the reload does not refresh). Returns whether there was
-        a tied head."""
+        a tied head. A symlink or a special file planted as the weights file is refused first."""
+        check_written(weights_path)
         self.reload_weights(weights_path=str(weights_path), is_checkpoint_format=True)  # type: ignore[attr-defined]
         return refresh_tied_lm_head(self)
 

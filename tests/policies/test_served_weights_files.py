@@ -36,3 +36,20 @@ def test_a_planted_fifo_is_refused_without_hanging(tmp_path):
 def test_no_weights_file_says_where_the_server_must_read(tmp_path):
     with pytest.raises(FileNotFoundError, match="must read the folder the trainer writes to"):
         read_weights(tmp_path)
+
+
+def test_the_vllm_reload_checks_the_file_before_vllm_opens_it_by_path(tmp_path):
+    from agentgym_lightning.policies.served_weights import WeightSyncExtension
+
+    class Worker(WeightSyncExtension):
+        reloaded: list[str] = []
+
+        def reload_weights(self, weights_path, is_checkpoint_format):
+            self.reloaded.append(weights_path)
+
+    elsewhere = tmp_path / "elsewhere"
+    write_weights([("w", torch.ones(1))], elsewhere)
+    (tmp_path / WEIGHTS_FILE).symlink_to(elsewhere / WEIGHTS_FILE)
+    with pytest.raises(ValueError, match="is a symlink"):
+        Worker().agentgym_reload_weights(str(tmp_path))
+    assert Worker.reloaded == []
