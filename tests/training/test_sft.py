@@ -606,3 +606,29 @@ def test_an_unfinished_due_evaluation_runs_again_on_sft_resume_and_a_finished_on
     # resume cuts metrics.jsonl back to step 2, and step 3's follows).
     SFTTrainer(config()).train(resume_from=step_2)
     assert evals_at() == [0, 1, 2, 2, 3]
+
+
+@needs_train
+def test_sft_with_nothing_chosen_stops_before_any_step_saying_why_and_what_to_loosen(tmp_path, tiny_model_dir, capsys):
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.cli import main
+
+    source = _source(tmp_path, AutoTokenizer.from_pretrained(tiny_model_dir), n=2)
+    run = tmp_path / "sft"
+    status = main(["sft", str(source), "--min-reward", "5", "--steps", "2", "--rows-per-step", "2", "--model", str(tiny_model_dir),
+                   "--set", "device=cpu", "--no-wandb", "--no-progress", "--output-dir", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    # Before: it ran its 2 steps on no rows (loss=nan), wrote final/ and suggested train --init-from.
+    assert status == 2
+    assert err[-1] == "agentgym-lightning sft: nothing to learn from: 0 of 4 episodes chosen (4 below min_reward 5); to keep more: lower --min-reward"
+    assert not (run / "final").exists() and not (run / "checkpoints").exists()
+
+
+def test_nothing_chosen_names_why_the_chosen_episodes_calls_make_no_row():
+    from agentgym_lightning.training.sft.episodes import nothing_chosen
+
+    error = nothing_chosen({"episodes/read": 3.0, "episodes/chosen": 3.0, "calls/agent_match": 5.0, "calls/trained": 0.0, "rows": 0.0})
+    assert str(error) == ("nothing to learn from: 3 of 3 episodes chosen, but none of their calls makes a row (5 agent match); "
+                          "loosen --agent-match, or --retokenize always for calls recorded without token ids")
+    assert "the sources hold no episodes" in str(nothing_chosen({}))

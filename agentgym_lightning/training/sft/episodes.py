@@ -22,7 +22,7 @@ from pathlib import Path
 from agentgym_lightning.metrics import succeeded
 from agentgym_lightning.trajectory import Trajectory, load_trajectories
 
-__all__ = ["EpisodeChoice", "load_sources", "source_files", "choose_episodes", "task_key"]
+__all__ = ["EpisodeChoice", "load_sources", "source_files", "choose_episodes", "task_key", "NothingChosenError", "nothing_chosen"]
 
 #: Episode files of a run folder: an RL run's training episodes, an SFT run's rounds (never eval/:
 #: the held-out episodes must not be trained on).
@@ -96,3 +96,41 @@ def choose_episodes(
     counts["episodes/chosen"] = float(len(kept))
     counts["tasks/chosen"] = float(len({task_key(t) for t in kept}))
     return EpisodeChoice(episodes=kept, counts=dict(counts))
+
+
+class NothingChosenError(ValueError):
+    """No row to learn from: every episode read was left out, or every call of those chosen."""
+
+
+#: Why an episode or a call was left out (a ``data/`` count), and the option that decides it.
+_LEFT_OUT = {
+    "episodes/not_finished": ("not finished or infra_failed (never chosen)", None),
+    "episodes/not_successful": ("not successful", "drop --success-only"),
+    "episodes/below_min_reward": ("below min_reward", "lower --min-reward"),
+    "episodes/beyond_top_k": ("beyond top_k of their task", "raise --top-k"),
+}
+
+
+def nothing_chosen(counts: dict[str, float], min_reward: float | None = None) -> NothingChosenError:
+    """The error of a round with no row, from its ``data/`` counts (:func:`choose_episodes`' and
+    the rows'): how many episodes each rule left out, or why each call of the chosen ones was not
+    trained, and which option to loosen."""
+    read, chosen = int(counts.get("episodes/read", 0)), int(counts.get("episodes/chosen", 0))
+    if not read:
+        return NothingChosenError("nothing to learn from: the sources hold no episodes; give a run folder or a trajectory file that has some")
+    if not chosen:
+        parts, loosen = [], []
+        for key, (what, option) in _LEFT_OUT.items():
+            if n := int(counts.get(key, 0)):
+                if key == "episodes/below_min_reward" and min_reward is not None:
+                    what = f"below min_reward {min_reward:g}"
+                parts.append(f"{n} {what}")
+                if option:
+                    loosen.append(option)
+        hint = f"; to keep more: {', '.join(loosen)}" if loosen else "; give sources with finished episodes"
+        return NothingChosenError(f"nothing to learn from: 0 of {read} episodes chosen ({', '.join(parts)}){hint}")
+    calls = ", ".join(f"{int(v)} {k.removeprefix('calls/').replace('_', ' ')}" for k, v in counts.items() if k.startswith("calls/") and v)
+    return NothingChosenError(
+        f"nothing to learn from: {chosen} of {read} episodes chosen, but none of their calls makes a row ({calls or 'no calls'}); "
+        "loosen --agent-match, or --retokenize always for calls recorded without token ids"
+    )

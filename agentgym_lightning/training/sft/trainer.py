@@ -56,7 +56,7 @@ from agentgym_lightning.training.run_models import build_run_models, seed_proces
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.sft.config import SFT_RUN_IDENTITY, SFTConfig
-from agentgym_lightning.training.sft.episodes import choose_episodes, load_sources
+from agentgym_lightning.training.sft.episodes import choose_episodes, load_sources, nothing_chosen
 from agentgym_lightning.training.sft.rows import row_record, sft_rows
 from agentgym_lightning.training.signals import deferred_interrupt
 from agentgym_lightning.training.update import MicroBatches, optimize, packed_update
@@ -123,6 +123,7 @@ class SFTTrainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self._rollouts: dict[int, list[Trajectory]] = {}
+        self._rows: dict[int, tuple[list[Sample], dict[str, float]]] = {}  # a round's rows made ahead, taken once
         self._mid_update = False
         self.model.eval()
         if self.adapters is not None or built.initialized:
@@ -179,6 +180,12 @@ class SFTTrainer:
             messages = self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
         result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if not self.config.rounds:
+            try:  # the sources alone make the rows: none means nothing to learn, said before any step
+                self._rows[1] = self.round_rows(1)
+            except BaseException:
+                self.close()
+                raise
         for lines in self._hook.agentgym_train_start(config=self.config.to_dict(), output_dir=str(self.output_dir), step=self.step):
             result.messages.extend(lines or [])
         for line in result.messages:
@@ -275,6 +282,8 @@ class SFTTrainer:
     def round_rows(self, round_: int) -> tuple[list[Sample], dict[str, float]]:
         """Round ``round_``'s rows (the pool chosen and made rows, written to
         ``rows/round-NN.jsonl``) and the counts of how (``data/...``)."""
+        if (held := self._rows.pop(round_, None)) is not None:  # made before the first step
+            return held
         cfg = self.config
         pool = list(self.sources)
         for earlier in range(1, round_ + 1 if cfg.rounds else 1):
@@ -284,6 +293,9 @@ class SFTTrainer:
             choice.episodes, tokenizer=self.tokenizer, agent_match=cfg.agent_match, adapters=self.adapters, retokenize=cfg.retokenize,
             tool_prompt=getattr(self.policy, "tool_prompt", "full"),
         )
+        if not made.samples:
+            # Steps without rows would update nothing, log loss=nan and still write final/.
+            raise nothing_chosen({**choice.counts, **made.counts}, cfg.min_reward)
         path = self.output_dir / "rows" / f"round-{round_:02d}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(row_record(r)) + "\n" for r in made.samples), encoding="utf-8")
