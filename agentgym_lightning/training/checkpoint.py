@@ -8,8 +8,9 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint-<step>`` holding
 * ``optimizer.pt``, ``scheduler.pt`` — their ``state_dict``s;
 * ``rng.pt`` — the Python, NumPy and torch (CPU and CUDA) RNG states;
 * ``trainer_state.json`` — the step it was taken after, the config, and the metrics history;
-* ``manifest.json`` — the step it was taken after and every other file's size and SHA-256,
-  written last (so weights or a manifest moved from another checkpoint do not pass).
+* ``manifest.json`` — the step it was taken after, the run (the id in the run folder's ``run_id.json``,
+  made by the run's first save), and every other file's size and SHA-256, written last (so
+  weights or a manifest moved from another checkpoint, or another run's, do not pass).
 
 It is written to a temporary sibling and renamed into place, so a run killed while saving leaves
 the previous checkpoint intact and never a half-written one (so keeping only the newest one, the default,
@@ -49,6 +50,7 @@ import random
 import re
 import shutil
 import tempfile
+import uuid
 import warnings
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -168,7 +170,7 @@ def save_checkpoint(
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(_rng_state(), tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(state.to_json(), encoding="utf-8")
-            _write_manifest(tmp, state.step)
+            _write_manifest(tmp, state.step, _run_id(root))
         except Exception as exc:
             raise _as_os_error(exc, tmp, weights, optimizer) from exc
         if target.exists():  # the same step saved before (a resumed run re-saving): replace it
@@ -264,11 +266,38 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_manifest(folder: Path, step: int) -> None:
+#: In a run folder (beside ``checkpoints/``): the run's id, which every manifest of the run names.
+RUN_FILE = "run_id.json"
+
+
+def _run_id(root: Path) -> str:
+    """The id of the run whose checkpoints ``root`` (its ``checkpoints/``) holds, made (and
+    written) by its first save."""
+    known = _folder_run(root)
+    if known is not None:
+        return known
+    run = uuid.uuid4().hex
+    tmp = root.parent / f".{RUN_FILE}.tmp"
+    tmp.write_text(json.dumps({"run": run}), encoding="utf-8")
+    os.replace(tmp, root.parent / RUN_FILE)
+    return run
+
+
+def _folder_run(root: Path) -> str | None:
+    """The run id of the run folder whose ``checkpoints/`` is ``root``, or ``None`` (none, or unreadable)."""
+    try:
+        run = json.loads((root.parent / RUN_FILE).read_text(encoding="utf-8")).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, str) else None
+
+
+def _write_manifest(folder: Path, step: int, run: str | None = None) -> None:
     files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:
-        # The step binds the manifest (and so every file it hashes) to its checkpoint-<step> folder.
-        json.dump({"step": step, "files": files}, fh, indent=1)
+        # The step and the run bind the manifest (and so every file it hashes) to its
+        # checkpoint-<step> folder in this run's checkpoints/.
+        json.dump({"step": step, "run": run, "files": files}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -293,13 +322,19 @@ def verify_checkpoint(checkpoint: str | Path, *, require_manifest: bool = False)
         return
     try:
         data = json.loads(manifest.read_text(encoding="utf-8"))
-        files, saved_step = data["files"], data.get("step")
+        files, saved_step, saved_run = data["files"], data.get("step"), data.get("run")
         entries = [(str(name), int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{checkpoint} is corrupt: its {MANIFEST} cannot be read ({type(exc).__name__})") from None
     folder_step = _PATTERN.match(checkpoint.name)
     if saved_step is not None and folder_step is not None and saved_step != int(folder_step.group(1)):
         raise CorruptCheckpointError(f"{checkpoint} is corrupt: its {MANIFEST} is the one of step {saved_step!r}")
+    run = _folder_run(checkpoint.parent)
+    if saved_run is not None and run is not None and saved_run != run:
+        raise CorruptCheckpointError(
+            f"{checkpoint} is another run's checkpoint: its {MANIFEST} names run {str(saved_run)[:40]!r}, "
+            f"this folder's {RUN_FILE} {run!r}"
+        )
     for name, size, sha in entries:
         path = checkpoint / name
         if path.name != name or not path.is_file():

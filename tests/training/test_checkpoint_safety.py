@@ -241,3 +241,20 @@ def test_a_newest_checkpoint_whose_manifest_was_deleted_falls_back_to_the_older_
     # Before: the newest was taken unverified, and its load failed with no fallback.
     with pytest.warns(ckpt.CorruptCheckpointWarning, match=r"checkpoint-000002 is corrupt: its manifest.json is missing.*resuming from checkpoint-000001"):
         assert ckpt.find_checkpoint(tmp_path) == older
+
+
+def test_a_checkpoint_copied_from_another_run_does_not_pass(tmp_path):
+    model, optimizer, scheduler = parts()
+    ours = tmp_path / "ours"
+    older = save(ours, 1, model, optimizer, scheduler)
+    save(ours, 2, model, optimizer, scheduler)
+    theirs = save(tmp_path / "theirs", 2, model, optimizer, scheduler)
+    target = ours / "checkpoints" / "checkpoint-000002"
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json", ckpt.MANIFEST):
+        (target / name).write_bytes((theirs / name).read_bytes())
+    # Before: another run's step 2 (its manifest matching its files) passed as this run's.
+    with pytest.raises(ckpt.CorruptCheckpointError, match=r"checkpoint-000002 is another run's checkpoint: its manifest.json names run"):
+        ckpt.verify_checkpoint(target)
+    with pytest.warns(ckpt.CorruptCheckpointWarning, match="resuming from checkpoint-000001"):
+        assert ckpt.find_checkpoint(ours) == older
+    assert (ours / ckpt.RUN_FILE).is_file()
