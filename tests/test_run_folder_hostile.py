@@ -106,3 +106,14 @@ def test_metrics_that_are_no_regular_file_or_too_large_are_a_listed_problem(tmp_
     # Before: read whole, however large (a 1.2 GB file: 3.7 GB and a MemoryError).
     assert runs.metrics() == []
     assert "over the 10 a run file may have" in runs.problems()[0]
+
+
+def test_sft_sources_with_a_special_file_are_refused_in_one_line(tmp_path):
+    from agentgym_lightning.training.sft.episodes import load_sources
+
+    run = good_run(tmp_path / "run")
+    (run / "trajectories" / "step-000002.jsonl").symlink_to("/dev/zero")
+    # Before: /dev/zero was read as one endless line until a MemoryError traceback.
+    with pytest.raises(RunFileError, match=r"step-000002.jsonl: not a regular file") as caught:
+        load_sources([run])
+    assert len(str(caught.value).splitlines()) == 1
