@@ -40,25 +40,32 @@ def held_out_written(output_dir: Path, step: int, episodes: int) -> bool:
     return written.is_file() and len(written.read_text(encoding="utf-8").splitlines()) >= episodes
 
 
-def _sampled(env_factory: Callable[[], AgentEnv], generator: Any, config: Any, *, output_dir: Path, step: int) -> dict[str, float]:
-    """The held-out tasks ``eval_samples`` times each at the training temperature: pass@1, pass@k."""
-    k = config.eval_samples
-    policy = SamplingOverride(generator, temperature=config.temperature, top_p=getattr(config, "top_p", 1.0), max_tokens=config.max_completion_length)
-    written = output_dir / "eval" / f"samples-step-{step:06d}.jsonl"
+def _run(env_factory: Callable[[], AgentEnv], policy: Any, config: Any, *, group_size: int, written: Path, what: str) -> Any:
+    """The held-out tasks, ``group_size`` episodes each, answered by ``policy`` and written to
+    ``written``; raises when every episode failed before its first call."""
+    episodes = config.eval_episodes * group_size
     result = evaluate(
         env_factory,
         policy,
-        episodes=config.eval_episodes * k,
-        group_size=k,  # the same tasks as the greedy episodes, in the same order
-        concurrency=config.eval_episodes * k,
-        seed=config.seed + HELD_OUT_SEED_OFFSET,  # the same tasks as the greedy evaluation (a task function too)
+        episodes=episodes,
+        group_size=group_size,  # groups keep the tasks of the greedy evaluation, in its order
+        concurrency=episodes,
+        seed=config.seed + HELD_OUT_SEED_OFFSET,  # the same held-out tasks at every evaluation (a task function's too)
         output=written,
         progress=False,
-        log_metrics=False,
-        strict=True,
+        log_metrics=False,  # logged by the caller, with the step, once the episodes are known to have run
+        strict=True,  # Ctrl-C and a failed write stop the run (the trainer checkpoints)
     )
     release_freed_memory()
-    check_episodes_ran(result.trajectories, f"the sampled evaluation at step {step}", written)
+    check_episodes_ran(result.trajectories, what, written)
+    return result
+
+
+def _sampled(env_factory: Callable[[], AgentEnv], generator: Any, config: Any, *, output_dir: Path, step: int) -> dict[str, float]:
+    """The held-out tasks ``eval_samples`` times each at the training temperature: pass@1, pass@k."""
+    policy = SamplingOverride(generator, temperature=config.temperature, top_p=getattr(config, "top_p", 1.0), max_tokens=config.max_completion_length)
+    written = output_dir / "eval" / f"samples-step-{step:06d}.jsonl"
+    result = _run(env_factory, policy, config, group_size=config.eval_samples, written=written, what=f"the sampled evaluation at step {step}")
     rates = pass_at_k(result.trajectories)
     return {
         **{f"eval/{name}": value for name, value in rates.items() if name.startswith("pass@")},
@@ -76,23 +83,10 @@ def held_out_eval(
     configs' fields); returns its metrics. ``RuntimeError`` when the run has no held-out env."""
     if env_factory is None:
         raise RuntimeError("no eval env: set config.eval_env_kwargs or pass eval_env=")
-    episodes, seed = config.eval_episodes, config.seed
     policy = SamplingOverride(generator, temperature=config.eval_temperature, max_tokens=config.max_completion_length)
     written = output_dir / "eval" / f"step-{step:06d}.jsonl"
     cpu_start = time.process_time()
-    result = evaluate(
-        env_factory,
-        policy,
-        episodes=episodes,
-        concurrency=episodes,
-        seed=seed + HELD_OUT_SEED_OFFSET,  # the same held-out episodes at every evaluation
-        output=written,
-        progress=False,
-        log_metrics=False,  # logged below, with the step, once the episodes are known to have run
-        strict=True,  # Ctrl-C and a failed write stop the run (the trainer checkpoints)
-    )
-    release_freed_memory()
-    check_episodes_ran(result.trajectories, f"the evaluation at step {step}", written)
+    result = _run(env_factory, policy, config, group_size=1, written=written, what=f"the evaluation at step {step}")
     metrics = {f"eval/{k}": v for k, v in result.metrics.items()}
     if getattr(config, "eval_samples", 0):
         metrics.update(_sampled(env_factory, generator, config, output_dir=output_dir, step=step))

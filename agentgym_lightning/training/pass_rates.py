@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_lightning.metrics import succeeded
+from agentgym_lightning.training.dynamic_sampling import split_groups
 from agentgym_lightning.trajectory import Status, Trajectory
 
 __all__ = ["PassRates", "task_key", "load_task_file", "write_pass_rates", "group_pass_counts"]
@@ -170,8 +171,6 @@ def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> in
     ``{"task", "key", "attempts", "successes", "pass_rate"}``, in the order the tasks were run;
     returns how many. ``train --set task_file=PATH`` trains on them, their counts seeding the
     curriculum's history."""
-    from agentgym_lightning.training.dynamic_sampling import split_groups
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = []

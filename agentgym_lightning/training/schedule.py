@@ -82,9 +82,13 @@ class TaskSchedule:
 
     def epoch_of(self, step: int) -> float:
         """How many passes over a task list step ``step`` has made (NaN for a task function)."""
+        return self.epoch_at(step * self.tasks_per_step)
+
+    def epoch_at(self, position: int) -> float:
+        """How many passes over a task list the tasks before ``position`` make (NaN for a task function)."""
         if callable(self.source):
             return float("nan")
-        return step * self.tasks_per_step / len(self.source)
+        return position / len(self.source)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if self._epoch is None or self._epoch[0] != epoch:

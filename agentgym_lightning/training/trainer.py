@@ -436,12 +436,13 @@ class LightningRLTrainer:
         written = self._trajectory_file()
         kept = {id(group) for group in filled.kept}
         self._write_groups(written, filled.kept, [g for g in filled.drawn if id(g) not in kept])
+        ran = [t for group in filled.drawn for t in group]
         # Every drawn episode failing before its first call is a dead backend, not a step without signal.
-        check_episodes_ran([t for group in filled.drawn for t in group], f"step {self.step + 1}", written.parent)
+        check_episodes_ran(ran, f"step {self.step + 1}", written.parent)
         elapsed = time.perf_counter() - t0
         metrics = {
             # train/...: every episode the policy ran this step, not only the groups it trains on
-            **episode_metrics([t for group in filled.drawn for t in group], elapsed, prefix="train/"),
+            **episode_metrics(ran, elapsed, prefix="train/"),
             **filled.metrics,
             "curriculum/tasks_passed_over": float(passed_over),
         }
@@ -472,10 +473,7 @@ class LightningRLTrainer:
 
     def _epoch(self) -> float:
         """Passes over the task list so far (NaN for a task function)."""
-        if not self._draws:
-            return self.schedule.epoch_of(self.step)
-        source = self.schedule.source
-        return float("nan") if callable(source) else self.task_cursor / len(source)
+        return self.schedule.epoch_at(self.task_cursor) if self._draws else self.schedule.epoch_of(self.step)
 
     def _take_async(self) -> tuple[list[Trajectory], float, Path, dict[str, float]]:
         """1-2 with ``max_staleness`` >= 1: the next groups within the bound from the rollouts
