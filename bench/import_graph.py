@@ -57,14 +57,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gateway", ("gateway",)),
     ("agent, worker", ("agent", "worker", "framework_agent")),
     ("plugins", ("plugins",)),
-    ("env", ("env", "registration", "__init__")),
+    ("env", ("env", "registration")),
     ("policies", ("policies",)),
     ("environments", ("envs",)),
     ("rollouts", ("rollouts",)),
     ("judge", ("judge",)),
     ("prompt optimization", ("prompt_optimization",)),
     ("training", ("training",)),
-    ("commands, viewer, tools", ("commands", "viewer", "cli", "__main__", "testing")),
+    # The package root (``__init__``) re-exports the public API from every layer, lazily.
+    ("commands, viewer, tools, the public API", ("commands", "viewer", "cli", "__main__", "testing", "__init__")),
 )
 
 

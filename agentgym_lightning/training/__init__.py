@@ -2,7 +2,7 @@
 
 ::
 
-    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning import LightningRLConfig, LightningRLTrainer
 
     result = LightningRLTrainer(LightningRLConfig(env="lightning/Arithmetic-v0", max_steps=20)).train()
 

@@ -2,7 +2,7 @@
 
 ::
 
-    from agentgym_lightning.training.sft import SFTConfig, SFTTrainer
+    from agentgym_lightning import SFTConfig, SFTTrainer
 
     SFTTrainer(SFTConfig(sources=["runs/main"], top_k=2, min_reward=1.0)).train()
     # agentgym-lightning sft runs/main --top-k 2 --min-reward 1 --output-dir runs/sft
