@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JudgeConfig", "DEFAULT_RUBRIC", "POLICY_AS_JUDGE", "JUDGE_MODES", "ANSWER_FORMATS", "GOLD_KEYS"]
+__all__ = ["JudgeConfig", "DEFAULT_RUBRIC", "POLICY_AS_JUDGE", "JUDGE_MODES", "ANSWER_FORMATS", "GOLD_KEYS", "VERDICT_KEYS"]
 
 #: ``base_url`` value meaning "the policy being trained judges" (served to the judge over HTTP).
 POLICY_AS_JUDGE = "policy"
@@ -26,6 +26,13 @@ JUDGE_MODES = ("relative", "absolute")
 ANSWER_FORMATS = ("content", "json_schema", "tool")
 #: Task keys that commonly hold the gold answer: never shown to the judge unless ``show_gold``.
 GOLD_KEYS = ("answer", "answers", "gold", "query", "solution", "label", "labels", "target", "expected", "ground_truth", "reference")
+#: Keys of an episode's result and recorded variables that hold the environment's own verdict on
+#: it (Arithmetic's ``correct``, Spider's ``verdicts``, every env's ``metrics``): never shown to
+#: the judge unless ``show_verdict``. The names in the episode's ``metrics`` variable are hidden too.
+VERDICT_KEYS = (
+    "correct", "is_correct", "solver_correct", "success", "succeeded", "passed", "reward", "score", "scores",
+    "verdict", "verdicts", "reasons", "metrics", "rubric", "gold",
+)
 
 DEFAULT_RUBRIC = """\
 You judge AI agents. Each episode below is one attempt by an agent at the same task.
@@ -61,6 +68,13 @@ class JudgeConfig:
         default=6000, metadata={"help": "Token budget of the judge's prompt; episodes are cut to fit and the judge is told what was cut."}
     )
     show_gold: bool = field(default=False, metadata={"help": f"Show the task's gold fields ({', '.join(GOLD_KEYS)}) to the judge; off by default."})
+    show_verdict: bool = field(
+        default=False,
+        metadata={
+            "help": f"Show the judge the environment's own verdict on each episode ({', '.join(VERDICT_KEYS[:3])}, ... in its "
+            "result and variables, and its `metrics`); off by default: the judge scores the answer, not the verifier's opinion of it."
+        },
+    )
     answer_format: str = field(default="content", metadata={"help": "`content`, `json_schema` or `tool`: how the judge returns `{\"scores\": [...]}`."})
     max_attempts: int = field(default=3, metadata={"help": "Calls per group before the group is `infra_failed` (bad answers and errors both count)."})
     timeout_s: float = field(default=120.0, metadata={"help": "Seconds one judge call may take."})

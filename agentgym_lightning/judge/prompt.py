@@ -1,7 +1,8 @@
 """What the judge reads: a group's task and episodes as one prompt, cut to a token budget.
 
 The judge sees the task (without its gold fields unless the config says so), and for each episode
-its status and final answer, and on request a compact transcript: each call's answer, its tool
+its status and final answer (without the environment's own verdict on it, such as Arithmetic's
+``"correct": false``, unless ``show_verdict``), and on request a compact transcript: each call's answer, its tool
 calls, what the agent recorded after it (tool results, errors) and the agent's spans. Each
 episode gets an equal share of the budget; an episode longer than its share loses the middle of
 its transcript (its start and its final answer stay), and the judge is told how much was cut.
@@ -14,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentgym_lightning.judge.config import GOLD_KEYS, JudgeConfig
+from agentgym_lightning.judge.config import GOLD_KEYS, VERDICT_KEYS, JudgeConfig
 from agentgym_lightning.trajectory import Status, Trajectory
 
 __all__ = ["GroupPrompt", "group_prompt", "approx_tokens", "SCORES_SCHEMA"]
@@ -79,8 +80,9 @@ def group_prompt(
     parts = [head]
     for i, t in enumerate(episodes, 1):
         # the final answer keeps up to half the episode's share, the record of its calls the rest
-        answer, cut_answer = _fit(_final_answer(t), share // 2, count_tokens)
-        record, cut_record = _fit(_episode_record(t, config.transcript), share - count_tokens(answer), count_tokens)
+        hidden = frozenset() if config.show_verdict else _verdict_keys(t)
+        answer, cut_answer = _fit(_final_answer(t, hidden), share // 2, count_tokens)
+        record, cut_record = _fit(_episode_record(t, config.transcript, hidden), share - count_tokens(answer), count_tokens)
         cut = cut_answer + cut_record
         cut_total += cut
         note = f"\n[{cut} characters of this episode were cut from the middle to fit the judge's budget]" if cut else ""
@@ -103,16 +105,27 @@ def _task_text(task: Any, show_gold: bool) -> str:
     return str(task)
 
 
-def _final_answer(t: Trajectory) -> str:
+def _verdict_keys(t: Trajectory) -> frozenset[str]:
+    """The keys that hold the env's verdict on ``t``: :data:`VERDICT_KEYS` and the names of its
+    ``metrics`` variable (RAG's ``f1``, Spider's ``official``: what the verifier measured)."""
+    metrics = t.variables.get("metrics") if isinstance(t.variables, dict) else None
+    measured = frozenset(str(k) for k in metrics) if isinstance(metrics, dict) else frozenset()
+    return frozenset(VERDICT_KEYS) | measured
+
+
+def _final_answer(t: Trajectory, hidden: frozenset[str] = frozenset()) -> str:
     if t.result is not None:
-        return t.result if isinstance(t.result, str) else json.dumps(t.result, ensure_ascii=False, default=str)
+        result = t.result
+        if isinstance(result, dict) and hidden:
+            result = {k: v for k, v in result.items() if str(k) not in hidden}
+        return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
     for step in reversed(t.steps):
         if step.completion is not None and step.completion.text.strip():
             return step.completion.text
     return "(no answer)"
 
 
-def _episode_record(t: Trajectory, transcript: bool) -> str:
+def _episode_record(t: Trajectory, transcript: bool, hidden: frozenset[str] = frozenset()) -> str:
     status = {Status.SUCCEEDED: "finished", Status.TASK_FAILED: "failed", Status.TRUNCATED: "cut off (turn or time limit)"}.get(
         t.status, t.status.value
     )
@@ -129,6 +142,8 @@ def _episode_record(t: Trajectory, transcript: bool) -> str:
             if step.error:
                 lines.append(f"  error: {step.error}")
             for key, value in step.outcome.items():
+                if key in hidden:
+                    continue
                 lines.append(f"  then {key}: {value if isinstance(value, str) else json.dumps(value, default=str)}")
         for span in t.spans:
             failed = " (failed)" if span.get("status") == "error" or span.get("error") else ""
