@@ -10,7 +10,11 @@ rollouts and held-out evals):
   no reward function and no plugin gave one); they are left out of ``reward/mean`` and
   ``success_rate`` instead of counting as 0;
 * ``success_rate`` — among the scored episodes, the fraction with status ``succeeded`` *and* a
-  final reward > 0 (the agent finished on its own and the task was solved);
+  final reward > 0 (the agent finished on its own and the task was solved). For an episode an
+  LLM judge scored, success is the environment's own verdict (its reward before the judge,
+  ``variables["judge"]["env_reward"]`` > 0), not the judge's score, which is a reward, not a
+  verdict; an env without a reward of its own leaves the judge to say: a score of at least
+  :data:`JUDGED_SUCCESS_SCORE`;
 * ``turns/mean`` — LLM calls per episode;
 * ``tokens_per_s`` — completion tokens of every call / wall time of the run (policy load excluded);
 * ``metrics/<name>`` — the mean of each number the env put in ``trajectory.variables["metrics"]``
@@ -38,7 +42,10 @@ from typing import Any
 
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["summarize", "pass_at_k", "succeeded", "episode_metrics", "finite_or_none", "json_metrics"]
+__all__ = ["summarize", "pass_at_k", "succeeded", "success_meaning", "episode_metrics", "finite_or_none", "json_metrics", "JUDGED_SUCCESS_SCORE"]
+
+#: A judged episode whose env gives no reward of its own succeeds with a judge score of at least this.
+JUDGED_SUCCESS_SCORE = 0.5
 
 
 def finite_or_none(value: Any) -> Any:
@@ -55,10 +62,37 @@ def _unscored(t: Trajectory) -> bool:
     return t.status is Status.SUCCEEDED and t.final_reward is None
 
 
+def _judged(t: Trajectory) -> Mapping[str, Any] | None:
+    """What an LLM judge recorded on ``t`` (``variables["judge"]``), or ``None`` if none scored it."""
+    judged = t.variables.get("judge") if isinstance(t.variables, Mapping) else None
+    return judged if isinstance(judged, Mapping) and "score" in judged and "env_reward" in judged else None
+
+
 def succeeded(t: Trajectory) -> bool:
     """Whether an episode counts as a success: status ``succeeded`` and a positive final reward
-    (what ``success_rate`` counts, and what SFT's ``success_only`` keeps)."""
-    return t.status is Status.SUCCEEDED and (t.final_reward or 0.0) > 0
+    (what ``success_rate`` counts, and what SFT's ``success_only`` keeps). For a judged episode,
+    the environment's verdict (its reward before the judge) decides, or, when the env gave no
+    reward, a judge score of at least :data:`JUDGED_SUCCESS_SCORE` (:func:`success_meaning`)."""
+    if t.status is not Status.SUCCEEDED:
+        return False
+    judged = _judged(t)
+    if judged is None:
+        return (t.final_reward or 0.0) > 0
+    env_reward = judged["env_reward"]
+    if isinstance(env_reward, (int, float)):
+        return env_reward > 0
+    score = judged["score"]
+    return isinstance(score, (int, float)) and score >= JUDGED_SUCCESS_SCORE
+
+
+def success_meaning(judged: bool) -> str:
+    """What ``success_rate`` counts, in words, for a run with or without an LLM judge."""
+    if not judged:
+        return "status succeeded and final reward > 0"
+    return (
+        "status succeeded and the env's own reward > 0 (the judge's score is the reward, not a success; "
+        f"an env with no reward of its own: judge score >= {JUDGED_SUCCESS_SCORE})"
+    )
 
 
 def pass_at_k(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -506,3 +506,21 @@ def test_an_episode_shows_the_resources_it_ran_with_and_their_texts_from_the_run
     with TrajectoryWriter(without / "trajectories" / "step-000001.jsonl") as w:
         w.write(plain)
     assert "<th>resources</th>" not in TestClient(make_app([RunFolder(without)])).get("/runs/0/train/1").text
+
+
+def test_a_judged_run_is_named_as_judged_and_never_averaged_with_an_unjudged_one(tmp_path):
+    synthetic = _synthetic()
+    judge = {"base_url": "http://127.0.0.1:8000/v1", "model": "qwen-judge", "mode": "relative", "weight": 1.0, "rubric": "r"}
+    a = _with_config(synthetic.write_run(tmp_path / "a", steps=3, tasks=1, group_size=2, calls=1, seed=0), judge=judge, max_staleness=1)
+    b = _with_config(synthetic.write_run(tmp_path / "b", steps=3, tasks=1, group_size=2, calls=1, seed=1))  # no judge, no max_staleness
+    text = report([RunFolder(a), RunFolder(b)])
+    # Before: the header named neither the judge nor max_staleness, and the two were "mean of 2".
+    assert "rewards: judged by qwen-judge at http://127.0.0.1:8000/v1 (relative, weight 1.0)" in text
+    assert "success: status succeeded and the env&#x27;s own reward &gt; 0" in text
+    assert "rewards: the env&#x27;s · success: status succeeded and final reward &gt; 0" in text
+    assert "max_staleness=1" in text
+    assert "mean of 2" not in text
+    assert "they differ in <b>judge</b>" in text and "<b>max_staleness</b> (a: 1; b: 0)" in text
+    # A run saved before max_staleness existed is the synchronous run it was: one experiment with max_staleness=0.
+    c = _with_config(synthetic.write_run(tmp_path / "c", steps=3, tasks=1, group_size=2, calls=1, seed=2), max_staleness=0)
+    assert "task (train) (mean of 2)" in report([RunFolder(b), RunFolder(c)])

@@ -143,6 +143,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     judge.add_argument("--judge-rubric", metavar="TEXT|@FILE", help="what the judge values (default: a rubric for agents)")
     judge.add_argument("--judge-weight", type=float, metavar="W", help="final reward = W * judge + (1 - W) * env reward (default 1)")
     judge.add_argument("--judge-transcript", action="store_const", const=True, default=None, help="show the judge each episode's calls and tool calls, not only its answer")
+    judge.add_argument("--judge-show-verdict", action="store_const", const=True, default=None,
+                       help="show the judge the env's own verdict on each episode (`correct`, its metrics); off: hidden from it")
     p.add_argument("--no-wandb", action="store_true", help="do not log to Weights & Biases (metrics.jsonl is always written)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
@@ -170,7 +172,7 @@ def _judge_options(args: argparse.Namespace) -> dict[str, Any]:
     run's saved config holds the rubric it was judged by."""
     options = {
         name: getattr(args, f"judge_{name}")
-        for name in ("base_url", "model", "mode", "rubric", "weight", "transcript")
+        for name in ("base_url", "model", "mode", "rubric", "weight", "transcript", "show_verdict")
         if getattr(args, f"judge_{name}", None) is not None
     }
     rubric = options.get("rubric")
@@ -528,11 +530,26 @@ def _updates_lines(history: Sequence[Mapping[str, float]]) -> list[str]:
     return lines
 
 
+def _judge_lines(config: Any) -> list[str]:
+    """A judged run says who gave its train rewards, and what its success rate counts."""
+    judge = getattr(config, "judge", None)
+    if not judge:
+        return []
+    from agentgym_lightning.metrics import success_meaning
+
+    return [
+        f"  judge             {judge.get('model', 'judge')} at {judge.get('base_url')} ({judge.get('mode', 'relative')}, "
+        f"weight {judge.get('weight', 1.0)}): train rewards are its scores, held-out rewards the env's",
+        f"  success           {success_meaning(True)}",
+    ]
+
+
 def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     lines = [
         f"{config.env} · {config.model} ({config.backend}{', LoRA' if config.use_peft else ''}) · "
         f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (f" (interrupted: {result.signal})" if result.interrupted else "")
     ]
+    lines.extend(_judge_lines(config))
     before, after = result.eval_before, result.eval_after
     if not before and after:  # a resumed run: its evaluation before training is in the log
         before = _logged_eval(Path(config.output_dir))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym_lightning.agent_match import as_agent_match
+from agentgym_lightning.metrics import success_meaning
 from agentgym_lightning.resources import as_resources
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.samples import SampleBatch, configured_samples, untrained_reason
@@ -124,10 +125,34 @@ def page(title: str, body: str, *, live_version: int | None = None, version_url:
 #: The options a run's header names (the rest are in its whole config, on demand).
 KEY_OPTIONS = (
     "max_steps", "tasks_per_step", "num_generations", "learning_rate", "use_peft", "loss_type", "credit", "air_weights",
-    "env_kwargs", "eval_env_kwargs", "temperature", "max_completion_length", "seed",
+    "env_kwargs", "eval_env_kwargs", "temperature", "max_completion_length", "max_staleness", "seed",
 )
-#: Options that make two runs' curves different experiments rather than seeds of one.
-IDENTITY_OPTIONS = ("env", "model", "env_kwargs", "backend", "use_peft", "loss_type", "credit", "air_weights", "num_generations", "tasks_per_step")
+#: Options that make two runs' curves different experiments rather than seeds of one (a judged run's
+#: rewards are the judge's: never averaged with an unjudged run's; an asynchronous run trains off-policy).
+IDENTITY_OPTIONS = (
+    "env", "model", "env_kwargs", "backend", "use_peft", "loss_type", "credit", "air_weights", "num_generations", "tasks_per_step",
+    "judge", "max_staleness",
+)
+#: What an option a run's saved config lacks means (a run from before the option existed).
+_ABSENT = {"judge": None, "max_staleness": 0}
+
+
+def _option(config: dict[str, Any], name: str) -> Any:
+    return config.get(name, _ABSENT.get(name))
+
+
+def judge_line(config: dict[str, Any]) -> str:
+    """Who gave the run's rewards, and what its ``success_rate`` counts (a judge's score is a
+    reward, not a success: :func:`~agentgym_lightning.metrics.succeeded`)."""
+    judge = config.get("judge")
+    if not isinstance(judge, dict):
+        return f"rewards: the env's · success: {success_meaning(False)}"
+    how = [str(judge.get("mode", "relative")), f"weight {judge.get('weight', 1.0)}"]
+    how += [name for name in ("transcript", "show_gold", "show_verdict") if judge.get(name)]
+    return (
+        f"rewards: judged by {judge.get('model', 'judge')} at {judge.get('base_url', '?')} ({', '.join(how)}) · "
+        f"success: {success_meaning(True)}"
+    )
 
 
 def run_header(run: RunFolder, config: dict[str, Any]) -> str:
@@ -139,7 +164,7 @@ def run_header(run: RunFolder, config: dict[str, Any]) -> str:
     whole = shorten(json.dumps(config, indent=1, sort_keys=True, default=str), 50_000)
     return (
         f"<div class=runhead><b>{e(run.name)}</b> · env <b>{e(config.get('env', '?'))}</b> · model <b>{e(config.get('model', '?'))}</b>"
-        f" ({e(backend)})<div class=muted>{options}</div>"
+        f" ({e(backend)})<div class=muted>{options}</div><div class=muted>{e(judge_line(config))}</div>"
         f"<details><summary>the whole config</summary><div class=msg>{e(whole)}</div></details></div>"
     )
 
@@ -152,7 +177,7 @@ def differences(configs: Sequence[dict[str, Any]]) -> list[str]:
     """The options in which the runs differ (of :data:`IDENTITY_OPTIONS`; a run with no config
     yet differs in nothing known)."""
     known = [c for c in configs if c]
-    return [k for k in IDENTITY_OPTIONS if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in known}) > 1]
+    return [k for k in IDENTITY_OPTIONS if len({json.dumps(_option(c, k), sort_keys=True, default=str) for c in known}) > 1]
 
 
 def _problems(where: str, problems: Sequence[str]) -> str:
@@ -174,7 +199,7 @@ def overview(runs: Sequence[RunFolder], links: Links) -> str:
     if differ:
         parts.append(
             "<div class='alarm firing'>⚠ these runs are not one experiment: they differ in "
-            + ", ".join(f"<b>{e(k)}</b> (" + "; ".join(f"{e(r.name)}: {e(_value(c.get(k)))}" for r, c in zip(runs, configs)) + ")" for k in differ)
+            + ", ".join(f"<b>{e(k)}</b> (" + "; ".join(f"{e(r.name)}: {e(_value(_option(c, k)))}" for r, c in zip(runs, configs)) + ")" for k in differ)
             + ". Their curves are drawn one by one, not averaged.</div>"
         )
     for i, (run, series) in enumerate(zip(runs, all_series)):

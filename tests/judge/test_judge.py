@@ -259,3 +259,49 @@ def test_cached_scores_are_checked_as_fresh_ones_and_a_bad_one_is_judged_again(t
     # Before: the cached 5.0 or -1e6 became a reward, and NaN or 1e300 raised out of the judge.
     assert stats.cache_hits == 0 and stats.calls == 1 and stats.groups_failed == 0
     assert [t.final_reward for t in replay] == pytest.approx([1 - 2 / 42, 1.0])
+
+
+def test_the_judge_never_sees_the_environments_verdict_unless_asked():
+    # Arithmetic's result carries its verifier's verdict ("correct": false) and its metrics variable;
+    # RAG's result its measured f1: a judge shown them copies the verifier instead of judging.
+    seen: list[str] = []
+
+    def record(body: dict) -> dict:
+        seen.append(body["messages"][1]["content"])
+        return default_reply(body, json.dumps({"scores": [0.5, 0.5]}))
+
+    def verified(group: str, seed: int, answer: str, correct: bool) -> Trajectory:
+        t = episode(group, seed, answer, float(correct))
+        t.result = {"correct": correct, "answer": answer, "f1": float(correct), "calculator_calls": 1}
+        t.variables["metrics"] = {"correct": float(correct), "f1": float(correct)}
+        t.steps[0].outcome["metrics"] = {"correct": float(correct)}
+        t.steps[0].outcome["tool_result"] = "42"
+        return t
+
+    with MockOpenAIServer(record) as server:
+        with GroupJudge(config(server.base_url, transcript=True)) as judge:
+            judge.judge([verified("g", 0, "41", False), verified("g", 1, "42", True)])
+        with GroupJudge(config(server.base_url, transcript=True, show_verdict=True)) as judge:
+            judge.judge([verified("h", 0, "41", False), verified("h", 1, "42", True)])
+    hidden, shown = seen
+    assert '"answer": "41"' in hidden and '"calculator_calls": 1' in hidden and "then tool_result: 42" in hidden
+    assert "correct" not in hidden and "f1" not in hidden and "metrics" not in hidden
+    assert '"correct": false' in shown and '"f1": 0.0' in shown and "then metrics:" in shown
+
+
+def test_a_judged_episodes_success_is_the_environments_verdict_not_a_positive_score():
+    from agentgym_lightning.metrics import success_meaning, summarize
+
+    # Zero correct answers, every judge score positive: success_rate must say 0, not 1.
+    group = [episode("g", 0, "40", 0.0), episode("g", 1, "41", 0.0), episode("g", 2, "43", 0.0)]
+    with MockOpenAIServer(by_number_rule) as server, GroupJudge(config(server.base_url)) as judge:
+        judge.judge(group)
+    assert all(t.final_reward > 0 for t in group)
+    assert summarize(group, 1.0)["success_rate"] == 0.0
+    group[1].variables["judge"]["env_reward"] = 1.0  # one the verifier passed
+    assert summarize(group, 1.0)["success_rate"] == pytest.approx(1 / 3)
+    # No verifier at all (the env's reward None): the judge says, at a score of at least 0.5.
+    for t, score in zip(group, (0.9, 0.2, 0.5)):
+        t.variables["judge"].update(env_reward=None, score=score)
+    assert summarize(group, 1.0)["success_rate"] == pytest.approx(2 / 3)
+    assert "env's own reward" in success_meaning(True) and "final reward > 0" in success_meaning(False)

@@ -511,3 +511,19 @@ def test_the_launcher_tells_its_ranks_that_it_reports_a_lost_rank_and_leaves_the
     assert ranks.launch(2, ["train", "--help"]) is None
     assert seen == {"flag": True}
     assert not ranks.launcher_reports_lost_ranks()
+
+
+def test_a_judged_runs_summary_names_the_judge_and_what_success_counts(tmp_path):
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.result import TrainResult
+
+    judge = {"base_url": "http://127.0.0.1:8000/v1", "model": "qwen-judge"}
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=1, judge=judge)
+    history = [{"step": 1.0, "train/reward/mean": 0.6, "train/reward/total": 0.6, "train/success_rate": 0.0}]
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=1, history=history), 1.0, "report.html")
+    # Before: nothing said the rewards were a judge's, nor what success meant.
+    assert "judge             qwen-judge at http://127.0.0.1:8000/v1 (relative, weight 1.0): train rewards are its scores" in text
+    assert "success           status succeeded and the env's own reward > 0" in text
+    plain = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=1)
+    assert "judge " not in _summary(plain, TrainResult(output_dir=tmp_path, steps=1, history=history), 1.0, "report.html")
