@@ -524,3 +524,15 @@ def test_a_judged_run_is_named_as_judged_and_never_averaged_with_an_unjudged_one
     # A run saved before max_staleness existed is the synchronous run it was: one experiment with max_staleness=0.
     c = _with_config(synthetic.write_run(tmp_path / "c", steps=3, tasks=1, group_size=2, calls=1, seed=2), max_staleness=0)
     assert "task (train) (mean of 2)" in report([RunFolder(b), RunFolder(c)])
+
+
+def test_an_asynchronous_runs_report_draws_its_staleness_and_overlap(tmp_path):
+    synchronous = _with_config(_synthetic().write_run(tmp_path / "sync", steps=2, tasks=1, group_size=2, calls=1))
+    assert "Staleness (policy versions)" not in report([RunFolder(synchronous)])  # nothing logged: nothing drawn
+    run = _with_config(_synthetic().write_run(tmp_path / "run", steps=2, tasks=1, group_size=2, calls=1), max_staleness=1)
+    with (run / "metrics.jsonl").open("a") as f:
+        for step in (1, 2):
+            f.write(json.dumps({"step": step, "async/staleness_mean": 0.5, "async/staleness_max": 1.0, "async/overlap_fraction": 0.75}) + "\n")
+    text = report([RunFolder(run)])
+    # Before: the report drew neither, and its header did not name max_staleness.
+    assert "Staleness (policy versions)" in text and "Episode time beside updates" in text and "max_staleness=1" in text

@@ -544,12 +544,37 @@ def _judge_lines(config: Any) -> list[str]:
     ]
 
 
+def _async_lines(config: Any, history: Sequence[Mapping[str, float]]) -> list[str]:
+    """An asynchronous run (``max_staleness`` >= 1) says what overlapped: how much of its episodes'
+    time ran beside updates, how stale the calls it trained on were, and what it dropped."""
+    k = getattr(config, "max_staleness", 0)
+    rows = [h for h in history if "async/episodes_s" in h]
+    if not k:
+        return []
+    if not rows:
+        return [f"  asynchronous      max_staleness {k}: rollouts run during updates (no step logged it yet)"]
+    ran = sum(h["async/episodes_s"] for h in rows)
+    overlapped = sum(h.get("async/overlapped_s", 0.0) for h in rows)
+    waited = sum(h.get("async/update_wait_s", 0.0) for h in rows)
+    share = f"{overlapped / ran:.0%}" if ran > 0 else "n/a"
+    stale_mean = sum(h.get("async/staleness_mean", 0.0) for h in rows) / len(rows)
+    stale_max = max(int(h.get("async/staleness_max", 0.0)) for h in rows)
+    dropped = int(max(h.get("async/groups_dropped_total", 0.0) for h in rows))
+    return [
+        f"  asynchronous      max_staleness {k}: {share} of the episodes' time ran beside updates ({overlapped:.0f} of {ran:.0f} s; "
+        f"the updates waited {waited:.0f} s for theirs)",
+        f"                    calls {stale_mean:.2f} versions stale on average, {stale_max} at most; "
+        f"{dropped} group(s) dropped as staler than {k}",
+    ]
+
+
 def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     lines = [
         f"{config.env} · {config.model} ({config.backend}{', LoRA' if config.use_peft else ''}) · "
         f"{result.steps}/{config.max_steps} steps in {elapsed:.0f} s" + (f" (interrupted: {result.signal})" if result.interrupted else "")
     ]
     lines.extend(_judge_lines(config))
+    lines.extend(_async_lines(config, result.history))
     before, after = result.eval_before, result.eval_after
     if not before and after:  # a resumed run: its evaluation before training is in the log
         before = _logged_eval(Path(config.output_dir))

@@ -17,7 +17,10 @@
   groups were dropped) and no straggler is overtaken until it is too stale to train. Staler
   groups are dropped (``async/groups_dropped``), never trained on. How long the update waited
   for them is ``async/update_wait_s``; the staleness of the calls it got,
-  ``async/staleness_mean`` and ``async/staleness_max``.
+  ``async/staleness_mean`` and ``async/staleness_max``; how long its episodes ran
+  (``async/episodes_s``: the union of their runs, what the step's rates are computed over) and
+  how much of that was before the update asked for them, beside earlier updates
+  (``async/overlapped_s``, ``async/overlap_fraction``).
 * **Nothing lost**: :meth:`AsyncRollouts.close` ends the running episodes as truncated (written to
   ``trajectories/interrupted.jsonl``, not trained on) and :meth:`AsyncRollouts.state` is what the
   checkpoint keeps: the buffered groups with their versions, and the plan to restart from; a
@@ -47,7 +50,25 @@ from agentgym_lightning.training.generation import VersionStamping
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["FinishedGroup", "AsyncRollouts", "Taken"]
+__all__ = ["FinishedGroup", "AsyncRollouts", "Taken", "running_time"]
+
+
+def running_time(trajectories: list[Trajectory], before: float | None = None) -> float:
+    """Seconds during which at least one of ``trajectories`` was running (the union of their
+    ``started_at``-``ended_at`` spans: a gap between them, or a restart, is not counted); with
+    ``before`` (a ``time.time()``), only the part before it."""
+    spans = sorted(
+        (t.started_at, min(t.ended_at, before) if before is not None else t.ended_at)
+        for t in trajectories
+        if t.started_at and t.ended_at is not None
+    )
+    total, end = 0.0, float("-inf")
+    for start, stop in spans:
+        if stop <= max(start, end):
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
 
 
 @dataclass
@@ -183,7 +204,7 @@ class AsyncRollouts:
         ``groups`` were examined; a group set aside that ``fallback`` accepts (told apart by shaping
         alone) fills a place left empty then. Raises what stopped the producer."""
         version = self.version
-        start = time.perf_counter()
+        start, asked_at = time.perf_counter(), time.time()
         chosen: list[FinishedGroup] = []
         examined: list[list[Trajectory]] = []
         held_back: list[FinishedGroup] = []
@@ -221,7 +242,14 @@ class AsyncRollouts:
         chosen.sort(key=lambda g: g.key)
         staleness = [version - v for g in chosen for v in g.versions]
         trajectories = [t for g in chosen for t in sorted(g.trajectories, key=lambda t: t.seed or 0)]
+        # The step's rates are over the time its episodes ran, not the update's wait (which is
+        # near zero when they finished during the previous update: 161,604 tokens/s read once).
+        ran = running_time(trajectories)
+        overlapped = running_time(trajectories, before=asked_at)
         metrics = {
+            "async/episodes_s": ran,
+            "async/overlapped_s": overlapped,
+            "async/overlap_fraction": overlapped / ran if ran > 0 else 0.0,
             "async/staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
             "async/staleness_max": float(max(staleness, default=0)),
             "async/groups_dropped": float(dropped),

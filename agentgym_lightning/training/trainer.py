@@ -89,7 +89,7 @@ from agentgym_lightning.rollouts.in_process import InProcessRollouts
 from agentgym_lightning.training.agent_adapters import AdapterRouting, adapter_rollout_metrics, warn_if_air_reaches_every_adapter
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, shaping_only, split_groups
-from agentgym_lightning.training.async_rollouts import AsyncRollouts
+from agentgym_lightning.training.async_rollouts import AsyncRollouts, running_time
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
 from agentgym_lightning.training.held_out import held_out_eval, held_out_written
@@ -347,8 +347,10 @@ class LightningRLTrainer:
                 self._async.advance(self.step)  # the next call of a running episode gets the new version
             self._mid_update = False
             # 6. log and checkpoint
+            # asynchronous: rates over the time the episodes ran, not the update's wait for them
+            episodes_s = async_metrics.get("async/episodes_s", rollout_s) if cfg.max_staleness else rollout_s
             metrics = {
-                **episode_metrics(trajectories, rollout_s, prefix="train/"),
+                **episode_metrics(trajectories, episodes_s, prefix="train/"),
                 **{f"samples/{k}": v for k, v in batch.stats.items()},
                 **update,
                 **(adapter_rollout_metrics(trajectories, self.adapters) if self.adapters is not None else {}),
@@ -507,7 +509,8 @@ class LightningRLTrainer:
         kept = {t.episode_id for t in taken.trajectories}
         self._write_groups(written, [taken.trajectories], [g for g in taken.examined if g[0].episode_id not in kept])
         if cfg.dynamic_sampling:  # train/...: every group the step looked at, not only those it trains on
-            taken.metrics.update(episode_metrics([t for group in taken.examined for t in group], time.perf_counter() - t0, prefix="train/"))
+            examined = [t for group in taken.examined for t in group]
+            taken.metrics.update(episode_metrics(examined, running_time(examined), prefix="train/"))
         return taken.trajectories, time.perf_counter() - t0, written, taken.metrics
 
     def _rollouts(self) -> Rollouts:

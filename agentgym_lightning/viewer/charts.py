@@ -59,6 +59,9 @@ CHARTS: tuple[Chart, ...] = (
     Chart("Zero-variance groups", (("samples/groups/zero_variance", "zero variance"), ("samples/groups", "groups")),
           zero_when_absent=("samples/groups/zero_variance",), name="zero_variance"),
     Chart("Tokens/s (rollout)", (("train/tokens_per_s", "train"), ("eval/tokens_per_s", "held-out")), name="tokens_per_s"),
+    # max_staleness >= 1 only: how old the trained calls were, and how much rollout hid behind updates
+    Chart("Staleness (policy versions)", (("async/staleness_mean", "mean"), ("async/staleness_max", "max")), name="staleness", from_zero=True),
+    Chart("Episode time beside updates", (("async/overlap_fraction", "share overlapped"),), name="overlap", from_zero=True),
     Chart("Step time (s)", (("time/rollout_s", "rollout"), ("time/update_s", "update"), ("time/sync_s", "sync")), stacked=True, name="time"),
 )
 

@@ -154,6 +154,11 @@ def test_k1_trains_within_the_bound_and_an_episode_spans_an_update(tiny_model_di
     assert row["async/staleness_max"] == 1.0 and 0 < row["async/staleness_mean"] <= 1
     assert row["async/groups_dropped"] == 0.0
     assert row["async/update_wait_s"] >= 0 and row["async/generator_wait_s"] >= 0
+    for row in result.history:  # rates over the time the episodes ran, never over the update's wait for them
+        assert row["train/wall_time_s"] == pytest.approx(row["async/episodes_s"]) and row["async/episodes_s"] > 0
+        assert row["train/tokens_per_s"] == pytest.approx(row["train/completion_tokens"] / row["async/episodes_s"])
+        assert 0 <= row["async/overlapped_s"] <= row["async/episodes_s"]
+    assert any(row["async/overlap_fraction"] > 0 for row in result.history[1:])  # later steps' episodes ran beside updates
     # The generator's copy holds the trained weights after the last sync.
     generated, trained = trainer.policy.hf_model.state_dict(), trainer.model.state_dict()
     for k in trained:
@@ -181,13 +186,13 @@ def test_with_lora_the_generators_copy_gets_the_merged_weights_after_each_update
     trainer.policy.close()
 
 
-def _group(plan, seed, versions):
+def _group(plan, seed, versions, ran=(0.0, None)):
     from agentgym_lightning import ChatRequest, Completion, Status, Step, Trajectory
 
-    steps = [Step(index=i, request=ChatRequest(messages=[{"role": "user", "content": "q"}]), completion=Completion(text="a"),
-                  policy_version=v) for i, v in enumerate(versions)]
+    steps = [Step(index=i, request=ChatRequest(messages=[{"role": "user", "content": "q"}]),
+                  completion=Completion(text="a", completion_token_ids=[1] * 100), policy_version=v) for i, v in enumerate(versions)]
     return {"plan": plan, "trajectories": [Trajectory(episode_id=f"e{seed}", steps=steps, status=Status.SUCCEEDED, final_reward=1.0,
-                                                      group_id=f"g{seed}", seed=seed).to_dict(compact=True)]}
+                                                      group_id=f"g{seed}", seed=seed, started_at=ran[0], ended_at=ran[1]).to_dict(compact=True)]}
 
 
 class _NoEpisodes:
@@ -458,3 +463,38 @@ def test_max_staleness_is_refused_on_n_ranks(tiny_model_dir, tmp_path, monkeypat
     monkeypatch.setattr(Ranks, "from_environment", classmethod(lambda cls, device="auto", **_: cls(0, 2)))
     with pytest.raises(ValueError, match="max_staleness 0 with --nproc-per-node"):
         _trainer(tiny_model_dir, tmp_path / "run", max_staleness=1)
+
+
+def test_a_step_whose_groups_finished_during_the_last_update_says_they_overlapped_and_its_rate_is_over_their_run(tmp_path):
+    import time
+
+    from agentgym_lightning.metrics import summarize
+    from agentgym_lightning.training.async_rollouts import AsyncRollouts, running_time
+    from agentgym_lightning.training.generation import VersionStamping
+    from agentgym_lightning.training.schedule import TaskSchedule
+
+    now = time.time()
+    buffer = AsyncRollouts(
+        _NoEpisodes(), VersionStamping(lambda requests: []), TaskSchedule(list(range(4)), 1, 0), lambda step: step,
+        max_staleness=1, group_size=1, concurrency=1, output_dir=tmp_path,
+    )
+    # Two groups that ran 10 s -> 6 s and 8 s -> 4 s ago (6 s in all), while the previous update ran.
+    buffer.restore({"next_plan": 3, "groups": [_group(1, 10, [1], (now - 10, now - 6)), _group(1, 20, [1], (now - 8, now - 4))]})
+    buffer.start(1)
+    try:
+        taken = buffer.take(2)
+    finally:
+        buffer.close()
+    assert taken.metrics["async/update_wait_s"] < 1.0  # the update hardly waited: its groups were there
+    assert taken.metrics["async/episodes_s"] == pytest.approx(6.0, abs=0.01)
+    assert taken.metrics["async/overlapped_s"] == pytest.approx(6.0, abs=0.01) and taken.metrics["async/overlap_fraction"] == pytest.approx(1.0)
+    # Before: tokens over the update's wait (0.001 s: 161,604 tokens/s); now over the 6 s they ran.
+    rate = summarize(taken.trajectories, taken.metrics["async/episodes_s"])["tokens_per_s"]
+    assert rate == pytest.approx(200 / 6.0, rel=0.01)
+    # A gap between episodes (a restart) is not running time; the part after `before` is left out.
+    from agentgym_lightning import Trajectory
+
+    spans = [Trajectory(episode_id="a", started_at=100.0, ended_at=110.0), Trajectory(episode_id="b", started_at=105.0, ended_at=112.0),
+             Trajectory(episode_id="c", started_at=1000.0, ended_at=1003.0), Trajectory(episode_id="d")]
+    assert running_time(spans) == pytest.approx(15.0)
+    assert running_time(spans, before=108.0) == pytest.approx(8.0)

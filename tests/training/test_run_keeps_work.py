@@ -527,3 +527,20 @@ def test_a_judged_runs_summary_names_the_judge_and_what_success_counts(tmp_path)
     assert "success           status succeeded and the env's own reward > 0" in text
     plain = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=1)
     assert "judge " not in _summary(plain, TrainResult(output_dir=tmp_path, steps=1, history=history), 1.0, "report.html")
+
+
+def test_an_asynchronous_runs_summary_says_what_overlapped_and_how_stale(tmp_path):
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.result import TrainResult
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=2, max_staleness=1)
+    row = {"train/reward/mean": 0.5, "train/reward/total": 0.5, "async/staleness_mean": 0.5, "async/staleness_max": 1.0,
+           "async/groups_dropped_total": 1.0, "async/update_wait_s": 2.0, "async/episodes_s": 10.0, "async/overlapped_s": 6.0}
+    history = [{"step": 1.0, **row}, {"step": 2.0, **row, "async/staleness_mean": 0.25}]
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=2, history=history), 1.0, "report.html")
+    # Before: nothing in the summary said the run was asynchronous.
+    assert "asynchronous      max_staleness 1: 60% of the episodes' time ran beside updates (12 of 20 s; the updates waited 4 s for theirs)" in text
+    assert "calls 0.38 versions stale on average, 1 at most; 1 group(s) dropped as staler than 1" in text
+    sync = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=2)
+    assert "  asynchronous  " not in _summary(sync, TrainResult(output_dir=tmp_path, steps=2, history=history), 1.0, "report.html")
