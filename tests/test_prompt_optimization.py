@@ -268,3 +268,31 @@ def test_the_command_refuses_bad_arguments_in_one_line(flags, message, capsys, t
     assert status == 2
     assert message in err and err.startswith("agentgym-lightning optimize-prompt: ")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--budget", "5"], "a budget of 5 episodes tries no candidate: scoring the starting prompt takes 16 (--heldout-tasks) and each proposal 6 (twice --minibatch-size); raise it"),
+        (["--train-tasks", "2", "--minibatch-size", "3"], "--minibatch-size (3) cannot exceed --train-tasks (2)"),
+        (["--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--resource", "rubric"], "did not read resource 'rubric'"),
+        (["EARLIER"], "already holds an optimization (candidates.jsonl)"),
+    ],
+)
+def test_the_command_checks_its_arguments_before_the_model_loads(flags, message, capsys, tmp_path, monkeypatch):
+    import agentgym_lightning.policies as policies
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(policies, "make_policy", no_model)
+    out = tmp_path / "out"
+    if flags == ["EARLIER"]:
+        out.mkdir()
+        (out / "candidates.jsonl").write_text("{}\n", encoding="utf-8")
+        flags = []
+    status = main(["optimize-prompt", "--env", ENV, "--output-dir", str(out), "--reflection-base-url", "policy", *flags])
+    err = capsys.readouterr().err
+    # Before: each of these loaded the model first (75 s for the embedded one), then refused.
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err

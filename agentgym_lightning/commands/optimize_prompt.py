@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -105,11 +106,23 @@ def _resources(items: list[str]) -> tuple[list[str], dict[str, str]]:
     return names, seeds
 
 
+#: The search's Python argument names, as the flags a user of the command typed.
+_FLAGS = ("train_tasks", "heldout_tasks", "test_tasks", "minibatch_size", "concurrency")
+
+
+def _as_flags(message: str) -> str:
+    """``message`` with the search's argument names written as their flags (``--train-tasks``)."""
+    return re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
 def _check_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything checked before a model loads; raises :class:`_UsageError`."""
+    """Everything checked before a model loads (the flags, the search's sizes and budget, an
+    earlier run in ``--output-dir``, the env's kwargs, and the starting text of each resource,
+    read from an episode started without a model); raises :class:`_UsageError`."""
     from agentgym_lightning.commands.eval import add_server_kwargs, check_env_kwargs, parse_kwargs
     from agentgym_lightning.policies import check_policy_kwargs
-    from agentgym_lightning.registration import resolve_env_id
+    from agentgym_lightning.prompt_optimization.optimize import check_arguments, read_seed_texts
+    from agentgym_lightning.registration import make_env_factory, resolve_env_id
 
     try:
         names, seeds = _resources(args.resource)
@@ -127,12 +140,21 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.reflection_max_tokens < 1 or args.reflection_temperature < 0:
         raise _UsageError("--reflection-max-tokens must be >= 1 and --reflection-temperature >= 0")
     try:
+        # Before the model: a bad size or an occupied folder costs nothing to find (loading it took 75 s).
+        check_arguments(
+            names, output_dir=args.output_dir, train_tasks=args.train_tasks, heldout_tasks=args.heldout_tasks,
+            test_tasks=args.test_tasks, budget=args.budget, minibatch_size=args.minibatch_size, concurrency=args.concurrency,
+            overwrite=args.overwrite,
+        )
         check_env_kwargs(env_id, env_kwargs)
         if heldout is not None:
             check_env_kwargs(env_id, {**env_kwargs, **heldout}, "--heldout-env-kwarg")
         check_policy_kwargs(args.backend, policy_kwargs)
-    except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+        missing = [n for n in names if n not in seeds]
+        if missing:  # what the agent reads, from an episode started and closed with no model asked
+            seeds.update(read_seed_texts(make_env_factory(env_id, env_kwargs)(), missing, args.seed))
+    except (ValueError, ImportError) as exc:
+        raise _UsageError(_as_flags(str(exc))) from None
     return {"env_id": env_id, "names": names, "seeds": seeds, "env_kwargs": env_kwargs, "heldout": heldout,
             "policy_kwargs": policy_kwargs}
 

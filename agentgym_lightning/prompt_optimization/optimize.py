@@ -34,6 +34,7 @@ best mean held-out return. Around it, this module:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
@@ -51,7 +52,7 @@ from agentgym_lightning.registration import make_env_factory
 from agentgym_lightning.resources import Resource, resource_file_name
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["optimize_prompt", "PromptOptimizationResult", "draw_tasks", "read_seed_texts", "OUTPUT_FILES"]
+__all__ = ["optimize_prompt", "check_arguments", "PromptOptimizationResult", "draw_tasks", "read_seed_texts", "OUTPUT_FILES"]
 
 #: What a run writes in its output folder (``overwrite`` deletes these, and the resource files).
 OUTPUT_FILES = ("candidates.jsonl", "trajectories.jsonl", "summary.json", "gepa")
@@ -125,19 +126,65 @@ def read_seed_texts(env: Any, names: Sequence[str], seed: int = 0) -> dict[str, 
     if missing:
         raise ValueError(
             f"the agent of {env.env_id or 'this env'} did not read resource {', '.join(map(repr, missing))} before its "
-            f"first LLM call (it read: {', '.join(sorted(read)) or 'none'}): give its starting text (--seed-prompt), or "
+            f"first LLM call (it read: {', '.join(sorted(read)) or 'none'}): give its starting text (--resource NAME=@FILE), or "
             "make the agent read it with ctx.resource(name, default=...)"
         )
     return {n: read[n] for n in names}
 
 
-def _clear(output: Path, names: Sequence[str], overwrite: bool) -> None:
+def _earlier_run(output: Path, names: Sequence[str], overwrite: bool) -> list[str]:
+    """The files of an earlier optimization in ``output``; refused unless ``overwrite``."""
     found = [n for n in (*OUTPUT_FILES, *(resource_file_name(r) for r in names)) if (output / n).exists() or (output / n).is_symlink()]
     if found and not overwrite:
         raise ValueError(
             f"{output} already holds an optimization ({', '.join(found)}): choose another output folder, or "
             "overwrite it (--overwrite deletes those files)"
         )
+    return found
+
+
+def check_arguments(
+    resources: Sequence[str],
+    *,
+    output_dir: str | Path | None = None,
+    train_tasks: int = 32,
+    heldout_tasks: int = 16,
+    test_tasks: int = 0,
+    budget: int = 150,
+    minibatch_size: int = 3,
+    concurrency: int = 8,
+    max_reflection_failures: int = 3,
+    overwrite: bool = False,
+) -> None:
+    """Every check of :func:`optimize_prompt`'s arguments that needs neither an env nor a model:
+    the resource names, the sizes, the budget, ``gepa`` installed, and an earlier run in
+    ``output_dir`` (refused unless ``overwrite``; nothing is deleted here). The command runs it
+    before the agent's model loads. Raises ``ValueError`` (or ``ImportError``) saying what to change."""
+    names = list(resources)
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"resources must name at least one resource, each once; got {names}")
+    for name in names:
+        resource_file_name(name)  # each best text is written as <name>.txt: refused before anything is touched
+    for label, value, low in (("train_tasks", train_tasks, 1), ("heldout_tasks", heldout_tasks, 1), ("test_tasks", test_tasks, 0),
+                              ("minibatch_size", minibatch_size, 1), ("concurrency", concurrency, 1),
+                              ("max_reflection_failures", max_reflection_failures, 1)):
+        if value < low:
+            raise ValueError(f"{label} must be >= {low}, got {value}")
+    if minibatch_size > train_tasks:
+        raise ValueError(f"minibatch_size ({minibatch_size}) cannot exceed train_tasks ({train_tasks})")
+    if budget < heldout_tasks + 2 * minibatch_size:
+        raise ValueError(
+            f"a budget of {budget} episodes tries no candidate: scoring the starting prompt takes {heldout_tasks} "
+            f"(heldout_tasks) and each proposal {2 * minibatch_size} (twice minibatch_size); raise it"
+        )
+    if importlib.util.find_spec("gepa") is None:
+        raise ImportError("prompt optimization needs the gepa package: pip install 'agentgym-lightning[optimize]'")
+    if output_dir is not None and Path(output_dir).is_dir():
+        _earlier_run(Path(output_dir), names, overwrite)
+
+
+def _clear(output: Path, names: Sequence[str], overwrite: bool) -> None:
+    found = _earlier_run(output, names, overwrite)
     for name in found:
         target = output / name
         if target.is_dir() and not target.is_symlink():
@@ -217,26 +264,11 @@ def optimize_prompt(
         ImportError: ``gepa`` is not installed (``pip install 'agentgym-lightning[optimize]'``).
     """
     names = list(resources)
-    if not names or len(set(names)) != len(names):
-        raise ValueError(f"resources must name at least one resource, each once; got {names}")
-    for name in names:
-        resource_file_name(name)  # each best text is written as <name>.txt: refused before anything is touched
-    for label, value, low in (("train_tasks", train_tasks, 1), ("heldout_tasks", heldout_tasks, 1), ("test_tasks", test_tasks, 0),
-                              ("minibatch_size", minibatch_size, 1), ("concurrency", concurrency, 1),
-                              ("max_reflection_failures", max_reflection_failures, 1)):
-        if value < low:
-            raise ValueError(f"{label} must be >= {low}, got {value}")
-    if minibatch_size > train_tasks:
-        raise ValueError(f"minibatch_size ({minibatch_size}) cannot exceed train_tasks ({train_tasks})")
-    if budget < heldout_tasks + 2 * minibatch_size:
-        raise ValueError(
-            f"a budget of {budget} episodes tries no candidate: scoring the starting prompt takes {heldout_tasks} "
-            f"(heldout_tasks) and each proposal {2 * minibatch_size} (twice minibatch_size); raise it"
-        )
-    try:
-        import gepa
-    except ImportError:
-        raise ImportError("prompt optimization needs the gepa package: pip install 'agentgym-lightning[optimize]'") from None
+    check_arguments(
+        names, output_dir=output_dir, train_tasks=train_tasks, heldout_tasks=heldout_tasks, test_tasks=test_tasks, budget=budget,
+        minibatch_size=minibatch_size, concurrency=concurrency, max_reflection_failures=max_reflection_failures, overwrite=overwrite,
+    )
+    import gepa
 
     env_kwargs = dict(env_kwargs or {})
     train_factory = make_env_factory(env, env_kwargs)
