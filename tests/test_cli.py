@@ -157,3 +157,15 @@ def test_overwrite_deletes_the_run_files_and_nothing_else(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
     assert (elsewhere / "keep.txt").read_text() == "x"
     check_output_dir(_a_run(tmp_path / "again"), resume=tmp_path / "again" / "checkpoints" / "checkpoint-000001")  # its own run: fine
+
+
+def test_train_refuses_a_binary_judge_rubric_naming_the_file(tmp_path, capsys):
+    from agentgym_lightning.cli import main
+
+    binary = tmp_path / "rubric.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    status = main(["train", "--judge-base-url", "http://127.0.0.1:1/v1", "--judge-rubric", f"@{binary}", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    # Before: "'utf-8' codec can't decode byte 0x89 in position 0: invalid start byte", and no file named.
+    assert status == 2 and f"--judge-rubric @{binary}: not UTF-8 text (byte 0x89 at offset 0): give a text file" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -177,10 +177,9 @@ def _judge_options(args: argparse.Namespace) -> dict[str, Any]:
     }
     rubric = options.get("rubric")
     if isinstance(rubric, str) and rubric.startswith("@"):
-        path = Path(rubric[1:])
-        if not path.is_file():
-            raise ValueError(f"--judge-rubric {rubric}: no such file")
-        options["rubric"] = path.read_text(encoding="utf-8")
+        from agentgym_lightning.judge.config import read_rubric
+
+        options["rubric"] = read_rubric(rubric, "--judge-rubric")
     return options
 
 

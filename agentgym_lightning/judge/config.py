@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JudgeConfig", "DEFAULT_RUBRIC", "POLICY_AS_JUDGE", "JUDGE_MODES", "ANSWER_FORMATS", "GOLD_KEYS", "VERDICT_KEYS"]
+__all__ = ["JudgeConfig", "DEFAULT_RUBRIC", "POLICY_AS_JUDGE", "JUDGE_MODES", "ANSWER_FORMATS", "GOLD_KEYS", "VERDICT_KEYS", "read_rubric"]
 
 #: ``base_url`` value meaning "the policy being trained judges" (served to the judge over HTTP).
 POLICY_AS_JUDGE = "policy"
@@ -41,6 +41,27 @@ You judge AI agents. Each episode below is one attempt by an agent at the same t
 - Between episodes that both fail, prefer the one that got closer (right approach, partial result).
 - Length is not quality: do not prefer an answer for being longer, and penalise made-up facts and tool results the agent did not obtain.
 - An episode that errored or produced no answer scores lowest."""
+
+
+#: A rubric file larger than this is not a rubric (it would not fit a judge's prompt either).
+MAX_RUBRIC_BYTES = 1 << 20
+
+
+def read_rubric(spec: str, what: str = "judge rubric") -> str:
+    """The rubric ``@path`` names, read as UTF-8 text; ``ValueError`` naming the file and what to
+    give instead when it is missing, not a regular file, too large or not text."""
+    path = Path(spec[1:])
+    if not path.is_file():
+        raise ValueError(f"{what} {spec}: no such file (give the rubric as text, or @ a text file)")
+    if path.stat().st_size > MAX_RUBRIC_BYTES:
+        raise ValueError(f"{what} {spec}: {path.stat().st_size} bytes, more than a rubric's {MAX_RUBRIC_BYTES}: give a text file of the rubric")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{what} {spec}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}): give a text file of the rubric"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -98,10 +119,7 @@ class JudgeConfig:
         if not (self.timeout_s > 0):
             raise ValueError(f"judge timeout_s must be positive; got {self.timeout_s!r}")
         if self.rubric.startswith("@"):
-            path = Path(self.rubric[1:])
-            if not path.is_file():
-                raise ValueError(f"judge rubric {self.rubric!r}: no such file")
-            object.__setattr__(self, "rubric", path.read_text(encoding="utf-8"))
+            object.__setattr__(self, "rubric", read_rubric(self.rubric))
         if not self.rubric.strip():
             raise ValueError("judge rubric is empty: give the judge something to value, or leave the default")
 

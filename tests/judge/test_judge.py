@@ -229,6 +229,13 @@ def test_config_errors_name_the_option(tmp_path):
     rubric = tmp_path / "rubric.txt"
     rubric.write_text("Prefer short answers.")
     assert JudgeConfig(base_url="http://x/v1", rubric=f"@{rubric}").rubric == "Prefer short answers."
+    binary = tmp_path / "rubric.bin"
+    binary.write_bytes(b"Prefer \xff\xfe short answers.")
+    # Before: "'utf-8' codec can't decode byte 0xff in position 7", naming no file and no way out.
+    with pytest.raises(ValueError, match=rf"judge rubric @{re.escape(str(binary))}: not UTF-8 text \(byte 0xff at offset 7\): give a text file"):
+        JudgeConfig(base_url="http://x/v1", rubric=f"@{binary}")
+    with pytest.raises(ValueError, match="no such file"):
+        JudgeConfig(base_url="http://x/v1", rubric=f"@{tmp_path}")  # a folder is no rubric file
     with pytest.raises(ValueError, match="unknown judge option"):
         JudgeConfig.from_dict({"base_url": "http://x/v1", "modle": "x"})
     with pytest.raises(ValueError, match="no URL serves it"):
