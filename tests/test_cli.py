@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 
 def _probe(code: str, **env: str) -> list[str]:
@@ -169,3 +172,33 @@ def test_train_refuses_a_binary_judge_rubric_naming_the_file(tmp_path, capsys):
     # Before: "'utf-8' codec can't decode byte 0x89 in position 0: invalid start byte", and no file named.
     assert status == 2 and f"--judge-rubric @{binary}: not UTF-8 text (byte 0x89 at offset 0): give a text file" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_resuming_a_finished_run_says_there_is_nothing_to_do_without_loading_a_model(command, tmp_path, capsys, monkeypatch):
+    from agentgym_lightning.cli import main
+    from agentgym_lightning.commands import train as train_command
+
+    if command == "train":
+        from agentgym_lightning.training import LightningRLConfig as Config
+
+        config = Config(env="lightning/GuessNumber-v0", max_steps=2, output_dir=str(tmp_path / "run"))
+    else:
+        from agentgym_lightning.training.sft import SFTConfig as Config
+
+        config = Config(sources=[str(tmp_path)], max_steps=2, output_dir=str(tmp_path / "run"))
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 2, "config": config.to_dict(), "history": []}))
+    (tmp_path / "run" / "final").mkdir()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded to do nothing")
+
+    monkeypatch.setattr(train_command, "run_trainer", no_model)
+    status = main([command, "--resume", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    # Before: the model loaded (75 s for the embedded one) and the old summary printed again, saying nothing.
+    assert status == 0
+    assert f"nothing to do: the run in {tmp_path / 'run'} is finished (checkpoint-000002 is step 2 of max_steps 2" in out
+    assert "--max-steps 4" in out

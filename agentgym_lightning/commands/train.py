@@ -393,6 +393,9 @@ def prepare_run(
                 print(f"agentgym-lightning {command}: {reason}; resuming from {resumed}", file=sys.stderr)
             args.resume = str(resumed)
         config = build(args)
+        if resumed is not None and _finished(resumed, config):
+            print(_nothing_to_do(command, resumed, config))
+            return 0
         config = config.replace(env=resolve_env_id(config.env))
         if needs_envs(config):
             check_envs(config, training=training_env)
@@ -402,6 +405,27 @@ def prepare_run(
         print(f"agentgym-lightning {command}: {exc}", file=sys.stderr)
         return 2
     return config
+
+
+def _finished(checkpoint: Path, config: Any) -> bool:
+    """Whether resuming ``checkpoint`` with ``config`` has nothing left to do: it is the last step
+    and the run's ``final/`` model is written (without it, the resume writes it)."""
+    from agentgym_lightning.training.checkpoint import checkpoint_step
+
+    return checkpoint_step(checkpoint) >= config.max_steps and (Path(config.output_dir) / "final").is_dir()
+
+
+def _nothing_to_do(command: str, checkpoint: Path, config: Any) -> str:
+    """What a ``--resume`` of a finished run says instead of loading the model to do nothing."""
+    from agentgym_lightning.training.checkpoint import checkpoint_step
+
+    out = Path(config.output_dir)
+    step = checkpoint_step(checkpoint)
+    return (
+        f"agentgym-lightning {command}: nothing to do: the run in {out} is finished ({checkpoint.name} is step {step} of "
+        f"max_steps {config.max_steps}, and {out / 'final'} is written), so no model was loaded. To train on, resume it "
+        f"with more steps (--resume {out} --max-steps {config.max_steps * 2}); to read it: agentgym-lightning report {out}"
+    )
 
 
 def run_trainer(command: str, config: Any, make_trainer: Callable[[Any], RunTrainer], resume: str | None) -> Any:
