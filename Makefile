@@ -16,8 +16,11 @@ RUN_ARGS ?= --env lightning/Arithmetic-v0 --env-kwarg difficulty=3 --env-kwarg e
 # The paper's experiments (issue 33, docs/experiments.md): one recipe each, held-out eval every
 # few steps. `make learn-spider SEED=1 LEARN_DIR=/elsewhere` picks the seed and where runs go
 # (runs/<task>-s<seed>); continue a stopped run with `agentgym-lightning train --resume DIR`.
+# ARGS= adds flags to the command (they override the recipe): `make learn-math ARGS="--steps 2 --no-wandb"`;
+# for sft-* they go to the sft command, for run after RUN_ARGS.
 SEED ?= 0
 LEARN_DIR ?= runs
+ARGS ?=
 
 .PHONY: learn-spider learn-rag learn-math sft-spider sft-rag sft-math
 .PHONY: setup run test bench bench-vllm setup-vllm test-vllm setup-verifiers test-verifiers clean browser
@@ -45,10 +48,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(BIN)/agentgym-lightning train $(RUN_ARGS)
+	$(BIN)/agentgym-lightning train $(RUN_ARGS) $(ARGS)
 
 learn-spider: setup
-	$(BIN)/agentgym-lightning train --config recipes/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-s$(SEED)
+	$(BIN)/agentgym-lightning train --config recipes/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-s$(SEED) $(ARGS)
 
 # The Spider SFT warm start (issue 34; docs/improve.md): gold-SQL episodes of GOLD_EPISODES train
 # questions, then `sft` on them (recipes/sft/spider.yaml); RL from it:
@@ -57,10 +60,10 @@ GOLD_EPISODES ?= 256
 
 sft-spider: setup
 	$(BIN)/python -m agentgym_lightning.envs.spider.gold --config recipes/spider.yaml --episodes $(GOLD_EPISODES) --seed $(SEED) --output $(LEARN_DIR)/spider-gold-s$(SEED).jsonl
-	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/spider-gold-s$(SEED).jsonl --config recipes/sft/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-sft-s$(SEED)
+	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/spider-gold-s$(SEED).jsonl --config recipes/sft/spider.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/spider-sft-s$(SEED) $(ARGS)
 
 learn-rag: setup
-	$(BIN)/agentgym-lightning train --config recipes/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-s$(SEED)
+	$(BIN)/agentgym-lightning train --config recipes/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-s$(SEED) $(ARGS)
 
 # The RAG SFT warm start (issue 33): gold-search episodes of HotpotQA train questions (one search per
 # supporting passage's title, then the gold answer; GOLD_EPISODES=256 takes all 100), then `sft` on
@@ -68,17 +71,17 @@ learn-rag: setup
 # agentgym-lightning train --config recipes/rag.yaml --init-from $(LEARN_DIR)/rag-sft-s$(SEED)
 sft-rag: setup
 	$(BIN)/python -m agentgym_lightning.envs.rag.gold --config recipes/rag.yaml --episodes $(GOLD_EPISODES) --seed $(SEED) --output $(LEARN_DIR)/rag-gold-s$(SEED).jsonl
-	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/rag-gold-s$(SEED).jsonl --config recipes/sft/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-sft-s$(SEED)
+	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/rag-gold-s$(SEED).jsonl --config recipes/sft/rag.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/rag-sft-s$(SEED) $(ARGS)
 
 learn-math: setup
-	$(BIN)/agentgym-lightning train --config recipes/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-s$(SEED)
+	$(BIN)/agentgym-lightning train --config recipes/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-s$(SEED) $(ARGS)
 
 # The math SFT warm start (issue 33; docs/improve.md): gold-calculator episodes of GOLD_EPISODES
 # GSM8K train problems, then `sft` on them (recipes/sft/math.yaml); RL from it:
 # agentgym-lightning train --config recipes/math.yaml --init-from $(LEARN_DIR)/math-sft-s$(SEED)
 sft-math: setup
 	$(BIN)/python -m agentgym_lightning.envs.math.gold --config recipes/math.yaml --episodes $(GOLD_EPISODES) --seed $(SEED) --output $(LEARN_DIR)/math-gold-s$(SEED).jsonl
-	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/math-gold-s$(SEED).jsonl --config recipes/sft/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-sft-s$(SEED)
+	$(BIN)/agentgym-lightning sft $(LEARN_DIR)/math-gold-s$(SEED).jsonl --config recipes/sft/math.yaml --seed $(SEED) --output-dir $(LEARN_DIR)/math-sft-s$(SEED) $(ARGS)
 
 test: setup browser
 	$(BIN)/python -m pytest -q

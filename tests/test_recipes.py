@@ -125,3 +125,23 @@ def test_the_sft_recipe_warm_starts_its_rl_recipe_and_has_its_make_target(name: 
     assert target, f"no make sft-{name}"
     assert f"-m agentgym_lightning.envs.{name}.gold --config recipes/{name}.yaml " in target[1]
     assert f"agentgym-lightning sft $(LEARN_DIR)/{name}-gold-s$(SEED).jsonl --config recipes/sft/{name}.yaml " in target[2]
+
+
+@pytest.mark.parametrize("target", ["learn-math", "sft-math", "run"])
+def test_make_targets_take_extra_flags_in_args(target):
+    import shlex
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    # -n: print the commands, run none (setup's too); VENV elsewhere so no venv is looked at or made.
+    out = subprocess.run(["make", "-n", target, "ARGS=--steps 2 --set beta=0.5", "VENV=/nonexistent-venv"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    command = next(line for line in out.splitlines() if "agentgym-lightning " in line and "pip" not in line)
+    # Before: ARGS was ignored, and a user had to copy the recipe's command to change a flag.
+    assert command.endswith("--steps 2 --set beta=0.5"), command
+    if target.startswith("learn-"):
+        argv = shlex.split(command)[1:]
+        config = build_config(build_parser().parse_args(argv))
+        assert config.max_steps == 2 and config.beta == 0.5  # the flags override the recipe's
