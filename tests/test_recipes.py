@@ -145,3 +145,25 @@ def test_make_targets_take_extra_flags_in_args(target):
         argv = shlex.split(command)[1:]
         config = build_config(build_parser().parse_args(argv))
         assert config.max_steps == 2 and config.beta == 0.5  # the flags override the recipe's
+
+
+def test_the_readmes_spider_examples_use_the_spider_data_beside_the_clone():
+    # Before: `rollout("lightning/Spider-v0", policy, ...)` ran on the bundled 44-question sample
+    # although ../shared/data/spider was there, and nothing in the snippet said so.
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    calls = [line for block in blocks for line in block.splitlines() if "lightning/Spider-v0" in line]
+    assert calls
+    for line in calls:
+        assert "data_dir" in line or "env_kwargs=spider" in line, line
+    assert 'spider = {"data_dir": "../shared/data/spider"}' in readme
+    shell = [line for line in readme.splitlines() if "--env lightning/Spider-v0" in line]
+    assert shell and all("data_dir=../shared/data/spider" in line for line in shell)
+    from agentgym_lightning.envs.spider.data import load_spider
+
+    data = REPO.parent / "shared" / "data" / "spider"
+    if not data.is_dir():
+        pytest.skip(f"no Spider data at {data}: the README's path is for a clone with ../shared beside it")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the shared copy lacks one database: said, and beside the point here
+        assert not load_spider("dev", data).is_sample  # the README's path is real data, not the sample
