@@ -32,6 +32,9 @@ an exporter).
 
 from __future__ import annotations
 
+import re
+import threading
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +66,7 @@ def episode_model_client(ctx: AgentContext, **options: Any) -> Any:
     AutoGenAgent.check_installed()
     from autogen_ext.models.openai import OpenAIChatCompletionClient
 
+    _mismatch_once(ctx.model)
     options.setdefault("model_info", MODEL_INFO)
     options.setdefault("max_retries", 0)
     return OpenAIChatCompletionClient(
@@ -71,6 +75,34 @@ def episode_model_client(ctx: AgentContext, **options: Any) -> Any:
         api_key=ctx.api_key,
         http_client=ctx.async_http_client(),
         **options,
+    )
+
+
+#: Episode model names whose mismatch was said (a set, not Python's "once": any change to the warning
+#: filters, which libraries make per call, clears the registries "once" and "default" rely on).
+_MISMATCH_SAID: set[str] = set()
+_MISMATCH_LOCK = threading.Lock()
+
+
+def _mismatch_once(model: str) -> None:
+    """Say once, and why, what AutoGen's client says on every response: "Resolved model mismatch".
+
+    The episode tells the client a stand-in model name (``ctx.model``) and the policy answers
+    under its own, so the client warns at each call (only its token and cost estimates are
+    affected). Only this name's mismatch is silenced: a user's own AutoGen clients keep theirs."""
+    pattern = rf"Resolved model mismatch: {re.escape(model)} != "
+    with _MISMATCH_LOCK:
+        if not any(f[0] == "ignore" and getattr(f[1], "pattern", None) == pattern for f in warnings.filters):
+            warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+        if model in _MISMATCH_SAID:
+            return
+        _MISMATCH_SAID.add(model)
+    warnings.warn(
+        f"AutoGen agents are told the model {model!r}; where the policy answers under another name, AutoGen's "
+        "\"Resolved model mismatch\" warning (one a call) is expected and not shown: it only affects AutoGen's "
+        "token and cost estimates",
+        UserWarning,
+        stacklevel=3,
     )
 
 

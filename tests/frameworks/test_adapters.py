@@ -228,3 +228,32 @@ def test_autogen_names_its_calls_from_its_own_spans_without_metadata(agent_confo
     assert tool["call_id"] == first.completion.tool_calls[0].id  # joined by the tool call's id
     assert first.outcome["otel.tool_ok"] == 1 and "otel.tool_error" not in first.outcome
     assert "otel.tools" not in second.outcome
+
+
+def test_autogens_model_mismatch_warning_is_said_once_not_on_every_call(agent_file):
+    # The episode tells AutoGen a stand-in model name and the policy answers under its own: AutoGen's
+    # client warned "Resolved model mismatch" on every response (2 of 4 here, every one in a run).
+    AutoGenAgent = _autogen()
+    from agentgym_lightning import AgentEnv, Completion, rollout
+
+    module = agent_file("autogen_calculator")
+
+    def policy(requests):
+        return [Completion(text="The answer is 4.", model="served/smollm2", prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.1])
+                for _ in requests]
+
+    def make():
+        # a name of this test's own: Python's "once" registry outlives the test
+        return AgentEnv(AutoGenAgent(module.agent), tasks=["What is 2+2?"] * 4, reward_fn=lambda task, result: 1.0,
+                        model_name="mismatch-once-test")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        trajectories = rollout(make, policy, episodes=4, concurrency=2, progress=False)
+    assert [t.status.value for t in trajectories] == ["succeeded"] * 4
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if m.startswith("Resolved model mismatch: mismatch-once-test")]
+    said = [m for m in messages if "told the model 'mismatch-once-test'" in m]
+    assert len(said) == 1 and "Resolved model mismatch" in said[0]
+    # a user's own client asking for another name keeps its warnings
+    assert not any(getattr(f[1], "pattern", "").startswith("Resolved model mismatch: gpt") for f in warnings.filters)
