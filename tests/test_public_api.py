@@ -43,6 +43,7 @@ def _doc_imports() -> list[tuple[str, int, str, list[str]]]:
 
 def test_every_public_name_resolves():
     assert len(agentgym_lightning.__all__) == len(set(agentgym_lightning.__all__))
+    assert set(agentgym_lightning._LAZY) <= set(agentgym_lightning.__all__)  # every lazy name is public
     for name in ("AgentEnv", "rollout", "evaluate", "make_policy", "LightningRLConfig", "LightningRLTrainer", "SFTConfig", "check_agent", "ConformanceReport"):
         assert name in agentgym_lightning.__all__
     for name in agentgym_lightning.__all__:
