@@ -524,6 +524,10 @@ def test_a_judged_run_is_named_as_judged_and_never_averaged_with_an_unjudged_one
     # A run saved before max_staleness existed is the synchronous run it was: one experiment with max_staleness=0.
     c = _with_config(synthetic.write_run(tmp_path / "c", steps=3, tasks=1, group_size=2, calls=1, seed=2), max_staleness=0)
     assert "task (train) (mean of 2)" in report([RunFolder(b), RunFolder(c)])
+    # Two seeds of one judged experiment may call their judge differently (concurrency, timeouts).
+    d = _with_config(synthetic.write_run(tmp_path / "d", steps=3, tasks=1, group_size=2, calls=1, seed=3),
+                     judge={**judge, "concurrency": 8, "timeout_s": 30.0}, max_staleness=1)
+    assert "task (train) (mean of 2)" in report([RunFolder(a), RunFolder(d)])
 
 
 def test_an_asynchronous_runs_report_draws_its_staleness_and_overlap(tmp_path):

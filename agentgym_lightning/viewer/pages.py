@@ -137,8 +137,15 @@ IDENTITY_OPTIONS = (
 _ABSENT = {"judge": None, "max_staleness": 0}
 
 
+#: A judge's options that change how it runs, not what it rewards: two seeds may differ in them.
+_JUDGE_RUNNING_OPTIONS = ("api_key_env", "concurrency", "timeout_s", "max_attempts")
+
+
 def _option(config: dict[str, Any], name: str) -> Any:
-    return config.get(name, _ABSENT.get(name))
+    value = config.get(name, _ABSENT.get(name))
+    if name == "judge" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in _JUDGE_RUNNING_OPTIONS}
+    return value
 
 
 def judge_line(config: dict[str, Any]) -> str:
