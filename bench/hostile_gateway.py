@@ -13,6 +13,8 @@
     python bench/hostile_gateway.py work       # issue 37 item 12: bodies that cost work, not bytes, beside innocent agents
     python bench/hostile_gateway.py otlp       # issue 37 item 13: nested OTLP attribute values (protobuf, JSON)
     python bench/hostile_gateway.py answers    # issue 37 item 14: the 500s, the 413's shape, a billion-token call, forged spans
+    python bench/hostile_gateway.py slow       # issue 50 item 6: 60 clients sending 8 MB bodies slowly, beside innocent agents
+    python bench/hostile_gateway.py pipelined  # issue 50 item 6: 50 pipelined requests on one connection: how many answered
 
 ``work``, ``otlp`` and ``answers`` take ``--only "NAME[;NAME]"`` (a payload's name) and
 ``--timeout S`` (per hostile request), to measure a revision that does not survive them all.
@@ -29,6 +31,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import resource
 import socket
 import sqlite3
@@ -574,7 +577,7 @@ class _Innocents:
 
     def __init__(self, count: int = 4) -> None:
         from agentgym_lightning.llm import Completion
-        from agentgym_lightning.rollout import rollout
+        from agentgym_lightning.rollouts.in_process import rollout
 
         self.stop = threading.Event()
         self.latencies: list[float] = []
@@ -789,7 +792,7 @@ def _billion_tokens(args: argparse.Namespace, cap: int = 256) -> None:
     from agentgym_lightning.gateway.limits import GatewayLimits
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.policies.models import resolve_model
-    from agentgym_lightning.rollout import rollout
+    from agentgym_lightning.rollouts.in_process import rollout
 
     hf = HFPolicy(str(resolve_model("smollm2-135m")), device="cpu", num_threads=1)
     answered: dict[str, float] = {}
@@ -867,6 +870,119 @@ def _forged_span() -> None:
     )
 
 
+# ------------------------------------------------------------- issue 50 item 6: slow clients, pipelining
+
+SLOW_SENDER = r"""
+import json, socket, sys, threading, time
+host, port, path, count, size, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+prefix, suffix = b'{"messages": [{"role": "user", "content": "', b'"}]}'
+body = prefix + b"x" * (size - len(prefix) - len(suffix)) + suffix
+statuses, piece = [], 64 * 2**10
+
+def one():
+    try:
+        s = socket.create_connection((host, port), timeout=120)
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        pieces = range(0, len(body), piece)
+        for start in pieces:
+            s.sendall(body[start:start + piece])
+            time.sleep(seconds / len(pieces))
+    except OSError:
+        pass  # refused while sending: read the answer, as httpx does
+    try:
+        reply = s.recv(200)
+        statuses.append(reply.split(b"\r\n", 1)[0].decode(errors="replace") or "closed without an answer")
+    except OSError as exc:
+        statuses.append(type(exc).__name__)
+    finally:
+        s.close()
+
+ts = [threading.Thread(target=one) for _ in range(count)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps(statuses))
+"""
+
+
+def stage_slow(args: argparse.Namespace, *, count: int = 60, size: int = 8 * 2**20 - 2**10, seconds: float = 20.0) -> None:
+    """``count`` clients each send a body just under ``max_body_bytes`` over ``seconds`` while
+    four agents call the gateway: the serving process's peak RSS growth, the slow clients'
+    answers, and the innocent calls' latency."""
+    gw = get_gateway()
+    gw.start()
+    env, release, t = _blocked_episode(hold=3600.0)
+    crowd = _Innocents(4)
+    time.sleep(2.0)
+    print(f"before: {crowd.take()}")
+    gc.collect()
+    base = PROC.memory_info().rss / 2**20
+    stop, peak = _peak_rss_sampler()
+    # An episode that does not exist: each body is read whole, then answered 404 at once, so what
+    # is measured is what the bodies cost while they arrive (a running episode's call would go on
+    # holding its messages while it waits for its answer, as any agent's call does).
+    path = "/episodes/no-such-episode/v1/chat/completions"
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", SLOW_SENDER, gw.host, str(gw.port), path, str(count), str(size), str(seconds)],
+        capture_output=True, text=True, timeout=600,
+    )
+    stop.set()
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    summary: dict[str, int] = {}
+    for status in json.loads(out.stdout):
+        summary[status] = summary.get(status, 0) + 1
+    print(f"{count} x {size / 2**20:.1f} MB bodies sent over {seconds:.0f} s each ({time.perf_counter() - start:.1f} s in all): "
+          f"peak RSS +{peak[0] - base:,.0f} MB; answers {summary}; {crowd.take()}")
+    crowd.stop.set()
+    release.set()
+
+
+def stage_pipelined(args: argparse.Namespace, *, count: int = 50) -> None:
+    """``count`` requests pipelined on one connection (sent at once, before any answer): to
+    ``/health``, to a running episode's base URL, and to an ended one's."""
+    from agentgym_lightning.llm import Completion
+    from agentgym_lightning.rollouts.in_process import rollout
+
+    gw = get_gateway()
+    gw.start()
+
+    def exchange(data: bytes) -> bytes:
+        sock = socket.create_connection((gw.host, gw.port), timeout=5)
+        sock.sendall(data)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except OSError:
+            pass  # kept alive: the keep-alive timeout would close it
+        sock.close()
+        return out
+
+    def report(name: str, out: bytes) -> None:
+        statuses = [m.decode() for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", out)]  # a body has no line end
+        summary: dict[str, int] = {}
+        for status in statuses:
+            summary[status] = summary.get(status, 0) + 1
+        print(f"{name}: {len(statuses)} answers of {count} {summary}")
+
+    report("GET /health", exchange(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * count))
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    seen: dict[str, bytes] = {}
+
+    def agent(task, ctx):
+        request = (f"POST /episodes/{ctx.episode_id}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(chat)}\r\n\r\n").encode() + chat
+        seen["request"] = request
+        seen["running"] = exchange(request * count)
+        return "done"
+
+    make = lambda: AgentEnv(agent, [{}], transport="http", time_limit=120)  # noqa: E731
+    rollout(make, lambda requests: [Completion(text="ok") for _ in requests], episodes=1, progress=False)
+    report("chat calls to a running episode", seen["running"])
+    report("chat calls to an ended episode", exchange(seen["request"] * count))
+
+
 STAGES = {
     "work": stage_work,
     "otlp": stage_otlp,
@@ -881,6 +997,8 @@ STAGES = {
     "swallow": stage_swallow,
     "errors": stage_errors,
     "poison": stage_poison,
+    "slow": stage_slow,
+    "pipelined": stage_pipelined,
 }
 
 

@@ -10,7 +10,9 @@ requests went to one episode's base URL (``/episodes/<id>/v1/...``) can only eve
 episode, whose requests are refused once it ends, so it is closed then: at once when it is idle,
 with ``Connection: close`` on its response when a request is in flight; a request for it that
 arrives later (a new connection, a head still arriving at the end) is answered 404 with
-``Connection: close``, so an agent that keeps calling leaves no connection open. A connection that served
+``Connection: close``, so an agent that keeps calling leaves no connection open. Requests
+pipelined on the connection (sent before their answers) are each answered in order, and only the
+last one's response closes it. A connection that served
 anything else (another episode, the header form ``X-Agentgym-Episode``, rewards, the standalone
 API) may belong to a client shared across episodes and is left to the keep-alive timeout.
 
@@ -111,6 +113,8 @@ class EpisodeHttpProtocol(LimitedHttpToolsProtocol):
         self.episode_id: str | None = None
         #: Served something else: left to the keep-alive timeout.
         self.shared = False
+        #: The request whose response will say ``Connection: close`` (its episode ended).
+        self._closing: Any = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.episodes.attach(self.loop)
@@ -121,7 +125,13 @@ class EpisodeHttpProtocol(LimitedHttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
+        ahead = self._closing
         super().on_headers_complete()
+        if ahead is not None and not ahead.response_started:
+            # A request pipelined behind one that was to close the connection: that one stays
+            # open, so every pipelined request is answered in order; the last decides.
+            ahead.keep_alive = True
+            self._closing = None
         path = self.scope.get("path")  # absent for an Upgrade request, which is served and closed
         self.episodes.served(self, path if isinstance(path, str) else "")
 
@@ -134,10 +144,16 @@ class EpisodeHttpProtocol(LimitedHttpToolsProtocol):
         if self._waiting_for_request() and not self._head_bytes:
             self.transport.close()
         elif self.cycle is not None and not self.cycle.response_started:
-            self.cycle.keep_alive = False
+            self._close_after(self.cycle)  # the last request read (uvicorn's cycle): those before it answered
         # else a head still arriving: closed after its answer (:meth:`EpisodeConnections.served`)
 
     def close_after_response(self) -> None:
-        """Say ``Connection: close`` on the response to the request just read, and close."""
+        """Say ``Connection: close`` on the response to the request just read, and close,
+        unless another request is pipelined behind it (then that one's response closes)."""
         if self.cycle is not None:
-            self.cycle.keep_alive = False
+            self._close_after(self.cycle)
+
+    def _close_after(self, cycle: Any) -> None:
+        if cycle.keep_alive:  # not when the client asked to close (HTTP/1.0, Connection: close)
+            cycle.keep_alive = False
+            self._closing = cycle

@@ -11,6 +11,9 @@ httptools protocol plus exactly those, counted as bytes arrive:
 - the body must stay within ``max_body_bytes`` (a larger ``Content-Length`` is refused before any
   of it is read; uvicorn reads a body only as fast as the app consumes it, so at most one read
   more is buffered) and arrive within ``body_timeout``;
+- the bodies still arriving on all connections together stay within ``max_receiving_body_bytes``
+  (:class:`ReceivingBodies`): past it, the body that began arriving first is refused, so slow
+  senders cannot hold ``max_body_bytes`` each on every connection;
 - at ``max_connections`` the connection waiting longest for a request is closed;
 - malformed HTTP gets an OpenAI-shaped 400, not uvicorn's plain text;
 - an Upgrade we do not speak (h2c) is served as plain HTTP/1.1, or refused if it has a body
@@ -38,7 +41,7 @@ from agentgym_lightning.gateway.openai_wire import ERROR_HEADERS, GatewayError
 from agentgym_lightning.gateway.routes import error_wire
 from agentgym_lightning.gateway.validation import body_too_large
 
-__all__ = ["LimitedHttpToolsProtocol"]
+__all__ = ["LimitedHttpToolsProtocol", "ReceivingBodies"]
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +69,37 @@ class _Refused(Exception):
         self.status, self.message, self.code = status, message, code
 
 
+class ReceivingBodies:
+    """The request bodies still arriving on one server's connections (used on its event loop
+    only): their bytes together, and the connections in the order their bodies began."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.total = 0
+        self.receiving: dict[LimitedHttpToolsProtocol, None] = {}  # insertion order: the first body first
+
+    def add(self, connection: LimitedHttpToolsProtocol, size: int) -> None:
+        self.total += size
+        self.receiving.setdefault(connection, None)
+
+    def release(self, connection: LimitedHttpToolsProtocol, size: int) -> None:
+        if self.receiving.pop(connection, False) is None:
+            self.total -= size
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with size and time limits on heads and bodies, and a cap on
     connections (see the module docstring)."""
 
     _last_cap_warning = 0.0
 
-    def __init__(self, *args: Any, limits: GatewayLimits, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: GatewayLimits, bodies: ReceivingBodies | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
         self.cap = limits.connection_cap()
+        # Shared by the server's connections (ThreadedServer makes one per server).
+        self.bodies = bodies if bodies is not None else ReceivingBodies(limits.receiving_body_cap())
+        self._body_started = 0.0
         self._awaiting_head = True  # between requests, or reading a head
         self._head_bytes = 0  # bytes received since this head began (may include a little body)
         self._head_exact = 0  # the head's size as parsed
@@ -98,6 +122,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.bodies.release(self, self._body_bytes)
         super().connection_lost(exc)
 
     def _make_room(self) -> None:
@@ -224,14 +249,36 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
+        if not self._body_bytes:
+            self._body_started = time.monotonic()
         self._body_bytes += len(body)
         if self._body_bytes > self.limits.max_body_bytes:
             raise _refusal(body_too_large(self.limits.max_body_bytes))
+        self.bodies.add(self, len(body))
+        while self.bodies.total > self.bodies.cap:
+            # Slow senders would hold max_body_bytes each: the body that began first goes, so a
+            # request sent at once gets in beside them (as at the connection cap).
+            first = next(iter(self.bodies.receiving))
+            refusal = first._too_many_bodies()
+            if first is self:
+                raise refusal
+            first._refuse(refusal)
         super().on_body(body)
+
+    def _too_many_bodies(self) -> _Refused:
+        cap = self.bodies.cap
+        return _Refused(
+            408,
+            f"the gateway is receiving more than {cap} bytes of request bodies at once and this one began arriving "
+            f"first, {time.monotonic() - self._body_started:.1f} s ago, {self._body_bytes} bytes in: send a request's "
+            "body without pausing, or raise max_receiving_body_bytes (AGENTGYM_LIGHTNING_GATEWAY_MAX_RECEIVING_BODY_BYTES)",
+            "request_timeout",
+        )
 
     def on_message_complete(self) -> None:
         self._in_body = False
         self._disarm()
+        self.bodies.release(self, self._body_bytes)  # the app has it now
         super().on_message_complete()
         self._awaiting_head = True  # what follows on this connection is the next request's head
 
@@ -240,6 +287,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         sees the client gone, and if it has begun its own answer, ours is not sent. A refused
         request pipelined behind others is answered once their responses are sent."""
         self._disarm()
+        self.bodies.release(self, self._body_bytes)  # freed with the request (the app sees the client gone)
         if self.transport.is_closing() or self._held_refusal is not None:
             return
         cycle = self.cycle if self._in_body else None  # the refused request's, if it reached the app

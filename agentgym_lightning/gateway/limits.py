@@ -38,6 +38,12 @@ class GatewayLimits:
     header_timeout: float = 5.0
     #: Seconds a request has to send its whole body once its head is in; then 408 and close.
     body_timeout: float = 60.0
+    #: Most bytes of request bodies still arriving, all connections together. A client that sends
+    #: its body slowly holds what it sent until the rest comes (60 such clients held +971 MB at
+    #: the default body size): past this total, the body that began arriving first is refused
+    #: (408) and its bytes freed, so a fast request beside slow ones still gets in. ``None``: 8
+    #: times ``max_body_bytes`` (64 MiB); at least ``max_body_bytes``.
+    max_receiving_body_bytes: int | None = None
     #: Seconds a kept-alive connection may sit idle between a response and the next request.
     #: Time a call spends waiting for its completion is not idleness: a generation may take
     #: minutes and its connection stays open.
@@ -108,6 +114,15 @@ class GatewayLimits:
                 object.__setattr__(self, f.name, frozenset(value))
             elif value is not None and not value > 0:
                 raise ValueError(f"GatewayLimits.{f.name} must be > 0, got {value!r}")
+        if self.receiving_body_cap() < self.max_body_bytes:
+            raise ValueError(
+                f"GatewayLimits.max_receiving_body_bytes ({self.max_receiving_body_bytes}) is below max_body_bytes "
+                f"({self.max_body_bytes}): one allowed body could never arrive; raise it or leave it None"
+            )
+
+    def receiving_body_cap(self) -> int:
+        """:attr:`max_receiving_body_bytes`, or 8 times :attr:`max_body_bytes` when it is ``None``."""
+        return self.max_receiving_body_bytes if self.max_receiving_body_bytes is not None else 8 * self.max_body_bytes
 
     def connection_cap(self) -> int:
         """:attr:`max_connections`, or half the file-descriptor limit when it is ``None``."""

@@ -15,7 +15,7 @@ import uvicorn
 
 from agentgym_lightning.gateway.app import build_app
 from agentgym_lightning.gateway.connections import EpisodeConnections, EpisodeHttpProtocol
-from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol
+from agentgym_lightning.gateway.http_limits import LimitedHttpToolsProtocol, ReceivingBodies
 from agentgym_lightning.gateway.limits import GatewayLimits
 
 if TYPE_CHECKING:
@@ -49,14 +49,17 @@ class ThreadedServer:
             raise OSError(f"{name} cannot bind {host}:{port} ({exc}); pick another port or 0 for a free one") from exc
         self._sock.listen(4096)
         self.port: int = self._sock.getsockname()[1]
+        #: The request bodies still arriving on this server's connections (its event loop's to change).
+        self.bodies = ReceivingBodies(limits.receiving_body_cap())
         config = uvicorn.Config(
             app,
             log_level="warning",
             access_log=False,
             lifespan="off",
             ws="none",
-            # uvicorn's httptools protocol plus head size/time limits and the connection cap.
-            http=functools.partial(protocol, limits=limits),  # type: ignore[arg-type]
+            # uvicorn's httptools protocol plus head and body size/time limits, the bodies still arriving
+            # (all connections together) and the connection cap.
+            http=functools.partial(protocol, limits=limits, bodies=self.bodies),  # type: ignore[arg-type]
             # Idle time between a response and the next request. uvicorn arms it only once a
             # response is complete, so a call waiting minutes for its generation is never cut.
             timeout_keep_alive=limits.keep_alive_timeout,

@@ -274,6 +274,59 @@ def test_silent_slow_and_idle_connections_are_reaped(gateway):
         s.close()
 
 
+def test_slow_bodies_hold_at_most_max_receiving_body_bytes_and_a_prompt_request_still_gets_in():
+    """Issue 50 item 6: 60 clients sending 8 MB bodies slowly held +971 MB (every connection may
+    hold max_body_bytes until its body is in). Past max_receiving_body_bytes, all connections
+    together, the body that began arriving first is refused and freed."""
+    limits = dataclasses.replace(SMALL, body_timeout=30.0, max_receiving_body_bytes=512 * 2**10)
+    gw = Gateway(limits=limits)
+    gw.start()
+    receiving = gw._server.bodies
+    piece = b"x" * (100 * 2**10)
+    slow = []
+    try:
+        for i in range(6):  # 6 x 100 KiB of 256 KiB bodies: the sixth takes the total past 512 KiB
+            s = socket.create_connection((gw.host, gw.port), timeout=10)
+            s.sendall(b"POST /episodes/x/rewards HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (256 * 2**10) + piece)
+            slow.append(s)
+            deadline = time.monotonic() + 10
+            while receiving.total < min(i + 1, 5) * len(piece) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the server has this body's bytes: the bodies begin in this order
+        status, headers, body = read_response(slow[0])
+        assert_openai_error(status, headers, body, 408, "max_receiving_body_bytes")
+        assert "began arriving first" in json.loads(body)["error"]["message"]
+        deadline = time.monotonic() + 10
+        while receiving.total < 5 * len(piece) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the rest of the sixth body
+        assert receiving.total == 5 * len(piece) <= limits.max_receiving_body_bytes
+        assert len(receiving.receiving) == 5
+        # a request sent at once is served beside the slow ones
+        fast = socket.create_connection((gw.host, gw.port), timeout=10)
+        fast.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(fast)[0] == 200
+        fast.close()
+        for s in slow[1:]:  # still arriving, not refused
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+        for s in slow:
+            s.close()
+        deadline = time.monotonic() + 10
+        while receiving.receiving and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert receiving.total == 0 and not receiving.receiving  # every closed connection gave its bytes back
+    finally:
+        for s in slow:
+            s.close()
+        gw.close()
+
+
+def test_max_receiving_body_bytes_below_one_body_is_refused():
+    with pytest.raises(ValueError, match="max_receiving_body_bytes .* is below max_body_bytes"):
+        GatewayLimits(max_body_bytes=2**20, max_receiving_body_bytes=2**19)
+    assert GatewayLimits().receiving_body_cap() == 8 * GatewayLimits().max_body_bytes
+
+
 def test_a_call_waiting_for_its_generation_is_never_idle(gateway):
     def agent(task, ctx):
         client = ctx.openai_client()
@@ -452,6 +505,25 @@ def test_pipelined_and_upgrade_requests_keep_their_http_semantics(gateway):
     head, body = out.split(b"\r\n\r\n", 1)
     headers = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
     assert_openai_error(int(head.split()[1]), {k.decode(): v.decode() for k, v in headers.items()}, body, 400, "Upgrade")
+
+
+def test_requests_pipelined_to_an_ended_episode_are_each_answered_and_the_last_closes(gateway):
+    """Issue 50 item 6: 50 requests pipelined to an ended episode got one 404, and the connection
+    closed under the other 49. Each is answered now, in order; the last response closes."""
+    def agent(task, ctx):
+        return ctx.chat_completion([USER]).text
+
+    env = AgentEnv(agent, [{}], gateway=gateway, transport="http")
+    env.reset(seed=0)
+    env.step("fine")
+    body = json.dumps({"model": "m", "messages": [USER]}).encode()
+    request = (f"POST /episodes/{env.episode_id}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    out = _exchange(gateway, request * 50)  # reads until the server closes
+    heads = [part.split(b"\r\n\r\n", 1)[0].lower() for part in out.split(b"HTTP/1.1 ")[1:]]
+    assert len(heads) == 50 and all(head.startswith(b"404") for head in heads)
+    assert [b"connection: close" in head for head in heads] == [False] * 49 + [True]
+    env.close()
 
 
 def test_only_the_culprit_fails_in_a_batch_with_a_real_backend(gateway, hf_policy):
