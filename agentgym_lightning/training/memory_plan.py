@@ -157,10 +157,14 @@ def _meta_model(config: LightningRLConfig, path: str) -> Any:
     return model
 
 
-def _optimizer_bytes(trainable: list[torch.nn.Parameter], optim: str, itemsize: int) -> int:
+def _optimizer_bytes(trainable: list[torch.nn.Parameter], optim: str, itemsize: int, ranks: int = 1) -> int:
+    """One rank's optimizer state: AdamW's split ``ranks`` ways as the weights are; Adafactor's
+    whole on every rank (it steps each matrix whole, :func:`.models.build_optimizer`), plus, on N
+    ranks, the largest trained tensor and its gradient gathered whole for its step."""
     if optim == "adafactor":  # a row and a column of second moments per matrix (fp32), a vector's own size
-        return sum(4 * (p.shape[0] + p.shape[1]) if p.dim() == 2 else 4 * p.numel() for p in trainable)
-    return 2 * itemsize * sum(p.numel() for p in trainable)  # AdamW: two moments in the weights' dtype
+        state = sum(4 * (p.shape[0] + p.shape[1]) if p.dim() == 2 else 4 * p.numel() for p in trainable)
+        return state + (2 * itemsize * max((p.numel() for p in trainable), default=0) if ranks > 1 else 0)
+    return -(-2 * itemsize * sum(p.numel() for p in trainable) // ranks)  # AdamW: two moments in the weights' dtype
 
 
 def activation_bytes(
@@ -248,7 +252,7 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
         device=device,
         weights=-(-weights // ranks),
         gradients=-(-trained // ranks),
-        optimizer=-(-_optimizer_bytes(trainable, config.optim, itemsize) // ranks),
+        optimizer=_optimizer_bytes(trainable, config.optim, itemsize, ranks),
         reference=-(-reference // ranks),
         generator=generator,
         available=available if available is not None else available_memory(device),

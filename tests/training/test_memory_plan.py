@@ -53,6 +53,11 @@ def test_the_estimate_is_what_the_trainer_holds_and_splits_by_ranks(tiny_model_d
 
     adafactor = plan_memory(LightningRLConfig(optim="adafactor"), str(tiny_model_dir), available=2**40)
     assert adafactor.optimizer < full.optimizer / 10
+    # On N ranks Adafactor steps each matrix whole: its state whole on every rank, and the largest
+    # trained tensor and its gradient gathered for the step (models.build_optimizer)
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    on_two = plan_memory(LightningRLConfig(optim="adafactor"), str(tiny_model_dir), ranks=2, available=2**40)
+    assert on_two.optimizer == adafactor.optimizer + 2 * largest
     assert plan_memory(LightningRLConfig(backend="vllm"), str(tiny_model_dir), available=2**40).generator == weights
 
 

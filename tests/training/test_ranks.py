@@ -136,17 +136,29 @@ def test_a_two_rank_run_logs_the_global_loss_and_resumes_on_one_rank_with_the_sa
     assert step_4["step"] == 4 and step_4["grad_norm"] == pytest.approx(history[-1]["grad_norm"], rel=1e-5)
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        pytest.param({"beta": 0.04}, id="full-fine-tune-with-kl"),  # the KL reference sharded too
-        pytest.param({"use_peft": True, "beta": 0.04, "num_iterations": 2}, id="lora-kl-2-iterations"),
-        # the KL to the adapter the run starts from, swapped into every rank's shards (one on the
-        # head too: the root unit, which FSDP keeps gathered after a forward)
-        pytest.param({"use_peft": True, "beta": 0.04, "init_from": "a LoRA run", "lora_target_modules": ["q_proj", "lm_head"]},
-                     id="lora-kl-to-its-initial-adapter"),
-    ],
-)
+#: The updates compared between one rank and two (AdamW unless ``optim`` says otherwise).
+TWO_RANK_UPDATES = [
+    pytest.param({"beta": 0.04}, id="full-fine-tune-with-kl"),  # the KL reference sharded too
+    pytest.param({"use_peft": True, "beta": 0.04, "num_iterations": 2}, id="lora-kl-2-iterations"),
+    # the KL to the adapter the run starts from, swapped into every rank's shards (one on the
+    # head too: the root unit, which FSDP keeps gathered after a forward)
+    pytest.param({"use_peft": True, "beta": 0.04, "init_from": "a LoRA run", "lora_target_modules": ["q_proj", "lm_head"]},
+                 id="lora-kl-to-its-initial-adapter"),
+    # Adafactor steps on each matrix whole (its row and column means, the update's RMS): the
+    # sharded parameters are gathered one at a time for it (issue 50 item 7: it crashed with
+    # "mixed torch.Tensor and DTensor" at the first update)
+    pytest.param({"optim": "adafactor", "learning_rate": 1e-2}, id="adafactor"),
+    pytest.param({"optim": "adafactor", "use_peft": True, "learning_rate": 1e-2}, id="adafactor-lora"),
+]
+
+
+def test_every_optimizer_the_config_accepts_is_compared_on_two_ranks():
+    from agentgym_lightning.training.config import _OPTIMIZERS
+
+    assert {param.values[0].get("optim", "adamw") for param in TWO_RANK_UPDATES} == set(_OPTIMIZERS)
+
+
+@pytest.mark.parametrize("options", TWO_RANK_UPDATES)
 def test_two_ranks_compute_the_update_of_one_rank_on_the_same_rows(two_rank_run, script, tiny_model_dir, tmp_path, options):
     import torch
 
