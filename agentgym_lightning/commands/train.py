@@ -333,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(json_metrics(summary)))
     else:
         print(_summary(config, result, elapsed, report))
+    sys.stdout.flush()  # out before anything can stop the process (a pipe holds it until exit)
     if result.interrupted:
         return 143 if result.signal == "SIGTERM" else 130
     return 0

@@ -31,12 +31,15 @@ the end), announced with ``broadcast_object_list`` (:meth:`Ranks.announce`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -251,7 +254,6 @@ class Ranks:
         Ctrl-C (SIGINT, sent to every rank of a terminal's job) is left to rank 0: it checkpoints
         its last step, which needs the followers, then stops them."""
         import signal
-        import threading
 
         import torch.distributed as dist
 
@@ -469,13 +471,31 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     args = get_args_parser().parse_args(
         ["--standalone", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0", "--no-python", sys.executable, "-m", "agentgym_lightning", *argv]
     )
-    before = os.environ.get(LAUNCHER_REPORTS_ENV)
+    before = {name: os.environ.get(name) for name in (LAUNCHER_REPORTS_ENV, _LAUNCHER_SIGNALS_ENV)}
     os.environ[LAUNCHER_REPORTS_ENV] = "1"  # the ranks inherit it
+    # Ctrl-C is ours, not the launcher's: torch's sends it to the ranks again and kills them 30 s
+    # later, so rank 0, still saving and summing up on a loaded machine, lost its summary (issue 50
+    # item 8). A terminal's Ctrl-C reaches every rank itself; one sent to the launcher alone is
+    # forwarded once; rank 0 saves its last step, stops the others and exits 130, and we wait.
+    os.environ[_LAUNCHER_SIGNALS_ENV] = "SIGTERM,SIGHUP,SIGQUIT"
+    interrupted: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if not interrupted:
+            interrupted.append(signum)
+            for pid in _child_pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signum)  # a rank that has it already ignores it (signals.interrupt_once)
+
+    previous = signal.signal(signal.SIGINT, forward) if threading.current_thread() is threading.main_thread() else None
     try:
         run(args)
-    except SignalException as exc:  # Ctrl-C or SIGTERM: the ranks got it too (rank 0 saves, then stops the rest)
+    except SignalException as exc:  # SIGTERM: the ranks got it too (rank 0 saves, then stops the rest)
         return LaunchFailure(rank=0, exitcode=128 + int(exc.sigval), signal=signal.Signals(exc.sigval).name, interrupted=True)
     except ChildFailedError as exc:
+        main = exc.failures.get(0)
+        if main is not None and main.exitcode == 130:  # Ctrl-C: rank 0 saved and summed up
+            return LaunchFailure(rank=0, exitcode=130, signal="SIGINT", interrupted=True)
         # The cause first: a rank killed by a signal (other than the SIGTERM the launcher sends the
         # rest, 143 when rank 0 saved on it), then one that failed, a rank whose collective broke
         # because a peer was gone among them; the earliest of those.
@@ -487,8 +507,24 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
         rank, failure = min(exc.failures.items(), key=cause)
         return LaunchFailure(rank=int(rank), exitcode=int(failure.exitcode), signal=failure.signal_name() if failure.exitcode < 0 else None)
     finally:
-        if before is None:
-            os.environ.pop(LAUNCHER_REPORTS_ENV, None)
-        else:
-            os.environ[LAUNCHER_REPORTS_ENV] = before
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return None
+
+
+#: The signals torch's elastic launcher turns into stopping the ranks (read when it starts them).
+_LAUNCHER_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def _child_pids() -> list[int]:
+    """This process's children (the launcher's: the ranks), from Linux's /proc."""
+    pids: list[int] = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.extend(int(pid) for pid in (task / "children").read_text().split())
+    return pids

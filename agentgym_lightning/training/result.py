@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentgym_lightning.failed_episodes import EpisodesFailedError
-from agentgym_lightning.training.signals import Terminated, terminate_as_interrupt
+from agentgym_lightning.training.signals import Terminated, ignore_interrupts, interrupt_once, terminate_as_interrupt
 
 __all__ = ["TrainResult", "TrainingStopped", "run_until_stopped"]
 
@@ -39,19 +39,24 @@ class TrainingStopped(RuntimeError):
 
 
 def run_until_stopped(
-    loop: Callable[[], None], result: TrainResult, *, save_progress: Callable[[], Path | None], step: Callable[[], int]
+    loop: Callable[[], None], result: TrainResult, *, save_progress: Callable[[], Path | None], step: Callable[[], int],
+    once: bool = False,
 ) -> bool:
     """Run a trainer's ``loop`` with SIGTERM taken as Ctrl-C; returns whether it completed.
 
     Ctrl-C or SIGTERM: ``save_progress()`` (the last completed step's checkpoint) and return
-    ``False`` with ``result.interrupted`` and ``result.signal`` set. An error: ``save_progress()``
-    too, then :class:`TrainingStopped` from it, naming the step it stopped at (``step()``: the
-    steps completed) and the checkpoint; an :class:`EpisodesFailedError` is raised as is."""
+    ``False`` with ``result.interrupted`` and ``result.signal`` set; with ``once`` (rank 0 of N
+    ranks) later ones are ignored from the first on (:func:`~.signals.interrupt_once`). An error:
+    ``save_progress()`` too, then :class:`TrainingStopped` from it, naming the step it stopped at
+    (``step()``: the steps completed) and the checkpoint; an :class:`EpisodesFailedError` is
+    raised as is."""
     try:
-        with terminate_as_interrupt():
+        with interrupt_once() if once else terminate_as_interrupt():
             loop()
         return True
     except KeyboardInterrupt as exc:
+        if once:
+            ignore_interrupts()  # one held through an update (deferred_interrupt) is raised here
         result.interrupted = True
         result.signal = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
         save_progress()

@@ -6,6 +6,9 @@
 * :func:`deferred_interrupt` — both signals are held while a step updates, syncs and checkpoints
   (a stop there would leave half-updated weights), and raised after it
   (:meth:`HeldSignal.raise_if_received`).
+* :func:`interrupt_once` — on N ranks, the first Ctrl-C or SIGTERM stops the run and later ones
+  are ignored (:func:`ignore_interrupts`): a terminal's Ctrl-C reaches every rank and the launcher
+  forwards it again, and a second one would cut short the checkpoint and the summary.
 
 Off the main thread (where Python cannot install handlers) both do nothing.
 """
@@ -18,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["HeldSignal", "Terminated", "deferred_interrupt", "terminate_as_interrupt"]
+__all__ = ["HeldSignal", "Terminated", "deferred_interrupt", "ignore_interrupts", "interrupt_once", "terminate_as_interrupt"]
 
 
 class Terminated(KeyboardInterrupt):
@@ -74,3 +77,40 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def ignore_interrupts() -> None:
+    """Ctrl-C and SIGTERM ignored for the rest of the process (a stopping rank's: see
+    :func:`interrupt_once`). Off the main thread, nothing."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def interrupt_once() -> Iterator[None]:
+    """Ctrl-C raises ``KeyboardInterrupt`` and SIGTERM :class:`Terminated`, once: the handler
+    ignores both before it raises, so no second signal can land while the run saves its last
+    step and sums up. For a rank of ``--nproc-per-node``: a terminal's Ctrl-C reaches it, and the
+    launcher forwards the launcher's own to it as well (issue 50 item 8: rank 0's summary was lost
+    to the second one under load)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal raised
+        raised = True
+        ignore_interrupts()
+        if signum == signal.SIGTERM:
+            raise Terminated
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        if not raised:
+            for sig, old in previous.items():
+                signal.signal(sig, old)

@@ -252,7 +252,8 @@ class LightningRLTrainer:
         completed = False
         try:
             completed = run_until_stopped(
-                lambda: self._loop(result, bar, postfix), result, save_progress=self._save_progress, step=lambda: self.step
+                lambda: self._loop(result, bar, postfix), result, save_progress=self._save_progress, step=lambda: self.step,
+                once=self.ranks.distributed,
             )
         finally:
             bar.close()

@@ -261,18 +261,24 @@ def test_a_rank_that_dies_stops_the_run_with_its_last_checkpoint_kept_and_a_resu
 
 def test_ctrl_c_on_two_ranks_checkpoints_the_last_completed_step_and_exits_130(script, tiny_model_dir, tmp_path):
     """A terminal's Ctrl-C reaches every rank: the followers leave it to rank 0, which checkpoints
-    its last completed step (a collective: the followers gather their optimizer shards) and stops them."""
+    its last completed step (a collective: the followers gather their optimizer shards) and stops
+    them. Pressed twice, and with the launcher's own forwarded: one stop, the summary printed
+    (issue 50 item 8: under load rank 0 was cut short by the second, or killed by the launcher
+    30 s after it, and printed nothing)."""
     run = tmp_path / "interrupted"
     launcher = _launch_train(script, tiny_model_dir, run, save_steps=5)
     try:
         _wait_for(run / "trajectories" / "step-000002.jsonl", launcher)
         os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole job
+        time.sleep(0.5)
+        os.killpg(launcher.pid, signal.SIGINT)  # and again, while rank 0 saves
         stdout, stderr = launcher.communicate(timeout=300)
     finally:
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode == 130, stderr[-3000:]
-    assert "(interrupted: SIGINT)" in stdout
+    assert "(interrupted: SIGINT)" in stdout, stderr[-3000:]
+    assert "KeyboardInterrupt" not in stderr, stderr[-3000:]
     saved = sorted((run / "checkpoints").iterdir())
     assert [p.name for p in saved] in (["checkpoint-000001"], ["checkpoint-000002"])  # save_steps=5: the Ctrl-C checkpoint
     from agentgym_lightning.training.checkpoint import verify_checkpoint
@@ -285,3 +291,31 @@ def test_ctrl_c_on_two_ranks_checkpoints_the_last_completed_step_and_exits_130(s
     assert len(optimizer["state"]) == len(weights)  # every weight's moments gathered, whole
     shapes = sorted(tuple(state["exp_avg"].shape) for state in optimizer["state"].values())
     assert shapes == sorted(tuple(w.shape) for w in weights.values())
+
+
+def test_a_rank_stops_once_then_ignores_ctrl_c_and_sigterm():
+    """signals.interrupt_once: the first signal raises, and from its handler on both are ignored
+    (the launcher forwards a terminal's Ctrl-C to ranks that already got it)."""
+    from agentgym_lightning.training.signals import Terminated, interrupt_once
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_once():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # interrupted at once
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)  # ignored
+        os.kill(os.getpid(), signal.SIGTERM)
+        for sig, old in before.items():
+            signal.signal(sig, old)
+        with pytest.raises(Terminated), interrupt_once():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        for sig, old in before.items():
+            signal.signal(sig, old)
+        with interrupt_once():  # no signal: the handlers as they were after
+            pass
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
