@@ -14,6 +14,8 @@ httptools protocol plus exactly those, counted as bytes arrive:
 - the bodies still arriving on all connections together stay within ``max_receiving_body_bytes``
   (:class:`ReceivingBodies`): past it, the body that began arriving first is refused, so slow
   senders cannot hold ``max_body_bytes`` each on every connection;
+- a response the client does not read for ``send_timeout`` (its socket's buffers full) drops the
+  connection, so a client that stops reading holds neither its connection nor the unsent bytes;
 - at ``max_connections`` the connection waiting longest for a request is closed;
 - malformed HTTP gets an OpenAI-shaped 400, not uvicorn's plain text;
 - an Upgrade we do not speak (h2c) is served as plain HTTP/1.1, or refused if it has a body
@@ -28,8 +30,10 @@ counted against a connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 import time
 from typing import Any
 
@@ -106,6 +110,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_body = False
         self._body_bytes = 0
         self._timer: asyncio.TimerHandle | None = None  # the head's or the body's deadline
+        self._send_timer: asyncio.TimerHandle | None = None  # how long the client may leave a response unread
         self._completed_requests = 0
         self._waiting_since = time.monotonic()
         # A refusal of a pipelined request, held until the responses owed before it are sent.
@@ -122,6 +127,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         self.bodies.release(self, self._body_bytes)
         super().connection_lost(exc)
 
@@ -157,6 +165,39 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.close()
 
     # ------------------------------------------------------------------ deadlines
+
+    def pause_writing(self) -> None:
+        # The transport's buffer is over its high-water mark: the client is not reading.
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._not_reading)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self.transport.get_write_buffer_size():
+            # The last response is still unread: a close now would wait for the client to read
+            # it, for ever if it never does; send_timeout drops it instead.
+            if self._send_timer is None:
+                self._send_timer = self.loop.call_later(self.limits.send_timeout, self._not_reading)
+            return
+        super().timeout_keep_alive_handler()
+
+    def _not_reading(self) -> None:
+        self._send_timer = None
+        log.warning(
+            "gateway: a client left a response unread for %s s (GatewayLimits.send_timeout): its connection is dropped",
+            self.limits.send_timeout,
+        )
+        closing = self.transport.is_closing()
+        self.transport.abort()  # close() would wait for the unread bytes to be sent
+        if closing:  # seen with uvloop: a closing transport kept its connection after abort()
+            with contextlib.suppress(OSError, AttributeError):
+                self.transport.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
 
     def _arm(self, seconds: float) -> None:
         if self._timer is None:

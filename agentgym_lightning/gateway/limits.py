@@ -44,6 +44,10 @@ class GatewayLimits:
     #: (408) and its bytes freed, so a fast request beside slow ones still gets in. ``None``: 8
     #: times ``max_body_bytes`` (64 MiB); at least ``max_body_bytes``.
     max_receiving_body_bytes: int | None = None
+    #: Seconds a response may wait for its client to read it (the socket's buffers full): a
+    #: client that stops reading is then dropped, with what it had not read, instead of holding
+    #: its connection, its call's task and the unsent bytes for as long as it likes.
+    send_timeout: float = 60.0
     #: Seconds a kept-alive connection may sit idle between a response and the next request.
     #: Time a call spends waiting for its completion is not idleness: a generation may take
     #: minutes and its connection stays open.

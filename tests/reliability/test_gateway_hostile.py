@@ -321,6 +321,36 @@ def test_slow_bodies_hold_at_most_max_receiving_body_bytes_and_a_prompt_request_
         gw.close()
 
 
+def test_a_client_that_stops_reading_is_dropped_after_send_timeout():
+    """Issue 50 item 6, the other slow client: one that sends a request and stops reading the
+    answer held its connection, the response's task and its unsent bytes for as long as it liked."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from agentgym_lightning.gateway.server import ThreadedServer
+
+    size = 64 * 2**20  # more than any socket buffers hold
+    big = Route("/big", lambda request: Response(b"x" * size))
+    server = ThreadedServer(Starlette(routes=[big]), "127.0.0.1", 0, limits=dataclasses.replace(SMALL, send_timeout=0.5))
+    server.start()
+    try:
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(("127.0.0.1", server.port))
+        reader.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(3.0)  # stops reading: six times send_timeout
+        reader.settimeout(10)
+        received = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := reader.recv(2**20):
+                received += len(chunk)
+        assert received < size / 2  # dropped with most of it unsent (before: all 64 MB, once it read again)
+        reader.close()
+    finally:
+        server.stop()
+
+
 def test_max_receiving_body_bytes_below_one_body_is_refused():
     with pytest.raises(ValueError, match="max_receiving_body_bytes .* is below max_body_bytes"):
         GatewayLimits(max_body_bytes=2**20, max_receiving_body_bytes=2**19)
