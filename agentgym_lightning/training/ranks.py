@@ -469,7 +469,8 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0", "--no-python", sys.executable, "-m", "agentgym_lightning", *argv]
+        ["--standalone", f"--nproc-per-node={nproc_per_node}", "--max-restarts=0", f"--signals-to-handle={_LAUNCHER_SIGNALS}",
+         "--no-python", sys.executable, "-m", "agentgym_lightning", *argv]
     )
     before = {name: os.environ.get(name) for name in (LAUNCHER_REPORTS_ENV, _LAUNCHER_SIGNALS_ENV)}
     os.environ[LAUNCHER_REPORTS_ENV] = "1"  # the ranks inherit it
@@ -477,15 +478,18 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     # later, so rank 0, still saving and summing up on a loaded machine, lost its summary (issue 50
     # item 8). A terminal's Ctrl-C reaches every rank itself; one sent to the launcher alone is
     # forwarded once; rank 0 saves its last step, stops the others and exits 130, and we wait.
-    os.environ[_LAUNCHER_SIGNALS_ENV] = "SIGTERM,SIGHUP,SIGQUIT"
     interrupted: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
-        if not interrupted:
-            interrupted.append(signum)
-            for pid in _child_pids():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signum)  # a rank that has it already ignores it (signals.interrupt_once)
+        if interrupted:
+            return
+        ranks = _child_pids()
+        if not ranks:
+            raise KeyboardInterrupt  # before the ranks start: nothing to save
+        interrupted.append(signum)
+        for pid in ranks:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signum)  # a rank that has it already ignores it (signals.interrupt_once)
 
     previous = signal.signal(signal.SIGINT, forward) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -517,7 +521,9 @@ def launch(nproc_per_node: int, argv: Sequence[str]) -> LaunchFailure | None:
     return None
 
 
-#: The signals torch's elastic launcher turns into stopping the ranks (read when it starts them).
+#: The signals torch's elastic launcher turns into stopping the ranks: not SIGINT (see launch).
+_LAUNCHER_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
+#: Where torch's launcher puts them (in this process's environment, restored after).
 _LAUNCHER_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
