@@ -271,7 +271,14 @@ class AgentWorker:
 
     def _join(self, timeout: float) -> bool:
         if self._thread is not None:
-            self._thread.join(timeout)
+            try:
+                self._thread.join(timeout)
+            except RuntimeError:
+                # A Ctrl-C struck start() while it waited for the thread to say it runs: join()
+                # refuses such a thread ("cannot join thread before it is started"), which turned
+                # an interrupted run's exit 130 into a failure (issue 50 item 8). Not started as
+                # far as threading knows: nothing to wait for (a daemon, its episode ended).
+                pass
             return not self._thread.is_alive()
         if self._future is not None:
             end = time.monotonic() + timeout

@@ -233,3 +233,16 @@ def test_agents_blocked_in_c_calls_are_reported_and_bounded():
     env.reset(seed=0)
     assert env.step("again")[4]["trajectory"].result == "again"
     gw.close()
+
+
+def test_a_worker_whose_thread_start_was_interrupted_is_ended_not_an_error():
+    """A Ctrl-C that strikes ``Thread.start()`` while it waits for the thread to say it runs leaves
+    a thread ``join()`` refuses ("cannot join thread before it is started"): stopping its worker
+    turned an interrupted run's exit 130 into a failure (issue 50 item 8, 1 run in 7 under load)."""
+    from types import SimpleNamespace
+
+    from agentgym_lightning.worker import AgentWorker
+
+    never_said_it_runs = threading.Thread(target=lambda: None)
+    worker = SimpleNamespace(_thread=never_said_it_runs, _future=None)
+    assert AgentWorker._join(worker, 0.1) is True
