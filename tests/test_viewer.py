@@ -397,6 +397,15 @@ def test_a_run_that_measured_pass_at_k_and_sampled_dynamically_gets_their_charts
     assert pass_at_k([plain]) is None and groups_with_signal([plain]) is None
 
 
+def test_a_run_whose_generator_counted_its_prefills_gets_their_chart():
+    from agentgym_lightning.viewer.charts import prefill, run_charts
+
+    series = _series(generator__prompt_tokens=[900, 1200], generator__prefilled_tokens=[400, 300], loss=[1.0, 0.9])
+    assert prefill([series]).lines == (("generator/prompt_tokens", "sent"), ("generator/prefilled_tokens", "prefilled (computed)"))
+    assert [c.name for c in run_charts([series])][-1] == "prefill"
+    assert prefill([_series(loss=[1.0])]) is None and "prefill" not in [c.name for c in run_charts([_series(loss=[1.0])])]
+
+
 def test_charts_dir_overlays_several_seeds_on_one_held_out_chart(tmp_path):
     synthetic = _synthetic()
     seeds = [str(synthetic.write_run(tmp_path / f"seed{s}", steps=4, tasks=1, group_size=2, calls=1, seed=s, eval_every=2, eval_episodes=2))

@@ -41,6 +41,15 @@ requests (seeded rows draw from their own generators). transformers' own continu
 ``do_sample`` for all (no per-row seeded draws), and has no stop strings or per-row adapters.
 ``scheduling="batches"`` takes ``submit`` away (the batch mode before, for comparisons).
 
+**Keys and values across calls** (``prefix_cache_mb``). A row that ends leaves its keys and values
+in a :class:`~agentgym_lightning.policies.prefix_cache.PrefixCache` (least recently used out, within
+the budget); a call whose prompt begins with one of them (the same episode's next call: its last
+prompt and completion, then the tool's answer; another episode's system prompt) takes the longest
+such prefix, from there or from a running row, and prefills only the rest. The cache is emptied
+when the weights change (:meth:`HFPolicy.weights_version`), and a row prefilled before a change
+neither lends its prefix nor is kept. :meth:`HFPolicy.prefill_stats` counts prompt tokens sent
+and computed (the trainer logs them per step as ``generator/...``).
+
 **The decode step** (``decode``). The per-step scheduler's running batch keeps its keys and values
 in a dynamic cache (``"dynamic"``, the default: it grows and shrinks with the batch) or in
 a static one of fixed shape, ``max_batch_size`` slots by ``static_cache_len`` columns
@@ -75,6 +84,7 @@ from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Compl
 from agentgym_lightning.policies.base import Policy
 from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, request_stop_token_ids, stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
+from agentgym_lightning.policies.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
 
 __all__ = ["HFPolicy", "SCHEDULING", "DECODE"]
@@ -144,6 +154,19 @@ def _prefix_layout(prompts: Sequence[Sequence[int]], adapters: Sequence[str | No
     return shared, groups
 
 
+def _prefill_count(prompts: Sequence[Sequence[int]], shared: int, groups: list[list[int]]) -> int:
+    """Prompt tokens a prefill laid out as :func:`_prefix_layout` says computes: the batch prefix
+    once, each prefix group's segment once, every row's rest."""
+    ends = [shared] * len(prompts)
+    total = shared
+    for members in groups:
+        end = _cacheable_prefix([prompts[b] for b in members])
+        total += end - shared
+        for b in members:
+            ends[b] = end
+    return total + sum(len(p) - end for p, end in zip(prompts, ends))
+
+
 def _cache_kwarg(model: Any, cache: Any) -> dict[str, Any]:
     """``{name: cache}`` for ``model``'s forward: transformers renamed ``past_key_values`` to
     ``cache`` (the old name still works there, with a warning on every call). Read from the
@@ -181,8 +204,14 @@ class HFPolicy(Policy):
             :data:`~agentgym_lightning.policies.tool_calls.TOOL_PROMPTS`).
         prefix_caching: compute the prompt tokens every row of a batch shares (the G episodes of
             a task share their first prompt; agents share system prompts and examples) once per
-            batch and reuse their keys and values, instead of once per row. The same completion
-            tokens as without it; logprobs agree to fp32 rounding (~1e-6).
+            batch and reuse their keys and values, instead of once per row; and, with
+            ``prefix_cache_mb``, across calls. The same completion tokens as without it; logprobs
+            agree to fp32 rounding (~1e-6).
+        prefix_cache_mb: megabytes of keys and values kept after calls end (the per-step
+            scheduler's, :meth:`submit`), so that a later call beginning with the same tokens (the
+            same episode's next call: its previous prompt and completion; another episode's system
+            prompt and schema) prefills only the rest (:class:`~agentgym_lightning.policies.prefix_cache.PrefixCache`;
+            least recently used out first; emptied when the weights change). ``0``: none kept.
         scheduling: ``"per-step"`` (default: the policy has :meth:`submit`, so a driver hands it
             each call as it comes and the call joins the running batch at the next decode step)
             or ``"batches"`` (no ``submit``: a driver gathers calls into batches and each batch is
@@ -224,6 +253,7 @@ class HFPolicy(Policy):
         progress: bool = True,
         tool_prompt: str = "full",
         prefix_caching: bool = True,
+        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
         scheduling: str = "per-step",
         decode: str = "auto",
         static_cache_len: int = 4096,
@@ -244,6 +274,8 @@ class HFPolicy(Policy):
             raise ValueError(f"decode must be one of {DECODE}, got {decode!r}")
         if static_cache_len < 2:
             raise ValueError(f"static_cache_len must be >= 2, got {static_cache_len}")
+        if not prefix_cache_mb >= 0:  # (NaN too)
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 keeps nothing), got {prefix_cache_mb}")
         self.tool_prompt = check_tool_prompt(tool_prompt)
         self.model = str(model)
         self.path = resolve_model(model, progress=progress)
@@ -260,6 +292,10 @@ class HFPolicy(Policy):
         self.default_max_tokens = default_max_tokens
         self.default_temperature = default_temperature
         self.prefix_caching = prefix_caching
+        #: Keys and values of calls that ended (used while ``prefix_caching`` is on).
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20), min_shared=_MIN_SHARED_PREFIX)
+        self._prompt_tokens = 0  # prompt tokens of the calls the per-step scheduler prefilled
+        self._prefilled_tokens = 0  # of which computed (not taken from a cache or a running row)
         self.scheduling = scheduling
         #: The decode step the per-step scheduler starts with (``decode`` with ``"auto"`` resolved).
         self.decode = "dynamic" if decode == "auto" else decode
@@ -360,6 +396,24 @@ class HFPolicy(Policy):
         their next step): the trainer copies new weights into :attr:`hf_model` inside it while
         episodes run (asynchronous training), so every step reads one version of them."""
         return self._lock
+
+    def prefill_stats(self) -> dict[str, float]:
+        """Counts since the policy started, of the calls :meth:`submit` answered: ``prompt_tokens``
+        (their prompts' tokens), ``prefilled_tokens`` (those computed: not taken from another row's
+        keys and values or the prefix cache), ``prefix_cache_hits`` (calls that took a prefix from
+        the cache); and the cache now: ``prefix_cache_tokens``, ``prefix_cache_mb``."""
+        cache = self.prefix_cache
+        return {"prompt_tokens": float(self._prompt_tokens), "prefilled_tokens": float(self._prefilled_tokens),
+                "prefix_cache_hits": float(cache.hits), "prefix_cache_tokens": float(cache.tokens),
+                "prefix_cache_mb": cache.nbytes / 2**20}
+
+    def weights_version(self) -> tuple[int, int]:
+        """A value that changes whenever the model's weights do: the model object, and the sum of
+        its parameters' version counters (torch bumps a tensor's on every in-place change: an
+        optimizer step on a shared model, a weight copy into a generator of its own, an adapter
+        loaded or merged). Keys and values computed under another version are never reused."""
+        model = self.hf_model
+        return id(model), sum(p._version for p in model.parameters())  # noqa: SLF001 - torch's version counter
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
         """Teacher-forced ``log_softmax(logits / temperature)`` of each completion token given
@@ -596,6 +650,7 @@ class _Entry:
     group: _Group
     future: Future[Completion]
     generator: Any = None  # the row's own torch generator (seeded, sampled rows)
+    version: Any = None  # the weights it was prefilled with (HFPolicy.weights_version)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -661,6 +716,11 @@ class _Slots:
 
     def prefix_kv(self, slot: int, shared: int) -> list[tuple[Any, Any]]:
         columns = self.mask[slot, : self.t].nonzero().squeeze(1)[:shared]
+        return [(layer.keys[slot : slot + 1, :, columns], layer.values[slot : slot + 1, :, columns]) for layer in self.layers]
+
+    def row_kv(self, slot: int) -> list[tuple[Any, Any]]:
+        """Each layer's keys and values of every cached token of ``slot``, the one just fed too."""
+        columns = self.mask[slot, : self.t + 1].nonzero().squeeze(1)
         return [(layer.keys[slot : slot + 1, :, columns], layer.values[slot : slot + 1, :, columns]) for layer in self.layers]
 
     def place(self, joining: _Batch) -> list[int]:
@@ -806,6 +866,7 @@ class _StepScheduler:
         self.compiled: tuple[Any, Any] | None = None  # (model, its compiled forward)
         self.said: set[str] = set()
         self.threads: int | None = None  # the decode_threads this thread last set
+        self.version: Any = None  # the weights this step runs with (read once a step, under the policy's lock)
         self.thread = threading.Thread(target=self._serve, name="hf-step-scheduler", daemon=True)
         self.thread.start()
 
@@ -843,6 +904,7 @@ class _StepScheduler:
             try:
                 with self.policy._lock:  # noqa: SLF001 - the policy's own scheduler
                     self._use_decode_threads()
+                    self._read_version()
                     if newcomers:
                         self._admit(newcomers)
                     if self.batch is not None:
@@ -866,6 +928,25 @@ class _StepScheduler:
 
             torch.set_num_threads(wanted)
             self.threads = wanted
+
+    def _caching_calls(self) -> bool:
+        """Whether ended rows' keys and values are kept (prefix caching on, a budget above 0)."""
+        return self.policy.prefix_caching and self.policy.prefix_cache.budget_bytes > 0
+
+    def _read_version(self) -> None:
+        """The weights this step runs with: weights change only while the policy's lock is free
+        (:meth:`HFPolicy.paused`), so one read a step holds for all of it. A change empties the
+        prefix cache; rows prefilled before it neither lend their prefix nor are kept."""
+        if self.policy.prefix_caching:
+            self.version = self.policy.weights_version()
+            self.policy.prefix_cache.sync(self.version)
+
+    def _keep(self, entry: _Entry, kv: list[tuple[Any, Any]]) -> None:
+        """Keep an ended row's keys and values (its prompt and its tokens but the last) in the
+        prefix cache, if every one of them was computed with the current weights."""
+        ids = entry.row.prompt_ids + entry.tokens[:-1]
+        if entry.version == self.version and kv and kv[0][0].shape[2] == len(ids):
+            self.policy.prefix_cache.put(ids, entry.row.adapter, kv)
 
     def _say_once(self, message: str) -> None:
         if message not in self.said:
@@ -899,9 +980,10 @@ class _StepScheduler:
                 chosen[b], logprobs[b] = token, lp
         return chosen, logprobs
 
-    def _advance(self, entries: list[_Entry], logits: Any) -> tuple[list[int], list[int]]:
-        """Sample, record, and resolve the rows that ended; returns the batch positions of the
-        rows that go on and their tokens."""
+    def _advance(self, entries: list[_Entry], logits: Any, kv: Any = None) -> tuple[list[int], list[int]]:
+        """Sample, record, and resolve the rows that ended (kept in the prefix cache: ``kv(b)``
+        gives each layer's keys and values of row ``b``'s cached tokens); returns the batch
+        positions of the rows that go on and their tokens."""
         chosen, logprobs = self._sample(logits, entries)
         keep = []
         for b, (entry, token, logprob) in enumerate(zip(entries, chosen, logprobs)):
@@ -909,6 +991,8 @@ class _StepScheduler:
             entry.logprobs.append(logprob)
             ended = self.policy._ended(entry.row, entry.tokens)  # noqa: SLF001
             if ended is not None:
+                if kv is not None and self._caching_calls():
+                    self._keep(entry, kv(b))
                 _settle(entry.future, result=lambda e=entry, end=ended: self.policy._finish(e.row, e.tokens, e.logprobs, *end))  # noqa: SLF001
             elif not entry.future.cancelled():
                 keep.append(b)
@@ -922,13 +1006,22 @@ class _StepScheduler:
         themselves (the batch path's layout)."""
         static = self._static()
         together: list[_Entry] = []
+        policy = self.policy
         for entry in newcomers:
-            donors = (self.slots if static else self.batch) if self.policy.prefix_caching else None  # (as merged so far)
-            donor = _best_donor(donors, entry) if donors is not None else None
-            if donor is None:
+            entry.version = self.version
+            policy._prompt_tokens += len(entry.row.prompt_ids)  # noqa: SLF001 - the policy's own counters
+            if not policy.prefix_caching:
                 together.append(entry)
+                continue
+            running = self.slots if static else self.batch  # (as merged so far)
+            donor = _best_donor(running, entry, self.version) if running is not None else None
+            stored = policy.prefix_cache.match(entry.row.prompt_ids, entry.row.adapter)
+            if stored is not None and (donor is None or stored[1] > donor[1]):
+                self._join(self._prefill_from(policy.prefix_cache, entry, *stored), static)
+            elif donor is not None:
+                self._join(self._prefill_from(running, entry, *donor), static)
             else:
-                self._join(self._prefill_from(donors, entry, *donor), static)
+                together.append(entry)
         if together:
             self._join(self._prefill(together), static)
 
@@ -972,7 +1065,8 @@ class _StepScheduler:
                 position_ids=positions[:, shared:], **_cache_kwarg(policy.hf_model, cache), use_cache=True, logits_to_keep=1,
                 **({} if adapter_names is None else {"adapter_names": adapter_names}),
             ).logits[:, -1, :]
-        keep, tokens = self._advance([entry], logits)
+        policy._prefilled_tokens += len(prompt) - shared  # noqa: SLF001
+        keep, tokens = self._advance([entry], logits, kv=lambda b: [(layer.keys, layer.values) for layer in _cache_layers(cache)])
         if not keep:
             return None
         return _next_batch([entry], keep, tokens, positions[:, -1:], attention_mask, cache, policy.device)
@@ -985,6 +1079,8 @@ class _StepScheduler:
         rows = [e.row for e in entries]
         adapter_names = policy._adapter_names(rows)  # noqa: SLF001
         input_ids, attention_mask, cache = policy._prompt_inputs(rows, adapter_names)  # noqa: SLF001
+        prompts = [r.prompt_ids for r in rows]
+        policy._prefilled_tokens += _prefill_count(prompts, *(_prefix_layout(prompts, adapter_names) if policy.prefix_caching else (0, [])))  # noqa: SLF001
         if cache is None:
             cache = DynamicCache(config=policy.hf_model.config)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -995,7 +1091,7 @@ class _StepScheduler:
                 **_cache_kwarg(policy.hf_model, cache), use_cache=True, logits_to_keep=1,
                 **({} if adapter_names is None else {"adapter_names": adapter_names}),
             ).logits[:, -1, :]
-        keep, tokens = self._advance(entries, logits)
+        keep, tokens = self._advance(entries, logits, kv=functools.partial(_row_kv, cache, attention_mask))
         if not keep:
             return None
         return _next_batch([entries[b] for b in keep], keep, tokens, positions[:, -1:], attention_mask, cache, policy.device)
@@ -1011,7 +1107,7 @@ class _StepScheduler:
                 **_cache_kwarg(policy.hf_model, batch.cache), use_cache=True, logits_to_keep=1,
                 **({} if adapter_names is None else {"adapter_names": adapter_names}),
             ).logits[:, -1, :]
-        keep, tokens = self._advance(batch.entries, logits)
+        keep, tokens = self._advance(batch.entries, logits, kv=functools.partial(_row_kv, batch.cache, batch.attention_mask))
         if not keep:
             return None
         return _next_batch(
@@ -1036,7 +1132,7 @@ class _StepScheduler:
             logits = self._decode(input_ids=slots.feed, attention_mask=bias[:, None, None, :], position_ids=slots.positions,
                                   cache=slots.cache)
             logits = logits[torch.tensor(live, device=slots.device)]
-        keep, tokens = self._advance([slots.entries[s] for s in live], logits)
+        keep, tokens = self._advance([slots.entries[s] for s in live], logits, kv=lambda b: slots.row_kv(live[b]))
         kept = [live[b] for b in keep]
         for slot in set(live) - set(kept):
             slots.entries[slot] = None
@@ -1069,14 +1165,15 @@ class _StepScheduler:
         return model(**inputs).logits[:, -1, :]
 
 
-def _best_donor(source: Any, entry: _Entry) -> tuple[int, int] | None:
+def _best_donor(source: Any, entry: _Entry, version: Any = None) -> tuple[int, int] | None:
     """The running row of ``source`` (a batch or the slots) whose prompt shares the longest
-    prefix with ``entry``'s (same adapter), and that prefix's length (leaving ``entry`` at least
-    one token of its own); ``None`` when none shares :data:`_MIN_SHARED_PREFIX` tokens."""
+    prefix with ``entry``'s (same adapter, prefilled with the weights of ``version``), and that
+    prefix's length (leaving ``entry`` at least one token of its own); ``None`` when none shares
+    :data:`_MIN_SHARED_PREFIX` tokens."""
     prompt = entry.row.prompt_ids
     best: tuple[int, int] | None = None
     for b, other in source.live():
-        if other.row.adapter != entry.row.adapter:
+        if other.row.adapter != entry.row.adapter or other.version != version:
             continue
         shared = min(common_prefix_length(prompt, other.row.prompt_ids), len(prompt) - 1)
         if shared >= _MIN_SHARED_PREFIX and (best is None or shared > best[1]):
@@ -1118,6 +1215,13 @@ def _next_batch(entries: list[_Entry], keep: list[int], tokens: list[int], posit
         _crop_left(cache, first)
     attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(keep), 1))], dim=1)
     return _Batch(entries, torch.tensor(tokens, device=device)[:, None], positions + 1, attention_mask, cache)
+
+
+def _row_kv(cache: Any, attention_mask: Any, row: int) -> list[tuple[Any, Any]]:
+    """Each layer's keys and values of the tokens ``row`` attends to, after the forward pass
+    whose mask is ``attention_mask`` (the fed tokens' are in the cache then)."""
+    columns = attention_mask[row].nonzero().squeeze(1)
+    return [(layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns]) for layer in _cache_layers(cache)]
 
 
 def _cache_layers(cache: Any) -> list[Any]:

@@ -16,7 +16,8 @@
   memory; under ``lora_per_agent`` a copy of the adapters on the shared frozen base), which
   :func:`sync_weights` then refreshes between two decode steps.
 * :func:`generator_metrics`: what the generator counts per step (``generator/stale_answers``: answers a
-  served generator wrote with other weights than the last pushed, refused).
+  served generator wrote with other weights than the last pushed, refused; an ``hf`` generator's
+  prompt tokens, those it prefilled and its prefix cache, from :func:`generator_counts` at the step's start).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from agentgym_lightning.policy_request import resampled
 
 __all__ = [
     "SamplingOverride", "VersionStamping", "sync_weights", "shares_model", "separate_generator", "merged_weights", "generator_metrics",
+    "generator_counts",
 ]
 
 
@@ -190,9 +192,31 @@ def sync_weights(policy: Any, model: Any, *, peft: bool, adapters: Sequence[str]
     return time.perf_counter() - start
 
 
-def generator_metrics(policy: Any) -> dict[str, float]:
+def generator_counts(policy: Any) -> dict[str, float]:
+    """The generator's running counts (an ``hf`` policy's
+    :meth:`~agentgym_lightning.policies.hf.HFPolicy.prefill_stats`; nothing for the others): read at
+    a step's start, :func:`generator_metrics` reports the step's share of them."""
+    stats = getattr(policy, "prefill_stats", None)
+    return dict(stats()) if callable(stats) else {}
+
+
+def generator_metrics(policy: Any, since: dict[str, float] | None = None) -> dict[str, float]:
     """The generator's own counters for a step's metrics: ``generator/stale_answers`` (answers of a
     served generator written by other weights than the last pushed, refused) for a backend that
-    checks versions (``vllm-server``); nothing for the others."""
+    checks versions (``vllm-server``); for an ``hf`` generator, since ``since`` (its
+    :func:`generator_counts` at the step's start), ``generator/prompt_tokens``,
+    ``generator/prefilled_tokens`` (computed, not reused), ``generator/prefilled_share`` (their
+    ratio), ``generator/prefix_cache_hits``, and the cache's size now, ``generator/prefix_cache_mb``."""
+    metrics: dict[str, float] = {}
     stale = getattr(policy, "stale_answers", None)
-    return {} if stale is None else {"generator/stale_answers": float(stale)}
+    if stale is not None:
+        metrics["generator/stale_answers"] = float(stale)
+    now = generator_counts(policy)
+    if now:
+        before = since or {}
+        step = {k: now[k] - before.get(k, 0.0) for k in ("prompt_tokens", "prefilled_tokens", "prefix_cache_hits")}
+        metrics.update({f"generator/{k}": v for k, v in step.items()})
+        if step["prompt_tokens"]:
+            metrics["generator/prefilled_share"] = step["prefilled_tokens"] / step["prompt_tokens"]
+        metrics["generator/prefix_cache_mb"] = now["prefix_cache_mb"]
+    return metrics

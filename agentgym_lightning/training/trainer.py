@@ -91,7 +91,7 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, shaping_only, split_groups
 from agentgym_lightning.training.async_rollouts import AsyncRollouts, running_time
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
-from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_metrics, sync_weights
+from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_counts, generator_metrics, sync_weights
 from agentgym_lightning.training.held_out import held_out_eval, held_out_written
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.memory_plan import check_run_memory
@@ -321,6 +321,7 @@ class LightningRLTrainer:
         """One training step (the six moves of the module docstring); returns its metrics."""
         cfg = self.config
         step_start, cpu_start = time.perf_counter(), time.process_time()
+        counts = generator_counts(self.policy)
         if cfg.max_staleness:
             trajectories, rollout_s, written, async_metrics = self._take_async()
         elif self._draws:
@@ -362,7 +363,7 @@ class LightningRLTrainer:
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
-                **generator_metrics(self.policy),
+                **generator_metrics(self.policy, counts),
                 "time/step_s": time.perf_counter() - step_start,
                 # CPU-seconds of this process's threads (rollout, update, sync); agents' subprocesses not counted
                 "time/step_cpu_s": time.process_time() - cpu_start,

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources", "held_out", "pass_at_k", "groups_with_signal", "run_charts"]
+__all__ = ["Chart", "CHARTS", "chart_svg", "air_sources", "held_out", "pass_at_k", "groups_with_signal", "prefill", "run_charts"]
 
 Series = Mapping[str, Sequence[tuple[int, float]]]
 
@@ -111,15 +111,25 @@ def groups_with_signal(series_by_run: Sequence[Series]) -> Chart | None:
     return Chart("Groups drawn a step", lines, name="groups_with_signal", from_zero=True)
 
 
+def prefill(series_by_run: Sequence[Series]) -> Chart | None:
+    """The prompt tokens the generator was sent a step against those it computed (the rest came
+    from keys and values it kept: ``generator/...``), if any run's generator counted them."""
+    if not any(s.get("generator/prompt_tokens") for s in series_by_run):
+        return None
+    lines = (("generator/prompt_tokens", "sent"), ("generator/prefilled_tokens", "prefilled (computed)"))
+    return Chart("Prompt tokens a step", lines, name="prefill", from_zero=True)
+
+
 def run_charts(series_by_run: Sequence[Series]) -> list[Chart]:
     """The charts of a run view, in order: :data:`CHARTS` with the held-out curves (scores, then
-    greedy against pass@k) and the AIR sources after the reward, and dynamic sampling's groups
-    after the zero-variance chart, where the runs logged them."""
+    greedy against pass@k) and the AIR sources after the reward, dynamic sampling's groups after
+    the zero-variance chart, and the prompt tokens prefilled last, where the runs logged them."""
     charts = list(CHARTS)
     extra = [c for c in (held_out(series_by_run), pass_at_k(series_by_run), air_sources(series_by_run)) if c is not None]
     signal = [c for c in (groups_with_signal(series_by_run),) if c is not None]
+    costs = [c for c in (prefill(series_by_run),) if c is not None]
     at = next(i for i, c in enumerate(charts) if c.name == "zero_variance") + 1
-    return charts[:1] + extra + charts[1:at] + signal + charts[at:]
+    return charts[:1] + extra + charts[1:at] + signal + charts[at:] + costs
 
 
 def _figure():  # type: ignore[no-untyped-def]

@@ -649,3 +649,139 @@ def test_decode_threads_apply_to_the_decode_alone(tiny_model_dir, monkeypatch):
     finally:
         torch.set_num_threads(1)
         policy.close()
+
+
+# ------------------------------------------------------------------------------ the prefix cache across calls
+
+
+def _conversation(turns: list[tuple[str, str]], question: str, **sampling) -> ChatRequest:
+    """A call of a multi-turn episode: the system prompt, then each earlier turn's user message
+    and the assistant's answer, then ``question``."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for user, answer in turns:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    messages.append({"role": "user", "content": question})
+    body = {"model": "m", "messages": messages, "max_tokens": 10, "temperature": 0}
+    body.update(sampling)
+    return ChatRequest.from_openai(body)
+
+
+def _episodes(policy, sampling_of, questions=QUESTIONS_LONG, turns: int = 3) -> list[list[Completion]]:
+    """Episodes of ``turns`` calls each (their calls submitted one after another, the episodes side
+    by side): each call sends the conversation so far, as an agent does."""
+    import threading
+
+    out: list[list[Completion]] = [[] for _ in questions]
+
+    def play(e: int) -> None:
+        history: list[tuple[str, str]] = []
+        for t in range(turns):
+            question = questions[(e + t) % len(questions)]
+            completion = policy.submit(_conversation(history, question, **sampling_of(e, t))).result(timeout=120)
+            out[e].append(completion)
+            history.append((question, completion.text))
+
+    threads = [threading.Thread(target=play, args=(e,)) for e in range(len(questions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_prefix_cache_serves_later_calls_with_the_same_tokens(tiny_model_dir, temperature):
+    """Episodes' later calls take their earlier calls' keys and values from the cache (hits, far
+    fewer tokens prefilled) and answer exactly as with no cache, greedy and sampled (seeded)."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    def sampling_of(e: int, t: int) -> dict:
+        return {"temperature": temperature, "seed": 1000 * e + t}
+
+    answers, stats = {}, {}
+    for mb in (0, 64):
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, prefix_cache_mb=mb)
+        try:
+            answers[mb] = _episodes(policy, sampling_of)
+            stats[mb] = policy.prefill_stats()
+        finally:
+            policy.close()
+    for plain, cached in zip(answers[0], answers[64]):
+        for p, c in zip(plain, cached):
+            assert c.prompt_token_ids == p.prompt_token_ids
+            assert c.completion_token_ids == p.completion_token_ids
+            assert c.logprobs == pytest.approx(p.logprobs, rel=1e-4, abs=1e-4)
+    assert stats[0]["prompt_tokens"] == stats[64]["prompt_tokens"] == sum(len(c.prompt_token_ids) for e in answers[0] for c in e)
+    assert stats[0]["prefix_cache_hits"] == 0 and stats[0]["prefix_cache_tokens"] == 0
+    # every later call of an episode extends its previous call's prompt and completion
+    assert stats[64]["prefix_cache_hits"] >= len(QUESTIONS_LONG) * 2
+    assert stats[64]["prefilled_tokens"] < 0.6 * stats[0]["prefilled_tokens"]
+    assert 0 < stats[64]["prefix_cache_mb"] <= 64
+
+
+def test_the_prefix_cache_is_emptied_when_the_weights_change(tiny_model_dir):
+    """An optimizer step on the shared model (as the trainer's update) changes the weights'
+    version: the cache is emptied and the next calls answer as a policy that never cached."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    def sampling_of(e: int, t: int) -> dict:
+        return {"temperature": 1.0, "seed": 7 * e + t}
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    fresh = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, prefix_cache_mb=0)
+    try:
+        _episodes(policy, sampling_of)
+        version = policy.weights_version()
+        assert policy.prefix_cache.tokens > 0
+        model = policy.hf_model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        ids = torch.tensor([policy.tokenizer("an update on the shared weights")["input_ids"]])
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        model.eval()
+        assert policy.weights_version() != version
+        fresh.hf_model.load_state_dict(model.state_dict())
+        after, expected = _episodes(policy, sampling_of), _episodes(fresh, sampling_of)
+        for a, b in zip(after, expected):
+            assert [c.completion_token_ids for c in a] == [c.completion_token_ids for c in b]
+        # the cache holds only what the new weights computed: as much as the fresh run's would
+        assert policy.prefix_cache.hits > 0
+    finally:
+        policy.close()
+        fresh.close()
+
+
+def test_the_prefix_cache_keeps_its_budget_least_recently_used_out():
+    from agentgym_lightning.policies.prefix_cache import PrefixCache
+
+    def kv(n: int) -> list:
+        return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]  # 2 x 32 bytes a token
+
+    cache = PrefixCache(budget_bytes=64 * 100, min_shared=4)
+    a, b = list(range(40)), list(range(100, 140))
+    cache.put(a, None, kv(40))
+    cache.put(b, None, kv(40))
+    assert len(cache) == 2 and cache.nbytes == 64 * 80
+    assert cache.match(a + [7, 8], None) == (0, 40) and cache.match(a + [7], "other") is None
+    assert cache.match(a[:3] + [999] * 10, None) is None  # shorter than min_shared
+    assert cache.match(a, None)[1] == 39  # a prompt keeps a token of its own
+    cache.prefix_kv(0, 40)  # a is now the most recently used
+    cache.put(list(range(200, 240)), None, kv(40))  # over budget: b (least recently used) goes
+    assert cache.match(b + [1], None) is None and cache.match(a + [1], None) is not None and cache.nbytes <= 64 * 100
+    cache.put(a + [1, 2, 3], None, kv(43))  # extends a: a's entry is dropped
+    assert len(cache) == 2 and cache.match(a + [1, 2, 3, 4], None)[1] == 43
+    cache.put(list(range(500, 700)), None, kv(200))  # larger than the whole budget: not kept
+    assert cache.match(list(range(500, 600)), None) is None
+    cache.sync("v1")
+    assert len(cache) == 0 and cache.nbytes == 0 and cache.hits == 1 and cache.tokens_reused == 40
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        PrefixCache(-1)
+
+
+def test_prefix_cache_mb_is_checked_before_the_model_loads(monkeypatch):
+    from agentgym_lightning.policies import hf
+
+    monkeypatch.setattr(hf, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="prefix_cache_mb must be >= 0"):
+        hf.HFPolicy(prefix_cache_mb=-1)

@@ -387,3 +387,30 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
     trainer.evaluate()
     trainer.train_step()
     assert phases == ["rollout", "release", "rollout", "rollout", "release", "update", "release"]
+
+
+def test_a_step_reports_the_prompt_tokens_it_prefilled_and_its_prefix_cache(tiny_model_dir, tmp_path):
+    """A multi-turn env (guesses after feedback) on the hf backend: later calls reuse their earlier
+    calls' keys and values, and the step's metrics say how many prompt tokens were computed."""
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", env_kwargs={"max_guesses": 3}, model=str(tiny_model_dir), max_steps=2,
+                               tasks_per_step=1, num_generations=2, max_completion_length=4, output_dir=str(tmp_path),
+                               report_to=[], progress=False)
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=4)
+    LightningRLTrainer(config, policy=policy).train()
+    steps = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "train/reward/mean" in m]
+    assert len(steps) == 2
+    from agentgym_lightning.trajectory import Trajectory
+
+    for m in steps:
+        lines = (tmp_path / "trajectories" / f"step-{int(m['step']):06d}.jsonl").read_text().splitlines()
+        calls = [s.completion.prompt_token_ids for t in map(Trajectory.from_dict, map(json.loads, lines)) for s in t.steps if s.completion]
+        assert len(calls) > 2 * 2  # episodes of several calls
+        prompts = sum(map(len, calls))
+        assert m["generator/prompt_tokens"] == prompts  # this step's calls only
+        assert 0 < m["generator/prefilled_tokens"] < 0.7 * prompts
+        assert m["generator/prefilled_share"] == m["generator/prefilled_tokens"] / prompts
+        assert m["generator/prefix_cache_hits"] >= 2 and m["generator/prefix_cache_mb"] > 0
