@@ -144,6 +144,38 @@ def test_prefixes_are_shared_only_within_one_adapter(two_adapter_policy):
         assert max(abs(x - y) for x, y in zip(b.logprobs, a.logprobs)) < 1e-4
 
 
+@needs_train
+def test_the_prefix_cache_serves_an_adapters_keys_to_that_adapter_only(two_adapter_policy):
+    """An episode's second call takes its first call's keys and values from the prefix cache only
+    when both are routed to the same adapter; every answer equals one made with no cache."""
+    policy = two_adapter_policy
+    routing = AdapterRouting(policy, AgentAdapters({"writer": "w1", "rewriter": "r1"}))
+    system = {"role": "system", "content": "You are a careful assistant. " * 6}
+
+    def call(agent: str, seed: int, before: Completion | None = None) -> ChatRequest:
+        r = _request(agent, seed=seed)
+        r.messages = [system, *r.messages]
+        if before is not None:
+            r.messages += [{"role": "assistant", "content": before.text}, {"role": "user", "content": "And one more, please."}]
+        return r
+
+    def conversation() -> list[Completion]:
+        first = routing.submit(call("writer", 1)).result(timeout=60)
+        return [first, *(routing.submit(call(agent, seed, first)).result(timeout=60) for agent, seed in (("rewriter", 2), ("writer", 3)))]
+
+    budget = policy.prefix_cache.budget_bytes
+    policy.prefix_cache.budget_bytes = 0  # nothing kept: every call prefilled whole
+    plain = conversation()
+    policy.prefix_cache.budget_bytes = budget
+    hits = policy.prefix_cache.hits
+    cached = conversation()
+    for p, c in zip(plain, cached):
+        assert c.completion_token_ids == p.completion_token_ids
+        assert max(abs(x - y) for x, y in zip(c.logprobs, p.logprobs)) < 1e-4
+    # the writer's second call took the writer's first call (the rewriter's could not: other adapter)
+    assert policy.prefix_cache.hits - hits == 1
+
+
 def test_the_hf_policy_refuses_an_adapter_it_does_not_hold(tiny_model_dir):
     from agentgym_lightning.policies.hf import HFPolicy
 
