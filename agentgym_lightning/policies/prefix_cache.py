@@ -8,8 +8,10 @@ already shares prefixes among rows that decode *at the same moment*; this cache 
 keys and values once it has ended (its prompt and its completion but the last token, whose keys
 were never computed), least recently used first out, within a byte budget, and a newcomer whose
 prompt begins with one of them computes only what follows. This is vLLM's automatic prefix
-caching and SGLang's radix cache in spirit, kept simple: whole sequences, no shared blocks (a
-sequence that a newer one extends is dropped, so an episode holds one entry, its latest call).
+caching and SGLang's radix cache in spirit: a sequence that begins with a kept one holds only its
+own tail and points at the kept one for the rest (an episode's calls form a chain, the episodes of
+a task share their system prompt's keys and values once), and a sequence that a newer one extends
+is no longer offered itself (the newer one gives every match it gave).
 
 Entries are keyed by the adapter that computed them and by the weights they were computed with:
 :meth:`PrefixCache.sync` empties the cache when the generator's weights change (an update, a
@@ -32,12 +34,35 @@ __all__ = ["PrefixCache", "DEFAULT_PREFIX_CACHE_MB"]
 DEFAULT_PREFIX_CACHE_MB = 512.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Stored:
+    """A kept sequence: its first ``start`` tokens' keys and values are ``base``'s, the rest its own."""
+
     ids: tuple[int, ...]
     adapter: str | None
-    kv: list[tuple[Any, Any]]  # per layer: keys and values of shape (1, heads, len(ids), dim)
-    nbytes: int
+    base: _Stored | None
+    start: int
+    tail: list[tuple[Any, Any]]  # per layer: keys and values of ids[start:], shape (1, heads, len, dim)
+    nbytes: int  # the tail's
+    users: int = 0  # kept sequences built on this one
+    listed: bool = True  # offered to matches (and evicted in turn); an unlisted one lives while it has users
+
+    def kv(self, n: int) -> list[tuple[Any, Any]]:
+        """Each layer's keys and values of the first ``n`` tokens (views when one tail holds them)."""
+        parts, node = [], self
+        while n > 0:
+            assert node is not None
+            if n > node.start:
+                parts.append([(k[:, :, : n - node.start], v[:, :, : n - node.start]) for k, v in node.tail])
+                n = node.start
+            node = node.base
+        if len(parts) == 1:
+            return parts[0]
+        import torch
+
+        parts.reverse()
+        return [(torch.cat([part[i][0] for part in parts], dim=2), torch.cat([part[i][1] for part in parts], dim=2))
+                for i in range(len(parts[0]))]
 
 
 class PrefixCache:
@@ -53,21 +78,19 @@ class PrefixCache:
             raise ValueError(f"the prefix cache's budget must be >= 0 bytes, got {budget_bytes}")
         self.budget_bytes = int(budget_bytes)
         self.min_shared = min_shared
-        self._entries: OrderedDict[int, _Stored] = OrderedDict()
+        self._entries: OrderedDict[int, _Stored] = OrderedDict()  # the listed ones, least recently used first
         self._next_key = 0
         self._version: Hashable = None
+        #: Bytes of keys and values held (listed sequences and the ones they build on).
         self.nbytes = 0
+        #: Tokens whose keys and values are held (each held once).
+        self.tokens = 0
         #: Newcomers that took their prefix from here, and the prompt tokens they did not compute.
         self.hits = 0
         self.tokens_reused = 0
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    @property
-    def tokens(self) -> int:
-        """Tokens whose keys and values are held."""
-        return sum(len(e.ids) for e in self._entries.values())
 
     def sync(self, version: Hashable) -> None:
         """Empty the cache when ``version`` (the generator's weights) differs from the last one."""
@@ -77,48 +100,78 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
-        self.nbytes = 0
+        self.nbytes = self.tokens = 0
 
     def match(self, ids: Sequence[int], adapter: str | None) -> tuple[int, int] | None:
-        """The entry (computed with ``adapter``) sharing the longest prefix with ``ids``, and that
-        prefix's length, leaving ``ids`` at least one token of its own (its logits come from it);
-        ``None`` when none shares ``min_shared`` tokens."""
-        best: tuple[int, int] | None = None
-        for key, entry in self._entries.items():
-            if entry.adapter != adapter or entry.ids[: self.min_shared] != tuple(ids[: self.min_shared]):
-                continue
-            shared = min(common_prefix_length(ids, entry.ids), len(ids) - 1)
-            if shared >= self.min_shared and (best is None or shared > best[1]):
-                best = (key, shared)
-        return best
+        """The sequence (computed with ``adapter``) sharing the longest prefix with ``ids``, and
+        that prefix's length, leaving ``ids`` at least one token of its own (its logits come from
+        it); ``None`` when none shares ``min_shared`` tokens."""
+        found = self._longest(ids, adapter)
+        if found is None:
+            return None
+        key, shared = found
+        shared = min(shared, len(ids) - 1)
+        return (key, shared) if shared >= self.min_shared else None
 
     def prefix_kv(self, key: int, shared: int) -> list[tuple[Any, Any]]:
-        """Each layer's keys and values of the first ``shared`` tokens of entry ``key`` (views:
-        the caller's cache copies them as it grows), counted as a hit."""
-        entry = self._entries[key]
+        """Each layer's keys and values of the first ``shared`` tokens of sequence ``key`` (the
+        caller's cache copies them as it grows), counted as a hit."""
         self._entries.move_to_end(key)
         self.hits += 1
         self.tokens_reused += shared
-        return [(k[:, :, :shared], v[:, :, :shared]) for k, v in entry.kv]
+        return self._entries[key].kv(shared)
 
     def put(self, ids: Sequence[int], adapter: str | None, kv: list[tuple[Any, Any]]) -> None:
-        """Keep ``kv`` (each layer's keys and values of exactly ``ids``, batch 1) for ``ids``.
-        Entries ``ids`` extends are dropped (every match they gave, it gives); the least recently
-        used go until the budget holds; a sequence larger than the budget is not kept."""
-        nbytes = sum(t.numel() * t.element_size() for pair in kv for t in pair)
+        """Keep ``kv`` (each layer's keys and values of exactly ``ids``, batch 1) for ``ids``: only
+        what follows the longest kept prefix of it is copied. Sequences ``ids`` extends are no
+        longer offered; the least recently used go until the budget holds; a tail larger than
+        the budget is not kept."""
+        ids = tuple(ids)
+        found = self._longest(ids, adapter)
+        base, start = (self._entries[found[0]], found[1]) if found is not None and found[1] >= self.min_shared else (None, 0)
+        if base is not None and start == len(ids):  # held already
+            self._entries.move_to_end(found[0])  # type: ignore[index]
+            return
+        tail = [(k[:, :, start:], v[:, :, start:]) for k, v in kv]
+        nbytes = sum(t.numel() * t.element_size() for pair in tail for t in pair)
         if not ids or nbytes > self.budget_bytes:
             return
-        ids = tuple(ids)
+        # Copies of exactly these columns: a view would keep the whole batch's cache alive.
+        stored = _Stored(ids, adapter, base, start, [(k.contiguous().clone(), v.contiguous().clone()) for k, v in tail], nbytes)
+        if base is not None:
+            base.users += 1
         for key, entry in list(self._entries.items()):
             if entry.adapter == adapter and len(entry.ids) <= len(ids) and ids[: len(entry.ids)] == entry.ids:
-                self._drop(key)
-        while self._entries and self.nbytes + nbytes > self.budget_bytes:
-            self._drop(next(iter(self._entries)))
-        # Copies of exactly these columns: a view would keep the whole batch's cache alive.
-        kept = [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv]
-        self._entries[self._next_key] = _Stored(ids, adapter, kept, nbytes)
+                self._unlist(key)
+        self._entries[self._next_key] = stored
         self._next_key += 1
         self.nbytes += nbytes
+        self.tokens += len(ids) - start
+        while self.nbytes > self.budget_bytes and self._entries:  # (the new one too, if its chain is too large)
+            self._unlist(next(iter(self._entries)))
 
-    def _drop(self, key: int) -> None:
-        self.nbytes -= self._entries.pop(key).nbytes
+    def _longest(self, ids: Sequence[int], adapter: str | None) -> tuple[int, int] | None:
+        best: tuple[int, int] | None = None
+        head = tuple(ids[: self.min_shared])
+        for key, entry in self._entries.items():
+            if entry.adapter != adapter or entry.ids[: self.min_shared] != head:
+                continue
+            shared = common_prefix_length(ids, entry.ids)
+            if best is None or shared > best[1]:
+                best = (key, shared)
+        return best
+
+    def _unlist(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        entry.listed = False
+        self._release(entry)
+
+    def _release(self, entry: _Stored | None) -> None:
+        """Free unlisted sequences no kept one builds on, down the chain."""
+        while entry is not None and not entry.listed and entry.users == 0:
+            self.nbytes -= entry.nbytes
+            self.tokens -= len(entry.ids) - entry.start
+            base, entry.tail = entry.base, []
+            if base is not None:
+                base.users -= 1
+            entry = base

@@ -755,26 +755,45 @@ def test_the_prefix_cache_is_emptied_when_the_weights_change(tiny_model_dir):
 def test_the_prefix_cache_keeps_its_budget_least_recently_used_out():
     from agentgym_lightning.policies.prefix_cache import PrefixCache
 
-    def kv(n: int) -> list:
-        return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]  # 2 x 32 bytes a token
+    def kv(ids: list[int]) -> list:  # a layer whose keys and values are the token ids: what was served is visible
+        column = torch.tensor(ids, dtype=torch.float32)[None, None, :, None].expand(1, 2, len(ids), 4)
+        return [(column.clone(), -column.clone())]  # 2 x 32 bytes a token
 
     cache = PrefixCache(budget_bytes=64 * 100, min_shared=4)
     a, b = list(range(40)), list(range(100, 140))
-    cache.put(a, None, kv(40))
-    cache.put(b, None, kv(40))
-    assert len(cache) == 2 and cache.nbytes == 64 * 80
+    cache.put(a, None, kv(a))
+    cache.put(b, None, kv(b))
+    assert len(cache) == 2 and cache.nbytes == 64 * 80 and cache.tokens == 80
     assert cache.match(a + [7, 8], None) == (0, 40) and cache.match(a + [7], "other") is None
     assert cache.match(a[:3] + [999] * 10, None) is None  # shorter than min_shared
     assert cache.match(a, None)[1] == 39  # a prompt keeps a token of its own
-    cache.prefix_kv(0, 40)  # a is now the most recently used
-    cache.put(list(range(200, 240)), None, kv(40))  # over budget: b (least recently used) goes
+    keys, values = cache.prefix_kv(0, 40)[0]  # a is now the most recently used
+    assert keys[0, 1, :, 0].tolist() == a and values[0, 0, :, 3].tolist() == [-x for x in a]
+    cache.put(list(range(200, 240)), None, kv(list(range(200, 240))))  # over budget: b (least recently used) goes
     assert cache.match(b + [1], None) is None and cache.match(a + [1], None) is not None and cache.nbytes <= 64 * 100
-    cache.put(a + [1, 2, 3], None, kv(43))  # extends a: a's entry is dropped
-    assert len(cache) == 2 and cache.match(a + [1, 2, 3, 4], None)[1] == 43
-    cache.put(list(range(500, 700)), None, kv(200))  # larger than the whole budget: not kept
+    # a sequence extending a holds only its own 3 tokens; a is no longer offered, but lives on in it
+    cache.put(a + [1, 2, 3], None, kv(a + [1, 2, 3]))
+    assert len(cache) == 2 and cache.nbytes == 64 * 83 and cache.tokens == 83
+    key, shared = cache.match(a + [1, 2, 3, 4], None)
+    assert shared == 43 and cache.prefix_kv(key, 43)[0][0][0, 0, :, 0].tolist() == a + [1, 2, 3]
+    # another sequence sharing 20 tokens of that chain holds its own 25 (b's range goes: over budget)
+    c = a[:20] + list(range(300, 325))
+    cache.put(c, None, kv(c))
+    assert len(cache) == 2 and cache.nbytes == 64 * 68 and cache.match(list(range(200, 241)), None) is None
+    d = list(range(400, 430))
+    cache.put(d, None, kv(d))
+    key_c, shared = cache.match(c + [9], None)
+    assert shared == 45 and cache.prefix_kv(key_c, 45)[0][0][0, 0, :, 0].tolist() == c  # c is now the most recent
+    e = list(range(600, 620))
+    cache.put(e, None, kv(e))  # over budget: the chain is least recently used and goes, but c still builds on it; then d
+    assert len(cache) == 2 and cache.match(d + [1], None) is None
+    assert cache.match(a + [1, 2, 3, 4], None) == (key_c, 20)  # the chain is not offered any more...
+    assert cache.prefix_kv(key_c, 45)[0][0][0, 0, :, 0].tolist() == c  # ...but what c builds on is held
+    assert cache.nbytes == 64 * 88 and cache.tokens == 88  # a's 40, the chain's 3, c's 25, e's 20
+    cache.put(list(range(500, 700)), None, kv(list(range(500, 700))))  # larger than the whole budget: not kept
     assert cache.match(list(range(500, 600)), None) is None
     cache.sync("v1")
-    assert len(cache) == 0 and cache.nbytes == 0 and cache.hits == 1 and cache.tokens_reused == 40
+    assert len(cache) == 0 and cache.nbytes == 0 and cache.tokens == 0
     with pytest.raises(ValueError, match="budget must be >= 0"):
         PrefixCache(-1)
 
