@@ -178,10 +178,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (the trainer's default: 1.0)")
     parser.add_argument("--cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB, help="the cache mode's prefix_cache_mb")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"the modes to run, comma-separated (default: {','.join(MODES)})")
     parser.add_argument("--profile", action="store_true", help="the cache mode once more under yappi: CPU by package")
     add_env_arguments(parser)
     args = parser.parse_args()
     args.budget = int(args.cache_mb * 2**20)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes takes some of {', '.join(MODES)}, got {args.modes!r}")
 
     from agentgym_lightning.llm import ChatRequest
     from agentgym_lightning.policies.hf import HFPolicy
@@ -191,10 +195,10 @@ def main() -> None:
     try:
         policy.submit(ChatRequest(messages=[{"role": "user", "content": "Hello"}])).result()  # warm-up
         clock.take()
-        runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
         tokens: dict[str, list[tuple[int, ...]]] = {}
         for _ in range(args.rounds):
-            for mode in MODES:
+            for mode in modes:
                 set_mode(policy, mode, args.budget)
                 measured, tokens[mode] = run_rollout(policy, args)
                 measured.update(clock.take())
@@ -207,22 +211,23 @@ def main() -> None:
         policy.close()
 
     env, env_kwargs = env_of(args)
-    first = runs["off"][0]
+    first = runs[modes[0]][0]
     print(f"[hf] {env} {env_kwargs}: {args.tasks} tasks x {args.group_size} episodes, {first['calls']:.0f} calls, "
-          f"{first['prompt_tokens']:.0f} prompt tokens, {sum(map(len, tokens['off']))} completion tokens; {args.rounds} round(s), medians")
-    for mode in MODES:
+          f"{first['prompt_tokens']:.0f} prompt tokens, {sum(map(len, tokens[modes[0]]))} completion tokens; {args.rounds} round(s), medians")
+    cpu = {}
+    for mode in modes:
         m = {k: statistics.median(r[k] for r in runs[mode]) for k in runs[mode][0]}
+        cpu[mode] = m["cpu"]
         own = m.get("busy", 0.0) - m.get("prefill", 0.0) - m.get("decode", 0.0)
         print(f"[hf] {mode:8s} rollout {m['wall']:7.1f} s wall, {m['cpu']:7.1f} CPU-s; prompt tokens prefilled "
               f"{m['prefilled_tokens']:7.0f} of {m['prompt_tokens']:.0f} ({m['prefilled_tokens'] / m['prompt_tokens']:.2f}), "
               f"cache hits {m['prefix_cache_hits']:.0f}, cache {m['cache_mb']:.0f} MB")
         print(f"[hf] {mode:8s}   wall split: prefill {m.get('prefill', 0):6.1f} s, decode {m.get('decode', 0):6.1f} s, "
               f"scheduler Python {own:6.1f} s, waiting for agents/gateway/env {m['wall'] - m.get('busy', 0):6.1f} s")
-    off, cache = (statistics.median(r["cpu"] for r in runs[k]) for k in ("off", "cache"))
-    running = statistics.median(r["cpu"] for r in runs["running"])
-    print(f"[hf] rollout CPU-s ratios: cache/off {cache / off:.2f}, cache/running {cache / running:.2f}")
-    print(f"[hf] same tokens in every mode: {tokens['off'] == tokens['running'] == tokens['cache']}")
-
+    if "cache" in cpu:
+        print("[hf] rollout CPU-s ratios: " + ", ".join(f"cache/{m} {cpu['cache'] / cpu[m]:.2f}" for m in modes if m != "cache"))
+    same = all(tokens[m] == tokens[modes[0]] for m in modes)
+    print(f"[hf] same tokens in every mode: {same}")
 
 if __name__ == "__main__":
     main()
