@@ -289,7 +289,7 @@ def _make_env():
                     lambda task, result: float(len(result or "") % 2), time_limit=120)
 
 
-def _trainer(tiny_model_dir, output_dir, max_batch_size=32, **overrides):
+def _trainer(tiny_model_dir, output_dir, max_batch_size=32, prefix_cache_mb=512.0, **overrides):
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
 
@@ -297,7 +297,8 @@ def _trainer(tiny_model_dir, output_dir, max_batch_size=32, **overrides):
                    output_dir=str(output_dir), report_to=[], save_steps=1, learning_rate=1e-2, progress=False,
                    lora_per_agent=True, agent_match="writer|rewriter", lora_r=4, lora_alpha=8)
     options.update(overrides)
-    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=5, num_threads=1, max_batch_size=max_batch_size)
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=5, num_threads=1, max_batch_size=max_batch_size,
+                      prefix_cache_mb=prefix_cache_mb)
     return LightningRLTrainer(LightningRLConfig(**options), env=_make_env, policy=policy)
 
 
@@ -366,14 +367,17 @@ def test_each_adapters_update_is_what_it_would_be_alone(tiny_model_dir, tmp_path
 
 @needs_train
 def test_resume_restores_every_adapter_and_continues_exactly(tiny_model_dir, tmp_path):
-    # One call per decode batch: which calls share a batch (timing, on a loaded machine) changes the
-    # behaviour logprobs in their last bits, and at this learning rate Adam turns that into
-    # different weights (CI saw it once); the claim here is the checkpoint's, not the batching's.
-    straight = _trainer(tiny_model_dir, tmp_path / "straight", max_batch_size=1, max_steps=3)
+    # One call per decode batch and no prefix cache across calls: which calls share a batch, and
+    # whether a call's prefix was computed alone or taken from one that ended first (timing, on a
+    # loaded machine), changes the behaviour logprobs in their last bits, and at this learning rate
+    # Adam turns that into different weights (CI saw both); the claim here is the checkpoint's, not
+    # the batching's (the cache's answers are tested against no cache in tests/policies/test_hf.py).
+    exact = {"max_batch_size": 1, "prefix_cache_mb": 0}
+    straight = _trainer(tiny_model_dir, tmp_path / "straight", max_steps=3, **exact)
     straight.train()
-    first = _trainer(tiny_model_dir, tmp_path / "stopped", max_batch_size=1, max_steps=2)
+    first = _trainer(tiny_model_dir, tmp_path / "stopped", max_steps=2, **exact)
     first.train()
-    resumed = _trainer(tiny_model_dir, tmp_path / "stopped", max_batch_size=1, max_steps=3)
+    resumed = _trainer(tiny_model_dir, tmp_path / "stopped", max_steps=3, **exact)
     resumed.train(resume_from=tmp_path / "stopped")
     for adapter in ("writer", "rewriter"):
         a, b = _lora_weights(straight.model, adapter), _lora_weights(resumed.model, adapter)
