@@ -90,7 +90,19 @@ def _charts_drawn(driver) -> list[str]:
 def test_the_live_app_draws_charts_and_opens_an_episode(browser, live):
     url, run = live
     browser.get(url)
-    drawn = _charts_drawn(browser)
+    # The live page reloads itself when the run's version changes (polled every 300 ms here): on a
+    # loaded machine a reload can be under way while the charts are read; read them once it is done.
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            drawn = _charts_drawn(browser)
+        except StaleElementReferenceException:  # the page was replaced while being read
+            drawn = []
+        if len(drawn) >= 8 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(drawn) >= 8, drawn
     assert browser.find_elements(By.CSS_SELECTOR, ".alarm")
     browser.find_element(By.LINK_TEXT, "step 4").click()

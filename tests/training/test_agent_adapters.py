@@ -474,11 +474,13 @@ def test_agents_sharing_one_adapter_train_exactly_as_one_lora(tiny_model_dir, tm
     at every step and the same weights as plain --lora with the same agent_match."""
     from agentgym_lightning import load_trajectories
 
-    # Each call generated alone: which calls arrive together changes a batch's logprobs in their
-    # last bits (~1e-6), and at this learning rate that moves weights by ~1e-4 between two runs.
+    # Each call generated alone, no prefix cache across calls: which calls arrive together (and
+    # whether a prefix was kept from a call that ended first) changes logprobs in their last bits
+    # (~1e-6), and at this learning rate that moves weights by ~1e-4 between two runs.
     shared = _trainer(tiny_model_dir, tmp_path / "shared", lora_per_agent={"writer": "sql", "rewriter": "sql"},
-                      agent_advantages="episode", save_steps=2, max_batch_size=1)
-    plain = _trainer(tiny_model_dir, tmp_path / "plain", lora_per_agent=False, use_peft=True, save_steps=2, max_batch_size=1)
+                      agent_advantages="episode", save_steps=2, max_batch_size=1, prefix_cache_mb=0)
+    plain = _trainer(tiny_model_dir, tmp_path / "plain", lora_per_agent=False, use_peft=True, save_steps=2, max_batch_size=1,
+                     prefix_cache_mb=0)
     shared.train()
     plain.train()
     for step in (1, 2):

@@ -64,8 +64,9 @@ def _trainer(tiny_model_dir, output_dir, env=make_env, **overrides):
 
     options = dict(env="scripted", model=str(tiny_model_dir), max_steps=2, tasks_per_step=2, num_generations=2,
                    output_dir=str(output_dir), report_to=[], save_steps=1, learning_rate=1e-3, progress=False)
-    # One call per batch: which calls arrive together (timing) changes logprobs in their last bits.
-    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1)
+    # One call per batch, no prefix cache across calls: which calls arrive together, and whether a
+    # call's prefix was kept from one that ended first (timing), change logprobs in their last bits.
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1, prefix_cache_mb=0)
     return LightningRLTrainer(LightningRLConfig(**{**options, **overrides}), env=env, policy=policy)
 
 

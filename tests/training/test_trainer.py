@@ -52,9 +52,10 @@ SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         model, output_dir, resume = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None
-        # Each call alone: which calls arrive together (timing) changes logprobs in their last
+        # Each call alone and no prefix cache across calls: which calls arrive together, and whether
+        # a call's prefix was kept from one that ended first (timing), change logprobs in their last
         # bits, and the test compares two runs' weights.
-        policy = HFPolicy(model, device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1)
+        policy = HFPolicy(model, device="cpu", default_max_tokens=6, num_threads=1, max_batch_size=1, prefix_cache_mb=0)
         trainer = LightningRLTrainer(config(output_dir), env=make_env, policy=policy)
         result = trainer.train(resume_from=resume)
         print("STEPS", result.steps)
@@ -286,7 +287,8 @@ def test_the_readme_main_job_is_a_valid_run_on_arithmetic_with_a_held_out_split(
 
     makefile = (REPO / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
     run_args = shlex.split(re.search(r"^RUN_ARGS \?=(.*)$", makefile, re.M).group(1))
-    assert re.search(r"^run: setup\n\t\$\(BIN\)/agentgym-lightning train \$\(RUN_ARGS\)$", makefile, re.M)
+    # (ARGS: a user's extra flags, empty unless given: `make run ARGS="--steps 2"`)
+    assert re.search(r"^run: setup\n\t\$\(BIN\)/agentgym-lightning train \$\(RUN_ARGS\) \$\(ARGS\)$", makefile, re.M)
     config = build_config(build_parser().parse_args(["train", *run_args]))
     assert config.env == "lightning/Arithmetic-v0" and config.air_weights == {"math.calc_ok": 0.5}
     assert config.optim == "adafactor"  # no AdamW moments: the job's peak RSS stays under 3 GB (docs/training.md)
