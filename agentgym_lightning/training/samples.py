@@ -386,6 +386,25 @@ def _logprobs_of(step: Step) -> list[float]:
     return [float(x) for x in c.logprobs]
 
 
+def _call_row(t: Trajectory, step: Step, adv: float, on: int) -> Sample:
+    """One call of ``t`` as a row of its own: its prompt, then its completion, each completion
+    token in the loss when ``on`` (1) with the call's advantage ``adv``."""
+    c = step.completion
+    assert c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
+    n = len(c.completion_token_ids)
+    return Sample(
+        prompt_ids=list(c.prompt_token_ids),
+        completion_ids=list(c.completion_token_ids),
+        loss_mask=[on] * n,
+        sampling_logprobs=_logprobs_of(step),
+        advantages=[adv * on] * n,
+        weight=1.0,
+        episode_id=t.episode_id,
+        group_id=t.group_id,
+        steps=[step.index],
+    )
+
+
 def _transition_rows(
     t: Trajectory,
     calls: list[tuple[Step, float]],
@@ -395,23 +414,7 @@ def _transition_rows(
 ) -> list[Sample]:
     rows = []
     for step, adv in calls:
-        c = step.completion
-        assert c is not None and c.prompt_token_ids is not None and c.completion_token_ids is not None
-        on = _trainable_tokens(step, mask_truncated, match, stats)
-        n = len(c.completion_token_ids)
-        rows.append(
-            Sample(
-                prompt_ids=list(c.prompt_token_ids),
-                completion_ids=list(c.completion_token_ids),
-                loss_mask=[on] * n,
-                sampling_logprobs=_logprobs_of(step),
-                advantages=[adv * on] * n,
-                weight=1.0,
-                episode_id=t.episode_id,
-                group_id=t.group_id,
-                steps=[step.index],
-            )
-        )
+        rows.append(_call_row(t, step, adv, _trainable_tokens(step, mask_truncated, match, stats)))
     return rows
 
 
@@ -442,17 +445,7 @@ def _trajectory_rows(
         else:
             if current is not None:
                 stats["trajectory/fallbacks"] += 1  # the prompt did not extend the row: a new one starts
-            current = Sample(
-                prompt_ids=prompt,
-                completion_ids=list(c.completion_token_ids),
-                loss_mask=[on] * n,
-                sampling_logprobs=_logprobs_of(step),
-                advantages=[adv * on] * n,
-                weight=1.0,
-                episode_id=t.episode_id,
-                group_id=t.group_id,
-                steps=[step.index],
-            )
+            current = _call_row(t, step, adv, on)
             rows.append(current)
         full = current.prompt_ids + current.completion_ids
     return rows
