@@ -57,7 +57,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
@@ -82,6 +82,9 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 # the agent itself), we return exactly one choice, and ``metadata`` is our own annotation (e.g.
 # ``{"trainable": "false"}``) unless ``forward_metadata`` says otherwise.
 _DROPPED_KEYS = ("stream", "stream_options", "n")
+#: One request's retry and fail-over decisions (:meth:`OpenAIPolicy._attempts`): it yields
+#: ``(delay, replica)``, is sent each attempt's outcome, and returns the decoded response.
+_Attempts = Generator[tuple[float | None, int], Any, Any]
 
 
 class PolicyBackendError(RuntimeError):
@@ -577,49 +580,67 @@ class OpenAIPolicy(Policy):
             dropped = True
         return dropped
 
-    async def _send(
-        self, slot: int, method: str, path: str, body: dict[str, Any] | None, request: ChatRequest | None
-    ) -> Any:
-        """One request with retries (and fail-over across replicas); the decoded JSON response
-        or :class:`PolicyBackendError`."""
-        content = None if body is None else json.dumps(body).encode()
+    def _attempts(self, method: str, path: str, request: ChatRequest | None) -> _Attempts:
+        """The retry and fail-over decisions of one request, made in one place for both faces
+        (:meth:`_send` on the I/O loop, :meth:`_send_sync` on the caller's thread), which only do
+        the waiting and the sending. It yields ``(delay, replica)``: wait ``delay`` seconds
+        (``None``: not at all), then send to ``replica`` and send back in what came of it (a
+        response, or the :class:`TransportFailure`). It returns the decoded JSON response, or
+        raises :class:`PolicyBackendError` once the request has failed for good."""
         attempt = 0
+        delay: float | None = None
         replica = self._replica_for(request)
         while True:
             attempt += 1
-            try:
-                outcome: Any = await self._replicas[replica].request(slot, method, path, content)
-            except TransportFailure as exc:
-                other = self._fail_over(replica, exc, request)
+            outcome = yield delay, replica
+            delay = None
+            if isinstance(outcome, TransportFailure):
+                other = self._fail_over(replica, outcome, request)
                 if other is not None:
                     replica, attempt = other, attempt - 1  # another replica: not a retry
                     continue
-                outcome = exc
             done, value = self._judge(method, self.base_urls[replica] + path, attempt, outcome)
             if done:
                 return value
-            await asyncio.sleep(value)
+            delay = value
+
+    async def _send(
+        self, slot: int, method: str, path: str, body: dict[str, Any] | None, request: ChatRequest | None
+    ) -> Any:
+        """One request with retries (and fail-over across replicas: :meth:`_attempts`); the
+        decoded JSON response or :class:`PolicyBackendError`."""
+        content = None if body is None else json.dumps(body).encode()
+        attempts = self._attempts(method, path, request)
+        delay, replica = next(attempts)
+        while True:
+            if delay is not None:
+                await asyncio.sleep(delay)
+            try:
+                outcome: Any = await self._replicas[replica].request(slot, method, path, content)
+            except TransportFailure as exc:
+                outcome = exc
+            try:
+                delay, replica = attempts.send(outcome)
+            except StopIteration as done:
+                return done.value
 
     def _send_sync(self, method: str, path: str, body: dict[str, Any] | None, request: ChatRequest | None) -> Any:
         """:meth:`_send` on the caller's thread."""
         assert self._sync_replicas is not None
         content = None if body is None else json.dumps(body).encode()
-        attempt = 0
-        replica = self._replica_for(request)
+        attempts = self._attempts(method, path, request)
+        delay, replica = next(attempts)
         while True:
-            attempt += 1
+            if delay is not None:
+                time.sleep(delay)
             try:
                 outcome: Any = self._sync_replicas[replica].request(method, path, content)
             except TransportFailure as exc:
-                other = self._fail_over(replica, exc, request)
-                if other is not None:
-                    replica, attempt = other, attempt - 1
-                    continue
                 outcome = exc
-            done, value = self._judge(method, self.base_urls[replica] + path, attempt, outcome)
-            if done:
-                return value
-            time.sleep(value)
+            try:
+                delay, replica = attempts.send(outcome)
+            except StopIteration as done:
+                return done.value
 
     def _judge(self, method: str, url: str, attempt: int, outcome: Any) -> tuple[bool, Any]:
         """What one attempt's outcome (a response or a :class:`TransportFailure`) means:
