@@ -481,3 +481,57 @@ def test_a_chat_request_with_null_optional_fields_is_read_as_if_they_were_absent
     check_chat_request(body)  # no GatewayError
     with pytest.raises(GatewayError, match="user"):
         check_chat_request({**body, "user": 5})  # a wrong value is still refused, naming its field
+
+
+def test_a_request_is_validated_once_on_every_wire(monkeypatch):
+    """On its way to a step a request is checked once, whichever wire it came on: one schema pass
+    over its body (its own wire's: a Responses request is not checked again as chat once
+    translated), each of its messages or input items once, its item counts and its sampling
+    limits once."""
+    from collections import Counter
+
+    from agentgym_lightning import llm
+    from agentgym_lightning.gateway import router as router_module
+    from agentgym_lightning.gateway import validation
+    from agentgym_lightning.gateway.router import EpisodeRouter
+    from agentgym_lightning.gateway.wires import WIRES
+
+    counts: Counter[str] = Counter()
+    validate = validation._validate  # every schema check of the gateway runs through it
+
+    def counted_validate(validator, value, path, skip=0):
+        counts["body" if path == () else "item"] += 1
+        return validate(validator, value, path, skip)
+
+    def counted(name, check):
+        def spy(*args, **kwargs):
+            counts[name] += 1
+            return check(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(validation, "_validate", counted_validate)
+    monkeypatch.setattr(llm, "_check_sampling", counted("sampling limits", llm._check_sampling))
+    monkeypatch.setattr(router_module, "check_item_counts", counted("item counts", router_module.check_item_counts))
+    user = {"role": "user", "content": "add 2"}
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a":2}'}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "3"}
+    tools = [{"type": "function", "name": "add", "description": "add one", "parameters": SCHEMA}]
+    bodies = {  # and how many messages or input items each holds
+        "chat/completions": ({"model": "m", "messages": [{"role": "system", "content": "s"}, user], "temperature": 0.5}, 2),
+        "responses": (
+            {"model": "m", "instructions": "s", "input": [user, call, output], "tools": tools, "temperature": 0.5},
+            3,
+        ),
+        "completions": ({"model": "m", "prompt": "add 2", "temperature": 0.5}, 0),
+        "messages": ({"model": "m", "max_tokens": 8, "messages": [user], "temperature": 0.5}, 1),
+    }
+    router = EpisodeRouter()
+    for path, (body, items) in bodies.items():
+        episode = Episode(task=None)
+        router.register(episode)
+        counts.clear()
+        request = router.submit(episode.episode_id, body, WIRES[path]).request
+        assert request.wire == WIRES[path].name and request.sampling.temperature == 0.5
+        once = Counter({"body": 1, "item": items, "sampling limits": 1, "item counts": 1})
+        assert counts == once, path

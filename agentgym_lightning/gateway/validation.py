@@ -16,7 +16,10 @@ would reject it for every episode of the round.
 - :func:`check_params` — the same strict check against another of the ``openai`` package's
   request types (the Responses API's, legacy Completions'), for the other wires;
   :func:`check_typed` — against any of its types (one Responses input item), the error's path
-  given by the caller.
+  given by the caller; :func:`check_content_parts` — our content-part rule alone, for the chat
+  messages a wire translated from a request its own schema checked.
+
+Each request gets one schema pass, its wire's: a translated request is not checked again as chat.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "parse_json",
     "json_values_at_most",
     "check_chat_request",
+    "check_content_parts",
     "check_params",
     "check_typed",
     "check_item_counts",
@@ -297,6 +301,14 @@ def _is_field(part: str) -> bool:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def check_content_parts(messages: list[dict[str, Any]], allowed: Collection[str]) -> None:
+    """Refuse (400) a message content part whose type is not in ``allowed``, as
+    :func:`check_chat_request` does, for chat ``messages`` a wire built from a request its own
+    schema checked (the Responses API's): our rule, which no schema states."""
+    for i, m in enumerate(messages):
+        _check_content(m.get("content"), i, allowed)
 
 
 def _check_content(content: Any, i: int, allowed: Collection[str]) -> None:
