@@ -38,7 +38,7 @@ import importlib.util
 import json
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,6 +275,103 @@ def optimize_prompt(
     same_env = heldout_env_kwargs is None
     heldout_kwargs = env_kwargs if same_env else {**env_kwargs, **dict(heldout_env_kwargs or {})}
     heldout_factory = train_factory if same_env else make_env_factory(env, heldout_kwargs)
+    splits = _draw_splits(train_factory, heldout_factory, train_tasks, heldout_tasks, test_tasks, seed)
+    seed_candidate = _seed_candidate(names, seed_texts, train_factory, seed)
+
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    _clear(output, names, overwrite)
+    started = time.perf_counter()
+    writer = TrajectoryWriter(output / "trajectories.jsonl")
+    adapter = EpisodeAdapter(
+        env, policy, env_kwargs=env_kwargs, heldout_env_kwargs=heldout_kwargs, heldout_tasks=splits.heldout + splits.test,
+        concurrency=concurrency, seed=seed, on_episodes=_writer_of(writer),
+    )
+    log = CandidateLog(output / "candidates.jsonl", episodes=lambda: adapter.episodes)
+    gepa_log = _FileLog(output / "gepa" / "run_log.txt")
+
+    try:
+        result = _gepa_optimize(
+            gepa, seed_candidate, splits, adapter, reflection, log, gepa_log, output, minibatch_size=minibatch_size,
+            perfect_score=perfect_score, budget=budget, seed=seed, progress=progress,
+            max_reflection_failures=max_reflection_failures,
+        )
+        best = dict(result.best_candidate)  # type: ignore[arg-type]
+        test_scores = None
+        if splits.test and reflection.failures_in_a_row < max_reflection_failures:
+            test_scores = _test_scores(adapter, splits.test, seed_candidate, best)
+    finally:
+        log.close()
+        gepa_log.close()
+        writer.close()
+    if reflection.failures_in_a_row >= max_reflection_failures:
+        raise ReflectionFailed(
+            f"the reflection model failed {reflection.failures_in_a_row} times in a row, so the run stopped "
+            f"(candidates so far in {output / 'candidates.jsonl'}); last error: {reflection.last_error}"
+        )
+    files = _write_best_texts(output, best)
+    summary = _summary(result, best, files, log, adapter.episodes, reflection.calls, time.perf_counter() - started, test_scores)
+    (output / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return summary
+
+
+def _gepa_optimize(
+    gepa: Any,
+    seed_candidate: dict[str, str],
+    splits: _Splits,
+    adapter: EpisodeAdapter,
+    reflection: ReflectionModel,
+    log: CandidateLog,
+    gepa_log: _FileLog,
+    output: Path,
+    *,
+    minibatch_size: int,
+    perfect_score: float,
+    budget: int,
+    seed: int,
+    progress: bool,
+    max_reflection_failures: int,
+) -> Any:
+    """GEPA's loop from ``seed_candidate``, stopped once the reflection model has failed
+    ``max_reflection_failures`` times in a row; its result."""
+
+    def reflection_failing(state: Any) -> bool:
+        return reflection.failures_in_a_row >= max_reflection_failures
+
+    return gepa.optimize(
+        seed_candidate=seed_candidate,
+        trainset=splits.train,
+        valset=splits.heldout,
+        adapter=adapter,
+        reflection_lm=reflection,
+        reflection_minibatch_size=minibatch_size,
+        perfect_score=perfect_score,
+        max_metric_calls=budget,
+        stop_callbacks=[reflection_failing],
+        callbacks=[log],
+        logger=gepa_log,
+        run_dir=str(output / "gepa"),
+        seed=seed,
+        display_progress_bar=progress,
+        raise_on_exception=True,
+    )
+
+
+@dataclass
+class _Splits:
+    """The tasks of one optimization: GEPA's ``train`` and ``heldout`` sets (it chooses on the
+    held-out one), and the ``test`` tasks, never used to choose."""
+
+    train: list[Any]
+    heldout: list[Any]
+    test: list[Any]
+
+
+def _draw_splits(
+    train_factory: Any, heldout_factory: Any, train_tasks: int, heldout_tasks: int, test_tasks: int, seed: int
+) -> _Splits:
+    """The held-out and test tasks first (the first ones of the held-out env, in order, as
+    ``eval`` runs them), then a seeded draw of train tasks that are none of those."""
     heldout_env = heldout_factory()
     try:
         heldout = draw_tasks(heldout_env, heldout_tasks + test_tasks, seed + 1, in_order=True)
@@ -286,6 +383,12 @@ def optimize_prompt(
         train = draw_tasks(train_env, train_tasks, seed, in_order=False, exclude={_task_key(t) for t in heldout + test})
     finally:
         train_env.close()
+    return _Splits(train, heldout, test)
+
+
+def _seed_candidate(names: list[str], seed_texts: Mapping[str, str] | None, train_factory: Any, seed: int) -> dict[str, str]:
+    """The starting texts by resource name: those given in ``seed_texts``, and for the others what
+    the agent reads (:func:`read_seed_texts`). Raises ``ValueError`` for a text of no resource optimized."""
     given = dict(seed_texts or {})
     unknown = set(given) - set(names)
     if unknown:
@@ -293,79 +396,58 @@ def optimize_prompt(
     missing = [n for n in names if n not in given]
     if missing:
         given.update(read_seed_texts(train_factory(), missing, seed))
-    seed_candidate = {n: given[n] for n in names}
+    return {n: given[n] for n in names}
 
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    _clear(output, names, overwrite)
-    started = time.perf_counter()
-    writer = TrajectoryWriter(output / "trajectories.jsonl")
+
+def _writer_of(writer: TrajectoryWriter) -> Callable[[list[Trajectory]], None]:
+    """The adapter's ``on_episodes``: every episode run is written to ``writer``."""
 
     def write(trajectories: list[Trajectory]) -> None:
         for trajectory in trajectories:
             writer.write(trajectory)
 
-    adapter = EpisodeAdapter(
-        env, policy, env_kwargs=env_kwargs, heldout_env_kwargs=heldout_kwargs, heldout_tasks=heldout + test,
-        concurrency=concurrency, seed=seed, on_episodes=write,
-    )
-    log = CandidateLog(output / "candidates.jsonl", episodes=lambda: adapter.episodes)
-    gepa_log = _FileLog(output / "gepa" / "run_log.txt")
+    return write
 
-    def reflection_failing(state: Any) -> bool:
-        return reflection.failures_in_a_row >= max_reflection_failures
 
-    try:
-        result = gepa.optimize(
-            seed_candidate=seed_candidate,
-            trainset=train,
-            valset=heldout,
-            adapter=adapter,
-            reflection_lm=reflection,
-            reflection_minibatch_size=minibatch_size,
-            perfect_score=perfect_score,
-            max_metric_calls=budget,
-            stop_callbacks=[reflection_failing],
-            callbacks=[log],
-            logger=gepa_log,
-            run_dir=str(output / "gepa"),
-            seed=seed,
-            display_progress_bar=progress,
-            raise_on_exception=True,
-        )
-        test_scores = None
-        best = dict(result.best_candidate)  # type: ignore[arg-type]
-        if test and reflection.failures_in_a_row < max_reflection_failures:
-            base_runs = adapter.run(test, seed_candidate)
-            best_runs = base_runs if best == seed_candidate else adapter.run(test, best)
-            test_scores = {"tasks": len(test), "baseline": _mean(base_runs), "best": _mean(best_runs)}
-    finally:
-        log.close()
-        gepa_log.close()
-        writer.close()
-    if reflection.failures_in_a_row >= max_reflection_failures:
-        raise ReflectionFailed(
-            f"the reflection model failed {reflection.failures_in_a_row} times in a row, so the run stopped "
-            f"(candidates so far in {output / 'candidates.jsonl'}); last error: {reflection.last_error}"
-        )
+def _test_scores(adapter: EpisodeAdapter, test: list[Any], seed_candidate: dict[str, str], best: dict[str, str]) -> dict[str, float]:
+    """The starting texts and the best candidate compared on the ``test`` tasks (run once when they are the same)."""
+    base_runs = adapter.run(test, seed_candidate)
+    best_runs = base_runs if best == seed_candidate else adapter.run(test, best)
+    return {"tasks": len(test), "baseline": _mean(base_runs), "best": _mean(best_runs)}
+
+
+def _write_best_texts(output: Path, best: dict[str, str]) -> dict[str, str]:
+    """Each best text written as ``<output>/<resource>.txt``; the files by resource name."""
     files: dict[str, str] = {}
     for name, text in best.items():
         path = output / resource_file_name(name)
         path.write_text(text + "\n", encoding="utf-8")  # read back without its newline (--resource NAME=@FILE)
         files[name] = str(path)
+    return files
+
+
+def _summary(
+    result: Any,
+    best: dict[str, str],
+    files: dict[str, str],
+    log: CandidateLog,
+    episodes: int,
+    reflection_calls: int,
+    wall_time: float,
+    test_scores: dict[str, float] | None,
+) -> PromptOptimizationResult:
+    """What the run found, from GEPA's ``result`` and the candidates ``log``."""
     proposals = [r for r in log.records if r["iteration"] > 0]
-    summary = PromptOptimizationResult(
+    return PromptOptimizationResult(
         best_texts=best,
         best_versions={n: Resource(n, t).version for n, t in best.items()},
         baseline_heldout=float(result.val_aggregate_scores[0]),
         best_heldout=float(result.val_aggregate_scores[result.best_idx]),
         candidates_tried=len(proposals),
         candidates_kept=sum(1 for r in proposals if r["accepted"]),
-        episodes=adapter.episodes,
-        reflection_calls=reflection.calls,
-        wall_time=time.perf_counter() - started,
+        episodes=episodes,
+        reflection_calls=reflection_calls,
+        wall_time=wall_time,
         files=files,
         test=test_scores,
     )
-    (output / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return summary
