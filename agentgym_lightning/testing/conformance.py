@@ -233,11 +233,61 @@ def check_agent(
         max_turns: Calls after which the episode is cut (a looping agent fails the check).
         time_limit: Seconds the agent may run.
     """
+    run = _run_episode(
+        agent, task, policy or scripted_policy(), reward_fn or (lambda task, result: 1.0), transport, max_turns, time_limit
+    )
+    trajectory = run.trajectory
+    report = ConformanceReport(trajectory=trajectory, step_rewards=run.step_rewards, outside_connections=run.outside)
+    problems = report.problems
+    problems.extend(_call_problems(trajectory, run.answered))  # 1. every call is a step
+    if expect_tool_round_trip:
+        problems.extend(_tool_round_trip_problems(trajectory))  # 2. tool calls round-trip
+    problems.extend(_reward_problems(trajectory, run.step_rewards))  # 3. rewards land on the right step
+    # 4. variables are seen
+    missing = [name for name in expect_variables if name not in trajectory.variables]
+    if missing:
+        problems.append(f"variables never emitted: {missing} (emitted: {sorted(trajectory.variables)})")
+    problems.extend(_leftover_problems(run.threads_before, run.sockets_before))  # 5. nothing is left behind
+    # 6. no network
+    if run.outside:
+        problems.append(f"the run tried to reach beyond 127.0.0.1: {sorted(set(run.outside))}")
+    # 7. the wire
+    if expect_wire is not None:
+        problems.extend(
+            f"call {i} came on the {wire!r} wire, expected {expect_wire!r}" for i, wire in enumerate(report.wires) if wire != expect_wire
+        )
+    return report
+
+
+@dataclass
+class _EpisodeRun:
+    """One scripted episode as :func:`check_agent` ran it, and what it saw around it."""
+
+    trajectory: Trajectory
+    #: The policy's answer to each call, and the reward each ``env.step`` returned.
+    answered: list[Any]
+    step_rewards: list[float]
+    #: Addresses beyond 127.0.0.1 the run tried to reach.
+    outside: list[str]
+    #: The agent threads and open sockets from before the episode (what is new is the run's).
+    threads_before: set[threading.Thread]
+    sockets_before: set[tuple[Any, ...]]
+
+
+def _run_episode(
+    agent: Any,
+    task: Any,
+    policy: Policy,
+    reward_fn: Callable[[Any, Any], float],
+    transport: str,
+    max_turns: int,
+    time_limit: float,
+) -> _EpisodeRun:
+    """One episode of ``agent`` on ``task`` answered by ``policy``, with the reward probe
+    registered (a step reward of ``i + 1`` on call ``i``) and no connection beyond 127.0.0.1."""
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.plugin_manager import get_plugin_manager
 
-    policy = policy or scripted_policy()
-    reward_fn = reward_fn or (lambda task, result: 1.0)
     pm = get_plugin_manager()
     probe = _RewardProbe()
     pm.register(probe, name=f"conformance-probe-{id(probe)}")
@@ -268,11 +318,12 @@ def check_agent(
         pm.unregister(probe)
         if env is not None:
             env.close()
-    trajectory: Trajectory = info["trajectory"]
-    report = ConformanceReport(trajectory=trajectory, step_rewards=step_rewards, outside_connections=outside)
-    problems = report.problems
+    return _EpisodeRun(info["trajectory"], answered, step_rewards, outside, threads_before, sockets_before)
 
-    # 1. every call is a step
+
+def _call_problems(trajectory: Trajectory, answered: list[Any]) -> list[str]:
+    """Every call is a step: the episode succeeded, with one step, completed, per call answered."""
+    problems = []
     if trajectory.status.value != "succeeded":
         problems.append(f"the episode ended {trajectory.status.value}: {(trajectory.error or '')[-600:]}")
     if len(trajectory.steps) != len(answered):
@@ -281,12 +332,14 @@ def check_agent(
         problems.append("a recorded step has no completion")
     if not trajectory.steps:
         problems.append("the agent made no LLM call through the episode's client")
+    return problems
 
-    # 2. tool calls round-trip
-    if expect_tool_round_trip:
-        problems.extend(_tool_round_trip_problems(trajectory))
 
-    # 3. rewards land on the right step
+def _reward_problems(trajectory: Trajectory, step_rewards: list[float]) -> list[str]:
+    """Rewards land on the right step: ``env.step`` #i returns the probe's ``i + 1`` with the
+    call's own rewards (the last one also the final and the episode's rewards), and they sum to
+    the trajectory's total."""
+    problems = []
     final = trajectory.final_reward or 0.0
     for i, got in enumerate(step_rewards):
         step = trajectory.steps[i] if i < len(trajectory.steps) else None
@@ -298,13 +351,13 @@ def check_agent(
             problems.append(f"env.step #{i} returned reward {got}, expected {want} (the probe's {i + 1} for call {i})")
     if abs(sum(step_rewards) - trajectory.total_reward) > 1e-9:
         problems.append(f"step rewards sum to {sum(step_rewards)} but trajectory.total_reward is {trajectory.total_reward}")
+    return problems
 
-    # 4. variables are seen
-    missing = [name for name in expect_variables if name not in trajectory.variables]
-    if missing:
-        problems.append(f"variables never emitted: {missing} (emitted: {sorted(trajectory.variables)})")
 
-    # 5. nothing is left behind
+def _leftover_problems(threads_before: set[threading.Thread], sockets_before: set[tuple[Any, ...]]) -> list[str]:
+    """Nothing is left behind: no agent thread (after up to 5 s) and no socket (after
+    :func:`_wait_for_sockets`'s grace) of the run is still open."""
+    problems = []
     deadline = time.monotonic() + 5.0
     while _agent_threads_left(threads_before) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -318,17 +371,7 @@ def check_agent(
             "(close the client when the agent returns, or use ctx.openai_client() / the adapter's client: in-process, "
             "no socket)"
         )
-
-    # 6. no network
-    if outside:
-        problems.append(f"the run tried to reach beyond 127.0.0.1: {sorted(set(outside))}")
-
-    # 7. the wire
-    if expect_wire is not None:
-        problems.extend(
-            f"call {i} came on the {wire!r} wire, expected {expect_wire!r}" for i, wire in enumerate(report.wires) if wire != expect_wire
-        )
-    return report
+    return problems
 
 
 def _agent_threads_left(before: set[threading.Thread]) -> list[threading.Thread]:
