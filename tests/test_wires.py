@@ -535,3 +535,15 @@ def test_a_request_is_validated_once_on_every_wire(monkeypatch):
         assert request.wire == WIRES[path].name and request.sampling.temperature == 0.5
         once = Counter({"body": 1, "item": items, "sampling limits": 1, "item counts": 1})
         assert counts == once, path
+
+
+def test_a_responses_request_is_still_refused_for_what_only_chat_checked():
+    """Not checked again as chat, a translated Responses request is still refused, with chat's
+    errors, for what no Responses type states: a stream that is no boolean (the base params do
+    not type it), an empty conversation, content parts the policy does not render."""
+    assert _refusal({"input": "hi", "stream": "no"}) == (400, "'stream' must be true or false, got 'no'")
+    assert _refusal({"input": []}) == (400, "'messages' must be a non-empty list of chat messages")
+    assert _refusal({"input": "hi", "temperature": 5})[1] == "'temperature' must be in [0.0, 2.0], got 5"
+    two_texts = {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}
+    with pytest.raises(GatewayError, match=r"messages\[1\]\.content\[0\]: content parts of type 'text' cannot be rendered"):
+        ResponsesWire().parse({"instructions": "s", "input": [two_texts]}, Episode(task=None), ("image_url",))

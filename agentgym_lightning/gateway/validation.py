@@ -16,8 +16,8 @@ would reject it for every episode of the round.
 - :func:`check_params` — the same strict check against another of the ``openai`` package's
   request types (the Responses API's, legacy Completions'), for the other wires;
   :func:`check_typed` — against any of its types (one Responses input item), the error's path
-  given by the caller; :func:`check_content_parts` — our content-part rule alone, for the chat
-  messages a wire translated from a request its own schema checked.
+  given by the caller; :func:`check_translated_chat` — what is ours alone (no schema pass), for the
+  chat request a wire translated from a request its own schema checked.
 
 Each request gets one schema pass, its wire's: a translated request is not checked again as chat.
 """
@@ -43,7 +43,7 @@ __all__ = [
     "parse_json",
     "json_values_at_most",
     "check_chat_request",
-    "check_content_parts",
+    "check_translated_chat",
     "check_params",
     "check_typed",
     "check_item_counts",
@@ -190,13 +190,8 @@ def check_chat_request(body: Any, content_part_types: Collection[str] = ("text",
     ``content_part_types`` are the message content parts accepted (the ``hf`` and ``vllm``
     backends render ``text`` only).
     """
-    if not isinstance(body, dict):
-        raise GatewayError(400, "request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise GatewayError(400, "'messages' must be a non-empty list of chat messages")
-    if "stream" in body and not isinstance(body["stream"], (bool, type(None))):
-        raise GatewayError(400, f"'stream' must be true or false, got {body['stream']!r:.40}")
+    _check_frame(body)
+    messages = body["messages"]
     top, message, roles = _validators()
     # The messages are checked one by one below (clearer errors); "model" is optional here: we
     # serve one policy, whatever the agent calls it.
@@ -303,12 +298,27 @@ def _is_field(part: str) -> bool:
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
-def check_content_parts(messages: list[dict[str, Any]], allowed: Collection[str]) -> None:
-    """Refuse (400) a message content part whose type is not in ``allowed``, as
-    :func:`check_chat_request` does, for chat ``messages`` a wire built from a request its own
-    schema checked (the Responses API's): our rule, which no schema states."""
-    for i, m in enumerate(messages):
-        _check_content(m.get("content"), i, allowed)
+def check_translated_chat(body: dict[str, Any], content_part_types: Collection[str]) -> None:
+    """Refuse (400) a chat ``body`` that a wire translated from a request its own schema checked
+    (the Responses API's) for what :func:`check_chat_request` checks beyond the schema: a
+    non-empty conversation, ``stream`` true or false (the Responses API's base params do not
+    type it) and content parts of the ``content_part_types`` the policy renders. The schema is
+    not run again over the translation."""
+    _check_frame(body)
+    for i, m in enumerate(body["messages"]):
+        _check_content(m.get("content"), i, content_part_types)
+
+
+def _check_frame(body: Any) -> None:
+    """A JSON object with a non-empty ``messages`` list and ``stream`` true or false (checked
+    first, for clearer errors than the schema's)."""
+    if not isinstance(body, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "'messages' must be a non-empty list of chat messages")
+    if "stream" in body and not isinstance(body["stream"], (bool, type(None))):
+        raise GatewayError(400, f"'stream' must be true or false, got {body['stream']!r:.40}")
 
 
 def _check_content(content: Any, i: int, allowed: Collection[str]) -> None:

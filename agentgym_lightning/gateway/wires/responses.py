@@ -42,7 +42,7 @@ from openai.types.responses import ResponseInputItemParam
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 from agentgym_lightning.gateway.openai_wire import assistant_message
-from agentgym_lightning.gateway.validation import check_content_parts, check_params, check_typed
+from agentgym_lightning.gateway.validation import check_params, check_translated_chat, check_typed
 from agentgym_lightning.gateway.wires.base import Wire, sse, usage_counts
 from agentgym_lightning.llm import ChatRequest, Completion, GatewayError
 
@@ -381,12 +381,12 @@ class ResponsesWire(Wire):
             chat["logprobs"] = True
         if (response_format := _response_format(data.get("text"))) is not None:
             chat["response_format"] = response_format
-        # The translation is checked already: every field it reads passed this wire's schema above,
-        # and what it builds from them is a chat request the chat schema accepts. So it is not
-        # validated again as chat (a second schema pass over the whole conversation); what is left
-        # are the rules no Responses type states: content parts the policy renders, a non-empty
-        # conversation and the sampling values' limits (ChatRequest.from_openai).
-        check_content_parts(messages, content_part_types)
+        # Every field the translation reads passed this wire's schema above, and what it builds
+        # from them is a chat request the chat schema accepts: it is not validated again as chat
+        # (a second schema pass over the whole conversation). Left are the rules no Responses type
+        # states: a non-empty conversation, a boolean stream, content parts the policy renders,
+        # then the sampling values' limits (ChatRequest.from_openai).
+        check_translated_chat(chat, content_part_types)
         try:
             request = ChatRequest.from_openai(chat)
         except ValueError as exc:
