@@ -1,4 +1,8 @@
-"""``LightningRLConfig``: every option of a training run, typed, defaulted and documented.
+"""``LightningRLConfig``: every option of an RL training run, typed, defaulted and documented.
+
+The options every run has (the model, the optimizer, LoRA, evaluation, checkpoints, logging) are
+its base's, :class:`~agentgym_lightning.training.run_config.RunConfig`, which the SFT config shares;
+the fields here are RL's own.
 
 Names follow TRL's ``GRPOConfig`` (and ``transformers.TrainingArguments``) wherever an option
 means the same thing — ``learning_rate``, ``num_generations``, ``beta``, ``epsilon``,
@@ -13,17 +17,16 @@ slower here), no gradient checkpointing, one optimizer step per training step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from agentgym_lightning.judge.config import JudgeConfig
 from agentgym_lightning.training.agent_adapters import agent_routes
+from agentgym_lightning.training.run_config import DataclassConfig, RunConfig
 
-__all__ = ["LightningRLConfig", "DataclassConfig", "LOSS_TYPES", "AGGREGATIONS"]
+__all__ = ["LightningRLConfig", "DataclassConfig", "RunConfig", "LOSS_TYPES", "AGGREGATIONS"]
 
 #: Loss variants (TRL's names and definitions; see :mod:`agentgym_lightning.training.loss`).
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "cispo")
@@ -39,135 +42,16 @@ _BACKENDS = ("hf", "vllm", "vllm-server")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
 
-class DataclassConfig:
-    """What a run's config dataclass can do besides its fields (the config idiom shared by
-    :class:`LightningRLConfig` and the SFT trainer's ``SFTConfig``): a plain dict of it, built
-    back from one (unknown keys named), from a YAML file, a validated copy with changes, and each
-    field's help. A subclass is a ``@dataclass`` with a ``validate()`` that runs on construction."""
-
-    def validate(self) -> None:  # pragma: no cover - every subclass defines its own
-        raise NotImplementedError
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
-        """Build from a mapping; unknown keys are an error that lists the valid ones."""
-        names = set(cls.field_names())
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown config option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}")
-        return cls(**dict(data))
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> Self:
-        """Load a YAML mapping of options; ``overrides`` win over the file."""
-        import yaml
-
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path} is not valid YAML: {exc}") from None
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{path} must hold a mapping of option: value, not {type(data).__name__}")
-        return cls.from_dict({**data, **overrides})
-
-    def replace(self, **changes: Any) -> Self:
-        """A copy with ``changes`` applied (validated)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
-
-    @classmethod
-    def help_of(cls, name: str) -> str:
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name == name:
-                return str(f.metadata.get("help", ""))
-        raise KeyError(name)
-
-
 @dataclass
-class LightningRLConfig(DataclassConfig):
+class LightningRLConfig(RunConfig):
     """Configuration of :class:`~agentgym_lightning.training.trainer.LightningRLTrainer`.
 
     Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``train`` command's
     flags; :meth:`validate` runs on construction and names any bad value.
     """
 
-    # ------------------------------------------------------------------ what to train
-    env: str = field(
-        default="lightning/Arithmetic-v0",
-        metadata={
-            "help": "Environment to train on: a registered id, `module:Id` (a module that registers `Id` on import) "
-            "or `path/to/file.py:make_env` (a function returning an AgentEnv)."
-        },
-    )
-    env_kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Keyword arguments for the training env (`gym.make(env, **env_kwargs)`)."}
-    )
-    model: str = field(
-        default="smollm2-135m",
-        metadata={"help": "Model: an embedded name (`smollm2-135m`), a local folder, or a Hugging Face id in the local cache."},
-    )
-    backend: str = field(
-        default="hf",
-        metadata={
-            "help": "Generator: `hf` (transformers; shares the trained model, no copy), `vllm` (in-process "
-            "engine, receives the new weights after every update) or `vllm-server` (a running `vllm serve` at "
-            "`generator_url`, its weights replaced over HTTP after every update; docs/scaling.md)."
-        },
-    )
-    generator_url: str | None = field(
-        default=None,
-        metadata={"help": "The generator server's URL for backend `vllm-server` (`http://host:8000`)."},
-    )
-    policy_kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Extra keyword arguments for the policy backend (`device`, `max_batch_size`...)."}
-    )
-    init_from: str | None = field(
-        default=None,
-        metadata={
-            "help": "Start from another run's trained weights (an SFT run's, docs/improve.md): a run folder (its final/, "
-            "else its newest checkpoint), a final/ folder or a checkpoint folder. Full weights load into the model before "
-            "any LoRA; a LoRA adapter into this run's adapter (each agent's under lora_per_agent). Weights only: the "
-            "optimizer and step start afresh. None: the model's own weights."
-        },
-    )
-    output_dir: str = field(
-        default="runs/train", metadata={"help": "Where checkpoints, metrics.jsonl, trajectories.jsonl and the final model go."}
-    )
-
     # ------------------------------------------------------------------ rollouts
-    max_steps: int = field(default=20, metadata={"help": "Training steps (each: rollouts, one update, a weight sync)."})
     tasks_per_step: int = field(default=4, metadata={"help": "B: distinct tasks per step."})
-    num_generations: int = field(
-        default=4, metadata={"help": "G: episodes per task (the GRPO group); advantages are normalised within it."}
-    )
-    concurrency: int | None = field(
-        default=None, metadata={"help": "Episodes running at once (default: all B*G of the step)."}
-    )
-    temperature: float = field(
-        default=1.0,
-        metadata={
-            "help": "Sampling temperature of every training call, whatever the agent asked for (RL needs "
-            "exploration; the logprobs the loss uses are at this temperature)."
-        },
-    )
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling of training calls (1.0: off)."})
-    max_completion_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Caps `max_tokens` of every training call (the agent's own limit still applies when lower); "
-            "also `dr_grpo`'s normaliser. None: the agent's limit."
-        },
-    )
-    seed: int = field(default=0, metadata={"help": "Seeds task order, episode resets, call sampling and torch."})
 
     max_staleness: int = field(
         default=0,
@@ -270,10 +154,6 @@ class LightningRLConfig(DataclassConfig):
             "generate are masked out), falling back to a new row where it does not."
         },
     )
-    air_weights: dict[str, float] = field(
-        default_factory=dict,
-        metadata={"help": "Automatic Intermediate Reward weights by source (`{'math.tool_ok': 0.2}`); merged into the env's."},
-    )
     judge: dict[str, Any] | None = field(
         default=None,
         metadata={
@@ -303,16 +183,6 @@ class LightningRLConfig(DataclassConfig):
     )
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Leave completions cut by the token limit (`finish_reason == 'length'`) out of the loss."}
-    )
-    agent_match: str | dict[str, Any] | None = field(
-        default=None,
-        metadata={
-            "help": "Selective / multi-agent training (the paper's `agent_match`): only the calls it matches are "
-            "trained, on top of what the env marks trainable. A regular expression matched in full against the "
-            "call's agent name or role (`writer|rewriter`), or a mapping of `agent`, `role`, `name`, `variables` "
-            "(`agentgym_lightning.agent_match.AgentMatch`). The other calls are still answered and recorded. "
-            "None: every trainable call."
-        },
     )
 
     # ------------------------------------------------------------------ the loss (TRL's definitions)
@@ -347,65 +217,7 @@ class LightningRLConfig(DataclassConfig):
     sampling_correction_clip_max: float | None = field(default=3.0, metadata={"help": "Upper bound of the correction ratio."})
     sampling_correction_clip_min: float | None = field(default=None, metadata={"help": "Lower bound of the correction ratio."})
 
-    # ------------------------------------------------------------------ optimisation
-    optim: str = field(
-        default="adamw",
-        metadata={"help": "`adamw` (torch's AdamW: two fp32 moments per trained weight, twice the weights' memory) or "
-                          "`adafactor` (transformers' Adafactor at a fixed learning_rate, no first moment: factored "
-                          "second moments, almost no state; the adam_* options unused)."},
-    )
-    learning_rate: float = field(default=2e-5, metadata={"help": "The optimizer's learning rate."})
-    lr_scheduler_type: str = field(default="constant", metadata={"help": "transformers scheduler name (`constant`, `linear`, `cosine`...)."})
-    warmup_steps: int = field(default=0, metadata={"help": "Linear warm-up steps of the scheduler."})
-    weight_decay: float = field(default=0.0, metadata={"help": "Decoupled weight decay (AdamW's and Adafactor's)."})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (0: none)."})
-    per_device_train_batch_size: int = field(
-        default=8, metadata={"help": "Rows per forward/backward (micro-batch); gradients accumulate over the step's rows."}
-    )
-    micro_batch_tokens: int | None = field(
-        default=4096,
-        metadata={"help": "Token positions per forward at most: token-tree nodes with packed_update, else padded tokens "
-                          "(rows x longest row); a longer row goes alone; None: no limit. Memory grows with it: multi-call "
-                          "episodes' long rows would otherwise run out of it."},
-    )
-    packed_update: bool | str = field(
-        default="auto",
-        metadata={"help": "Run each micro-batch's rows as one token tree (shared prefixes and identical rows computed once, "
-                          "the same loss and gradients; micro_batch_tokens then counts tree nodes): True, False (padded rows), "
-                          "or `auto` (the tree when the model's attention takes a custom 4D mask — sdpa, eager — else padded "
-                          "rows, with one warning)."},
-    )
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Trade compute for memory (off: slower on CPU)."})
-    dtype: str = field(default="float32", metadata={"help": "Weights dtype: float32 (CPU default), bfloat16, float16, auto."})
-    device: str = field(default="auto", metadata={"help": "`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`..."})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (None: torch's default)."})
-    check_memory: bool = field(
-        default=True,
-        metadata={"help": "Refuse, before loading the model, a run whose weights, gradients, optimizer state and generator "
-                  "cannot fit the device's free memory per rank, and warn when one micro-batch's estimated activations "
-                  "at micro_batch_tokens would not fit beside them (the plan is printed either way; docs/scaling.md)."},
-    )
-
-    # ------------------------------------------------------------------ LoRA
-    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of every weight."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: list[str] | str = field(default="all-linear", metadata={"help": "Modules LoRA adapts."})
-    lora_per_agent: bool | dict[str, str] = field(
-        default=False,
-        metadata={
-            "help": "A LoRA adapter of its own for each trained agent, on the one base model (implies use_peft). True: "
-            "one per agent that agent_match lists (`writer|rewriter`); a mapping agent -> adapter name "
-            "(`{'writer': 'sql', 'rewriter': 'sql'}`) lets agents share one. Each call is generated with its agent's "
-            "adapter, each adapter trains on its own agent's rows (clipped by max_grad_norm on its own; one optimizer "
-            "step for all), metrics come per adapter (`adapters/<name>/...`), and final/adapters/<name>/ holds each. "
-            "Agents without an adapter run on the base model, untrained. Needs aggregation `transition`."
-        },
-    )
+    # ------------------------------------------------------------------ LoRA per agent
     agent_advantages: str = field(
         default="per_agent",
         metadata={
@@ -415,75 +227,43 @@ class LightningRLConfig(DataclassConfig):
         },
     )
 
-    # ------------------------------------------------------------------ evaluation
-    eval_env_kwargs: dict[str, Any] | None = field(
-        default=None,
-        metadata={"help": "Keyword arguments of the held-out eval env (e.g. `{'split': 'test'}`); None: no eval."},
-    )
-    eval_episodes: int = field(default=32, metadata={"help": "Held-out tasks per evaluation (greedy, one episode each)."})
-    eval_steps: int | None = field(default=None, metadata={"help": "Also evaluate every K steps (always before and after)."})
-    eval_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of evaluation (0: greedy)."})
-    eval_samples: int = field(
-        default=0,
-        metadata={
-            "help": "k: each evaluation also samples k episodes of every held-out task at the training temperature "
-            "and logs eval/pass@1 (their mean success) and eval/pass@k (the share of tasks solved at least once); "
-            "0: greedy only."
-        },
-    )
-
-    # ------------------------------------------------------------------ checkpoints and logging
-    save_steps: int = field(default=5, metadata={"help": "Checkpoint every N steps (and at the end, and on Ctrl-C)."})
-    save_total_limit: int | None = field(
-        default=1,
-        metadata={
-            "help": "Keep at most this many checkpoints (None: all). One is enough to resume: a new checkpoint is "
-            "complete before the older one is removed (a full fine-tune's is weights + Adam's two moments: "
-            "1.6 GB for a 135M model in fp32)."
-        },
-    )
-    logging_steps: int = field(default=1, metadata={"help": "Log metrics every N steps."})
-    report_to: list[str] = field(
-        default_factory=lambda: ["wandb"],
-        metadata={"help": "Loggers besides the local metrics.jsonl: `wandb` (offline without an API key), or none."},
-    )
-    run_name: str | None = field(default=None, metadata={"help": "Name of the run in W&B (default: derived from env and time)."})
+    # ------------------------------------------------------------------ logging
     log_episodes: int = field(default=4, metadata={"help": "Sample episodes per logged step in the W&B table."})
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     # ------------------------------------------------------------------ checks
 
     def validate(self) -> None:
-        """Raise :class:`ValueError` naming the first bad option and what it accepts."""
+        """Raise :class:`ValueError` naming the first bad option and what it accepts (the checks
+        below, in this order)."""
+        self._check_choices()
+        self._check_counts()
+        self._check_rollouts()
+        self._check_bounds()
+        self._check_curriculum()
+        self._check_sampling_and_loss()
+        self._check_mappings()
+        self._check_agents()
+        self._check_reporting()
 
-        def choice(name: str, options: tuple[str, ...]) -> None:
-            if getattr(self, name) not in options:
-                raise ValueError(f"{name} must be one of {', '.join(options)}; got {getattr(self, name)!r}")
-
-        def at_least(name: str, low: float, allow_none: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
-                raise ValueError(f"{name} must be a number >= {low}; got {value!r}")
-
-        choice("backend", _BACKENDS)
+    def _check_choices(self) -> None:
+        """Each option with choices holds one of them (a ``vllm-server`` backend, its URL too)."""
+        self._choose("backend", _BACKENDS)
         if self.backend == "vllm-server" and not (self.generator_url or dict(self.policy_kwargs or {}).get("generator_url")):
             raise ValueError("backend 'vllm-server' needs generator_url: the running generator's URL (--generator-url http://host:8000; docs/scaling.md)")
-        choice("aggregation", AGGREGATIONS)
-        choice("loss_type", LOSS_TYPES)
-        choice("scale_rewards", _SCALE_REWARDS)
-        choice("zero_variance_groups", _ZERO_VARIANCE)
-        choice("episode_weighting", _EPISODE_WEIGHTING)
-        choice("importance_sampling_level", _IS_LEVELS)
-        choice("sampling_correction_mode", _SAMPLING_CORRECTION_MODES)
-        choice("agent_advantages", _AGENT_ADVANTAGES)
-        choice("optim", _OPTIMIZERS)
+        self._choose("aggregation", AGGREGATIONS)
+        self._choose("loss_type", LOSS_TYPES)
+        self._choose("scale_rewards", _SCALE_REWARDS)
+        self._choose("zero_variance_groups", _ZERO_VARIANCE)
+        self._choose("episode_weighting", _EPISODE_WEIGHTING)
+        self._choose("importance_sampling_level", _IS_LEVELS)
+        self._choose("sampling_correction_mode", _SAMPLING_CORRECTION_MODES)
+        self._choose("agent_advantages", _AGENT_ADVANTAGES)
+        self._choose("optim", _OPTIMIZERS)
+
+    def _check_counts(self) -> None:
+        """The counts (steps, tasks, rows, the group)."""
         for name in ("max_steps", "tasks_per_step", "per_device_train_batch_size", "num_iterations", "logging_steps", "save_steps", "eval_episodes", "lora_r"):
-            at_least(name, 1)
+            self._at_least(name, 1)
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
         if not isinstance(self.num_generations, int) or self.num_generations < 2:
@@ -491,38 +271,47 @@ class LightningRLConfig(DataclassConfig):
                 f"num_generations (the group size) must be an integer >= 2: advantages compare episodes of the "
                 f"same task, so one episode per task learns nothing; got {self.num_generations!r}"
             )
-        at_least("concurrency", 1, allow_none=True)
-        at_least("micro_batch_tokens", 1, allow_none=True)
+
+    def _check_rollouts(self) -> None:
+        """Concurrency, micro-batches, the Ray workers and asynchronous training."""
+        self._at_least("concurrency", 1, allow_none=True)
+        self._at_least("micro_batch_tokens", 1, allow_none=True)
         if self.micro_batch_tokens is not None and not isinstance(self.micro_batch_tokens, int):
             raise ValueError(f"micro_batch_tokens must be an integer or None; got {self.micro_batch_tokens!r}")
         if not (isinstance(self.packed_update, bool) or self.packed_update == "auto"):
             raise ValueError(f"packed_update must be true, false or 'auto'; got {self.packed_update!r}")
-        at_least("rollout_workers", 0)
+        self._at_least("rollout_workers", 0)
         if not isinstance(self.rollout_workers, int):
             raise ValueError(f"rollout_workers must be an integer; got {self.rollout_workers!r}")
-        at_least("rollout_worker_timeout", 1.0)
-        at_least("max_staleness", 0)
+        self._at_least("rollout_worker_timeout", 1.0)
+        self._at_least("max_staleness", 0)
         if not isinstance(self.max_staleness, int):
             raise ValueError(f"max_staleness must be an integer; got {self.max_staleness!r}")
         if self.max_staleness:
             self._check_async()
-        at_least("max_completion_length", 1, allow_none=True)
-        at_least("eval_steps", 1, allow_none=True)
-        at_least("num_threads", 1, allow_none=True)
-        at_least("save_total_limit", 1, allow_none=True)
-        at_least("learning_rate", 0.0)
-        at_least("beta", 0.0)
-        at_least("epsilon", 0.0)
-        at_least("epsilon_high", 0.0, allow_none=True)
-        at_least("delta", 1.0, allow_none=True)
-        at_least("max_grad_norm", 0.0)
-        at_least("warmup_steps", 0)
-        at_least("weight_decay", 0.0)
-        at_least("eval_temperature", 0.0)
-        at_least("log_episodes", 0)
-        at_least("eval_samples", 0)
-        at_least("max_sampling_rounds", 1)
-        at_least("curriculum_min_attempts", 0)
+
+    def _check_bounds(self) -> None:
+        """The numbers' lower bounds."""
+        self._at_least("max_completion_length", 1, allow_none=True)
+        self._at_least("eval_steps", 1, allow_none=True)
+        self._at_least("num_threads", 1, allow_none=True)
+        self._at_least("save_total_limit", 1, allow_none=True)
+        self._at_least("learning_rate", 0.0)
+        self._at_least("beta", 0.0)
+        self._at_least("epsilon", 0.0)
+        self._at_least("epsilon_high", 0.0, allow_none=True)
+        self._at_least("delta", 1.0, allow_none=True)
+        self._at_least("max_grad_norm", 0.0)
+        self._at_least("warmup_steps", 0)
+        self._at_least("weight_decay", 0.0)
+        self._at_least("eval_temperature", 0.0)
+        self._at_least("log_episodes", 0)
+        self._at_least("eval_samples", 0)
+        self._at_least("max_sampling_rounds", 1)
+        self._at_least("curriculum_min_attempts", 0)
+
+    def _check_curriculum(self) -> None:
+        """The task sampling: dynamic sampling and the curriculum."""
         for name in ("eval_samples", "max_sampling_rounds", "curriculum_min_attempts"):
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
@@ -540,6 +329,9 @@ class LightningRLConfig(DataclassConfig):
                 "curriculum_min_attempts filters the tasks a step draws, which max_staleness >= 1 draws ahead of the "
                 "pass rates it would need: use max_staleness 0 with the curriculum (dynamic_sampling works with both)"
             )
+
+    def _check_sampling_and_loss(self) -> None:
+        """The training calls' sampling and the loss's own needs."""
         if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
             raise ValueError(f"temperature must be in (0, 2] (training samples; 0 would make every group identical); got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
@@ -550,6 +342,9 @@ class LightningRLConfig(DataclassConfig):
             raise ValueError("loss_type 'cispo' caps the ratio at epsilon_high: set it (the CISPO paper uses 5.0)")
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             raise ValueError("loss_type 'dr_grpo' normalises by max_completion_length: set it")
+
+    def _check_mappings(self) -> None:
+        """Options that are mappings: kwargs, AIR weights, the judge."""
         for name in ("env_kwargs", "policy_kwargs", "credit_kwargs", "air_weights"):
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"{name} must be a mapping; got {type(getattr(self, name)).__name__}")
@@ -560,6 +355,9 @@ class LightningRLConfig(DataclassConfig):
         for source, weight in self.air_weights.items():
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ValueError(f"air_weights[{source!r}] must be a finite number; got {weight!r}")
+
+    def _check_agents(self) -> None:
+        """Which agents train, and their adapters (``lora_per_agent`` implies ``use_peft``)."""
         if self.agent_match is not None:
             if not isinstance(self.agent_match, (str, Mapping)):
                 raise ValueError(
@@ -578,6 +376,9 @@ class LightningRLConfig(DataclassConfig):
                     "of several agents: use aggregation 'transition'"
                 )
             self.use_peft = True
+
+    def _check_reporting(self) -> None:
+        """The held-out env's kwargs and the loggers (``report_to`` as a list)."""
         if self.eval_env_kwargs is not None and not isinstance(self.eval_env_kwargs, Mapping):
             raise ValueError("eval_env_kwargs must be a mapping or None")
         if isinstance(self.report_to, str):

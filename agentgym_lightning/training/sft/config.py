@@ -2,16 +2,18 @@
 
 The same idiom as :class:`~agentgym_lightning.training.config.LightningRLConfig` (a dataclass
 whose fields carry their help, validated on construction, from YAML or flags, saved with every
-checkpoint), and the same fields wherever an option means the same thing: the model, its backend,
-the optimizer, LoRA (or an adapter per agent), micro-batching, evaluation, checkpoints and logging
-are *the RL config's own fields*, copied from it with their help (``_same``), so the two commands
-read alike and a value means one thing. What is SFT's own: the sources and which of their episodes
+checkpoint), and the same base: the model, its backend, the optimizer, LoRA (or an adapter per
+agent), micro-batching, evaluation, checkpoints and logging are
+:class:`~agentgym_lightning.training.run_config.RunConfig`'s fields, restated here only where SFT
+means something more specific (:func:`~agentgym_lightning.training.run_config.restated`), so the
+two commands read alike and a value means one thing. What is SFT's own: the sources and which of their episodes
 are chosen (``min_reward``, ``top_k``, ``success_only``, ``agent_match``), how many rows a step
 trains on, whether to re-tokenize (a teacher's text), and the rounds of rollouts (rejection
 sampling; with a ``teacher``, distillation).
 
-:meth:`SFTConfig.update_config` is the RL config the shared machinery reads (models, LoRA, the
-token-tree micro-batches, checkpoints): SFT is the same update with another loss.
+:meth:`SFTConfig.update_config` is the view the shared update reads (the models, the token-tree
+micro-batches): the shared fields as they are and the RL loss's knobs fixed at SFT's values; SFT is
+the same update with another loss.
 """
 
 from __future__ import annotations
@@ -22,35 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym_lightning.training.config import DataclassConfig, LightningRLConfig
+from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.run_config import RunConfig, restated
 
 __all__ = ["SFTConfig", "RETOKENIZE", "SFT_RUN_IDENTITY"]
 
 #: When a call's text is tokenized again with the student's chat template.
 RETOKENIZE = ("auto", "always", "never")
-
-_RL_FIELDS = {f.name: f for f in dataclasses.fields(LightningRLConfig)}
-
-
-def _same(name: str, *, help: str | None = None, **default: Any) -> Any:
-    """The RL config's field ``name`` (its default and help), with another ``default`` /
-    ``default_factory`` or ``help`` where SFT means something more specific."""
-    rl = _RL_FIELDS[name]
-    if not default:
-        default = {"default_factory": rl.default_factory} if rl.default_factory is not dataclasses.MISSING else {"default": rl.default}
-    return field(**default, metadata={"help": help if help is not None else rl.metadata["help"]})
-
-
-#: The fields the SFT config shares with the RL config (``update_config`` hands them on).
-_SHARED = (
-    "env", "env_kwargs", "model", "backend", "generator_url", "policy_kwargs", "init_from", "output_dir", "max_steps", "seed",
-    "num_generations", "concurrency", "temperature", "top_p", "max_completion_length", "air_weights", "agent_match", "optim",
-    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
-    "max_grad_norm", "per_device_train_batch_size", "micro_batch_tokens", "packed_update", "gradient_checkpointing", "dtype",
-    "device", "num_threads", "check_memory", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_per_agent",
-    "eval_env_kwargs", "eval_episodes", "eval_steps", "eval_temperature", "eval_samples", "save_steps", "save_total_limit", "logging_steps",
-    "report_to", "run_name", "progress",
-)
 
 #: Config fields that decide what an SFT run computes: a resumed run must not change them.
 SFT_RUN_IDENTITY = (
@@ -61,7 +41,7 @@ SFT_RUN_IDENTITY = (
 
 
 @dataclass
-class SFTConfig(DataclassConfig):
+class SFTConfig(RunConfig):
     """Configuration of :class:`~agentgym_lightning.training.sft.trainer.SFTTrainer`.
 
     Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``sft`` command's flags;
@@ -84,7 +64,7 @@ class SFTConfig(DataclassConfig):
     success_only: bool = field(
         default=False, metadata={"help": "Keep only successful episodes (status succeeded and a positive final reward)."}
     )
-    agent_match: str | dict[str, Any] | None = _same(
+    agent_match: str | dict[str, Any] | None = restated(
         "agent_match",
         help="Which calls of a kept episode are trained (the RL config's `agent_match`): a regular expression matched in "
         "full against the call's agent name or role (`writer|rewriter`), or a mapping of `agent`, `role`, `name`, "
@@ -99,16 +79,11 @@ class SFTConfig(DataclassConfig):
         },
     )
 
-    # ------------------------------------------------------------------ the model
-    model: str = _same("model")
-    backend: str = _same("backend")
-    generator_url: str | None = _same("generator_url")
-    policy_kwargs: dict[str, Any] = _same("policy_kwargs")
-    init_from: str | None = _same("init_from")
-    output_dir: str = _same("output_dir", default="runs/sft", help="Where checkpoints, metrics.jsonl, the rows, rollouts and the final model go.")
+    # ------------------------------------------------------------------ the run folder
+    output_dir: str = restated("output_dir", default="runs/sft", help="Where checkpoints, metrics.jsonl, the rows, rollouts and the final model go.")
 
     # ------------------------------------------------------------------ the steps
-    max_steps: int = _same(
+    max_steps: int = restated(
         "max_steps", default=20,
         help="Optimizer steps per round (with `rounds` 0: of the run), each on `rows_per_step` rows of the chosen episodes.",
     )
@@ -116,7 +91,7 @@ class SFTConfig(DataclassConfig):
         default=16,
         metadata={"help": "Rows (one trained LLM call each) per optimizer step, walked in epochs of a seeded permutation."},
     )
-    seed: int = _same("seed", help="Seeds the rows' order, the rounds' tasks and sampling, and torch.")
+    seed: int = restated("seed", help="Seeds the rows' order, the rounds' tasks and sampling, and torch.")
 
     # ------------------------------------------------------------------ rounds: rejection sampling, distillation
     rounds: int = field(
@@ -128,7 +103,7 @@ class SFTConfig(DataclassConfig):
         },
     )
     tasks_per_round: int = field(default=24, metadata={"help": "Distinct tasks each round rolls out."})
-    num_generations: int = _same("num_generations", default=8, help="Episodes per task in a round (1 or more).")
+    num_generations: int = restated("num_generations", default=8, help="Episodes per task in a round (1 or more).")
     teacher: dict[str, Any] | None = field(
         default=None,
         metadata={
@@ -137,56 +112,16 @@ class SFTConfig(DataclassConfig):
             "re-tokenized with the student's chat template (`retokenize`)."
         },
     )
-    concurrency: int | None = _same("concurrency", help="Episodes running at once in a round (default: all of it).")
-    temperature: float = _same("temperature", help="Sampling temperature of the rounds' calls (the loss is at temperature 1).")
-    top_p: float = _same("top_p")
-    max_completion_length: int | None = _same("max_completion_length", help="Caps `max_tokens` of every call of a round or evaluation.")
-    air_weights: dict[str, float] = _same("air_weights", help="AIR weights of the rounds' env (their returns choose the episodes).")
-    env: str = _same("env", help="The environment the rounds roll out and the held-out evaluation runs on.")
-    env_kwargs: dict[str, Any] = _same("env_kwargs", help="Keyword arguments of the rounds' env (`gym.make(env, **env_kwargs)`).")
+    concurrency: int | None = restated("concurrency", help="Episodes running at once in a round (default: all of it).")
+    temperature: float = restated("temperature", help="Sampling temperature of the rounds' calls (the loss is at temperature 1).")
+    max_completion_length: int | None = restated("max_completion_length", help="Caps `max_tokens` of every call of a round or evaluation.")
+    air_weights: dict[str, float] = restated("air_weights", help="AIR weights of the rounds' env (their returns choose the episodes).")
+    env: str = restated("env", help="The environment the rounds roll out and the held-out evaluation runs on.")
+    env_kwargs: dict[str, Any] = restated("env_kwargs", help="Keyword arguments of the rounds' env (`gym.make(env, **env_kwargs)`).")
 
-    # ------------------------------------------------------------------ optimisation (the RL config's)
-    optim: str = _same("optim")
-    learning_rate: float = _same("learning_rate")
-    lr_scheduler_type: str = _same("lr_scheduler_type")
-    warmup_steps: int = _same("warmup_steps")
-    weight_decay: float = _same("weight_decay")
-    adam_beta1: float = _same("adam_beta1")
-    adam_beta2: float = _same("adam_beta2")
-    adam_epsilon: float = _same("adam_epsilon")
-    max_grad_norm: float = _same("max_grad_norm")
-    per_device_train_batch_size: int = _same("per_device_train_batch_size")
-    micro_batch_tokens: int | None = _same("micro_batch_tokens")
-    packed_update: bool | str = _same("packed_update")
-    gradient_checkpointing: bool = _same("gradient_checkpointing")
-    dtype: str = _same("dtype")
-    device: str = _same("device")
-    num_threads: int | None = _same("num_threads")
-    check_memory: bool = _same("check_memory")
-
-    # ------------------------------------------------------------------ LoRA (the RL config's)
-    use_peft: bool = _same("use_peft")
-    lora_r: int = _same("lora_r")
-    lora_alpha: int = _same("lora_alpha")
-    lora_dropout: float = _same("lora_dropout")
-    lora_target_modules: list[str] | str = _same("lora_target_modules")
-    lora_per_agent: bool | dict[str, str] = _same("lora_per_agent")
-
-    # ------------------------------------------------------------------ evaluation, checkpoints, logging (the RL config's)
-    eval_env_kwargs: dict[str, Any] | None = _same("eval_env_kwargs")
-    eval_episodes: int = _same("eval_episodes")
-    eval_steps: int | None = _same("eval_steps", help="Also evaluate every K steps (always before, after each round, and at the end).")
-    eval_temperature: float = _same("eval_temperature")
-    eval_samples: int = _same("eval_samples")
-    save_steps: int = _same("save_steps", help="Checkpoint every N steps (and at the end of each round, and on Ctrl-C).")
-    save_total_limit: int | None = _same("save_total_limit")
-    logging_steps: int = _same("logging_steps")
-    report_to: list[str] = _same("report_to")
-    run_name: str | None = _same("run_name")
-    progress: bool = _same("progress")
-
-    def __post_init__(self) -> None:
-        self.validate()
+    # ------------------------------------------------------------------ evaluation, checkpoints (the rest: RunConfig's)
+    eval_steps: int | None = restated("eval_steps", help="Also evaluate every K steps (always before, after each round, and at the end).")
+    save_steps: int = restated("save_steps", help="Checkpoint every N steps (and at the end of each round, and on Ctrl-C).")
 
     def validate(self) -> None:
         """Raise :class:`ValueError` naming the first bad option and what it accepts. The shared
@@ -231,7 +166,7 @@ class SFTConfig(DataclassConfig):
         adapters, the optimizer, the token-tree micro-batches): this config's shared fields, the
         logprobs at temperature 1, a token-sum normaliser (``dapo``'s: the step's token mean), one
         iteration, no reference model, no sampling correction."""
-        shared = {name: getattr(self, name) for name in _SHARED}
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(RunConfig)}
         shared.update(
             temperature=1.0,
             num_generations=max(2, self.num_generations),
