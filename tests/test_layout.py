@@ -228,9 +228,11 @@ def test_the_trainer_and_the_eval_command_share_one_evaluate():
     graph = _import_graph().build_graph(REPO)
     trainer = set(graph.successors("agentgym_lightning.training.trainer"))
     assert "agentgym_lightning.commands.eval" not in trainer
-    # Both trainers' held-out evals are training/held_out.py's, which runs the one evaluate.
-    assert {"agentgym_lightning.metrics", "agentgym_lightning.training.held_out"} <= trainer
-    assert "agentgym_lightning.training.held_out" in graph.successors("agentgym_lightning.training.sft.trainer")
+    # Both trainers' held-out evals are the run loop's (training/run.py), which runs training/held_out.py's,
+    # which runs the one evaluate.
+    assert {"agentgym_lightning.metrics", "agentgym_lightning.training.run"} <= trainer
+    assert "agentgym_lightning.training.run" in graph.successors("agentgym_lightning.training.sft.trainer")
+    assert "agentgym_lightning.training.held_out" in graph.successors("agentgym_lightning.training.run")
     assert "agentgym_lightning.rollouts.evaluation" in graph.successors("agentgym_lightning.training.held_out")
     assert "agentgym_lightning.rollouts.evaluation" in graph.successors("agentgym_lightning.commands.eval")
 

@@ -37,24 +37,17 @@ carries its version back to the worker's episode). k = 0 is the loop above, unch
    ``eval_steps`` and at the end; checkpoints every ``save_steps``, at the end, and on Ctrl-C.
 
 **The loss and stale rollouts.** Every call carries the logprobs of the policy that answered it
-(the *behaviour* policy ``π_behav``: the generator at the weights it held, the current ones in a
-synchronous step, up to ``max_staleness`` versions older when rollouts run on during updates).
-The update's loss is AReaL's decoupled PPO objective: per loss token with advantage ``A``,
-``-w · min(u A, clip(u, 1 - ε_low, 1 + ε_high) A)`` with ``u = π_θ / π_prox`` and
-``w = trunc(π_prox / π_behav)``, where ``π_prox``, the *proximal* policy, is the weights before
-this update (recomputed by the update itself, never taken from the call). The clip, and
-``clip_ratio/*``, measure how far this update moves from ``π_prox``, not how old the data is;
-``w`` (no gradient) corrects the sampling, truncated at ``sampling_correction_clip_max`` (or the
-token masked) because it is unbounded where ``π_behav`` gave a token little probability.
-``π_prox / π_behav`` is the generator/trainer mismatch times the staleness: one weight, truncated
-once (``sampling_correction_*``; its mean and truncated share are ``sampling_ratio/*``). Current
-calls (k = 0) make it TRL's mismatch correction, unchanged; calls whose logprobs equal the
-trained model's make it 1, the on-policy loss. :mod:`.loss`'s docstring has the derivation.
+(the *behaviour* policy, up to ``max_staleness`` versions older than the weights being updated).
+The loss is AReaL's decoupled PPO objective: the PPO ratio against the weights before this update
+(the *proximal* policy, recomputed by the update), times the truncated weight ``π_prox / π_behav``
+(no gradient), which corrects the generator/trainer mismatch and the staleness at once; with
+current calls (k = 0) it is TRL's mismatch correction, unchanged. :mod:`.loss` has the derivation.
 
-What is not the loop has rooms of its own: the models built from the config (:mod:`.models`),
-checkpoints as the run takes and resumes them (:mod:`.run_checkpoints`), Ctrl-C and SIGTERM
-(:mod:`.signals`), what a run returns or raises (:mod:`.result`,
-:mod:`agentgym_lightning.failed_episodes`) and its progress bar (:mod:`.progress`).
+What is not the step has rooms of its own: the loop around it (resume, hooks, progress, the
+evaluations, checkpoints, close: :class:`~agentgym_lightning.training.run.RunLoop`, the SFT
+trainer's too), the models built from the config (:mod:`.models`), checkpoints as the run takes and
+resumes them (:mod:`.run_checkpoints`), Ctrl-C and SIGTERM (:mod:`.signals`), what a run returns or
+raises (:mod:`.result`, :mod:`agentgym_lightning.failed_episodes`) and its progress bar (:mod:`.progress`).
 
 Python API and CLI are the same thing::
 
@@ -70,7 +63,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -81,7 +73,6 @@ from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.metrics import episode_metrics
-from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.judge import JudgeConfig
 from agentgym_lightning.registration import env_kwargs_refused
 from agentgym_lightning.rollouts.base import Rollouts
@@ -91,27 +82,28 @@ from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, shaping_only, split_groups
 from agentgym_lightning.training.async_rollouts import AsyncRollouts, running_time
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
-from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_counts, generator_metrics, sync_weights
-from agentgym_lightning.training.held_out import held_out_eval, held_out_written
+from agentgym_lightning.training.checkpoint import TrainerState
+from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_counts, generator_metrics
 from agentgym_lightning.training.judging import JudgingService
 from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.pass_rates import PassRates, load_task_file
-from agentgym_lightning.training.progress import progress_bar
 from agentgym_lightning.training.ranks import Ranks
-from agentgym_lightning.training.result import TrainResult, run_until_stopped
+from agentgym_lightning.training.result import TrainResult  # noqa: F401 - what train() returns, importable from here as before
+from agentgym_lightning.training.run import RunLoop
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
-from agentgym_lightning.training.run_models import build_run_models, seed_process
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
 from agentgym_lightning.training.schedule import TaskSchedule
-from agentgym_lightning.training.signals import deferred_interrupt
 from agentgym_lightning.training.update import MicroBatches, optimize, packed_update, warn_if_prefixes_repeated
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
 __all__ = ["LightningRLTrainer"]
 
 
-class LightningRLTrainer:
+class LightningRLTrainer(RunLoop):
     """Trains the policy that answers an environment's agent on that environment's reward.
+
+    The loop around each step (resume, hooks, progress, evaluations, checkpoints, close) is
+    :class:`~agentgym_lightning.training.run.RunLoop`'s; this class supplies the step.
 
     Args:
         config: The run's options (:class:`~agentgym_lightning.training.config.LightningRLConfig`).
@@ -124,6 +116,9 @@ class LightningRLTrainer:
             ``config.eval_env_kwargs``, none when that is ``None``).
     """
 
+    config: LightningRLConfig
+    _bar_eval_metric = "eval/reward/mean"
+
     def __init__(
         self,
         config: LightningRLConfig,
@@ -132,11 +127,8 @@ class LightningRLTrainer:
         policy: Any = None,
         eval_env: str | Callable[[], AgentEnv] | None = None,
     ) -> None:
-        config.validate()
-        self.config = cfg = config
-        self.output_dir = Path(cfg.output_dir)
-        seed_process(cfg.seed, cfg.num_threads)
-        self._hook = get_plugin_manager().hook
+        super().__init__(config)
+        cfg = config
 
         # The envs: every call of a training episode is seeded from its episode (reproducible).
         target = env or cfg.env
@@ -166,29 +158,17 @@ class LightningRLTrainer:
             )
         #: What each rank will hold (printed; a plan that cannot fit is refused before any weight loads).
         self.memory_plan = check_run_memory(cfg, policy, ranks=self.ranks.world_size, device=self.ranks.device, main=self.ranks.is_main)
-        #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
-        self._owns_policy = policy is None and self.ranks.is_main
         # The generator and the trained model (the same object for hf), its LoRA, the reference, the optimizer.
-        built = build_run_models(cfg, policy, training_steps=cfg.max_steps * cfg.num_iterations, ranks=self.ranks)
-        self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
-        self.device = next(self.model.parameters()).device
-        #: lora_per_agent: which agent's calls go to which adapter (None: one set of trained weights).
-        self.adapters = built.adapters
+        built = self._build_models(cfg, policy, training_steps=cfg.max_steps * cfg.num_iterations, owns=policy is None and self.ranks.is_main)
         warn_if_air_reaches_every_adapter(cfg, self.adapters)
         self.ref_model = built.ref_model
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self._warned_repeated_prefixes = False
-        #: Each adapter's parameters (lora_per_agent: clipped and reported per adapter).
-        self.adapter_params = built.adapter_params
-        self.optimizer, self.scheduler = built.optimizer, built.scheduler
         self.checkpoints = RunCheckpoints(
             self.output_dir, cfg, model=self.ranks.full_model(self.model), tokenizer=self.tokenizer, scheduler=self.scheduler,
             optimizer=self.ranks.checkpointed_optimizer(self.model, self.optimizer),
             adapters=self.adapters.names if self.adapters is not None else None,
         )
-        self.step = 0
-        self._mid_update = False
-        self.history: list[dict[str, float]] = []
         self._remote: Any = None  # rollouts on Ray workers (config.rollout_workers), made on first use
         self._stamped: VersionStamping | None = None  # the generator, stamping each answer with its version (made on first use)
         self._sampling: SamplingOverride | None = None  # that, sampling the training way: what rollouts call
@@ -196,83 +176,14 @@ class LightningRLTrainer:
         self._async: AsyncRollouts | None = None  # max_staleness >= 1: the producer and its buffer, made on first use
         self._async_state: dict[str, Any] | None = None  # a resumed checkpoint's buffer, for it
         self._cores_back: Callable[[], None] = _nothing  # max_staleness >= 1 on CPU: the torch threads as they were
-        self.model.eval()  # generation mode between updates (no dropout anyway; see disable_dropout)
-        if self.adapters is not None or built.initialized:
-            # A generator of its own must hold every adapter before the first call names one, and
-            # the weights the run starts from (init_from) before the first rollout.
-            self._sync()
+        # A generator of its own must hold every adapter before the first call names one, and the
+        # weights the run starts from (init_from) before the first rollout.
+        self._ready(built)
 
-    def _sync(self) -> float:
-        """Push the trained weights (or each agent's adapter) to the generator; returns seconds."""
-        if not self.ranks.is_main:
-            return 0.0  # N ranks: rank 0 syncs the generator (a follower gathers when rank 0 says)
-        names = self.adapters.names if self.adapters is not None else None
-        model = self.ranks.gather(self.model)  # N ranks: the weights gathered into rank 0's full copy
-        return sync_weights(self.policy, model, peft=self.config.use_peft, adapters=names)
+    # ================================================================== what the run loop asks of the RL trainer
 
-    @property
-    def is_main_rank(self) -> bool:
-        """Whether this process leads the run: rank 0 of N ranks (:mod:`.ranks`), or the only one."""
-        return self.ranks.is_main
-
-    @property
-    def generator(self) -> Any:
-        """What answers the agents' calls: the policy, each call routed to its agent's adapter
-        under ``lora_per_agent``."""
-        return self.policy if self.adapters is None else AdapterRouting(self.policy, self.adapters)
-
-    # ================================================================== the loop
-
-    def train(self, resume_from: str | Path | None = None) -> TrainResult:
-        """Run :meth:`train_step` until ``max_steps``, evaluating before, every ``eval_steps``
-        and after. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
-        (``result.interrupted``, ``result.signal``); an error (a dead policy backend) saves it
-        too and raises :class:`TrainingStopped` from the error (an :class:`EpisodesFailedError`
-        is raised as is). However it ends, what the trainer built is closed (:meth:`close`): a
-        policy built from the config among it, so pass your own ``policy`` to go on generating
-        with it afterwards (:attr:`model` holds the trained weights either way)."""
-        cfg = self.config
-        if not self.ranks.is_main:  # N ranks: a follower does rank 0's updates, gathers and restores
-            return TrainResult(output_dir=self.output_dir, steps=self.ranks.follow(self))
-        messages: list[str] = []
-        if resume_from is not None:
-            try:
-                messages = self._resume(resume_from)
-            except BaseException:
-                self.close()  # a checkpoint refused: nothing ran, and what the trainer built goes all the same
-                raise
-        result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        for lines in self._hook.agentgym_train_start(config=cfg.to_dict(), output_dir=str(self.output_dir), step=self.step):
-            result.messages.extend(lines or [])
-        for line in result.messages:
-            print(line, file=sys.stderr)
-        bar = progress_bar(cfg, self.step)
-        postfix: dict[str, str] = {}
-        completed = False
-        try:
-            completed = run_until_stopped(
-                lambda: self._loop(result, bar, postfix), result, save_progress=self._save_progress, step=lambda: self.step,
-                once=self.ranks.distributed,
-            )
-        finally:
-            bar.close()
-            self.close()
-            result.steps = self.step
-            result.history = list(self.history)
-            if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
-                result.messages.append(unsaved)
-            final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
-            for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
-                result.messages.extend(lines or [])
-            self.ranks.stop(self.step)
-        return result
-
-    def close(self) -> None:
-        """Release what the trainer built: its Ray rollout workers, its judge, and the policy it
-        built from the config (an engine, a server's connections; a policy passed in is the
-        caller's to close). :meth:`train` calls it when it ends; call it yourself for a trainer
-        that never trains. Idempotent."""
+    def _release(self) -> None:
+        """Its Ray rollout workers and its judge (the policy is the run loop's to close)."""
         if self._async is not None:  # the producer first: it still uses the policy
             self._async.close()
             self._async = None
@@ -284,38 +195,15 @@ class LightningRLTrainer:
         if self._judge is not None:
             self._judge.close()
             self._judge = None
-        if self._owns_policy:
-            self._owns_policy = False
-            self.policy.close()
 
-    def _loop(self, result: TrainResult, bar: Any, postfix: dict[str, str]) -> None:
-        """The evaluations and steps of :meth:`train` (which handles how they may end)."""
-        cfg = self.config
-        if self.eval_factory is not None and self.step == 0:
-            result.eval_before = self.evaluate()
-            postfix["eval"] = f"{result.eval_before['eval/reward/mean']:.3f}"
-            bar.set_postfix(postfix)
-        elif self.eval_factory is not None and self._due_eval_unfinished():
-            postfix["eval"] = f"{self.evaluate()['eval/reward/mean']:.3f}"  # killed during it: run it again
-        while self.step < cfg.max_steps:
-            metrics = self.train_step()
-            bar.update(1)
-            postfix["reward"] = f"{metrics['train/reward/mean']:.3f}"
-            if self.eval_factory is not None and cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < cfg.max_steps:
-                postfix["eval"] = f"{self.evaluate()['eval/reward/mean']:.3f}"
-            bar.set_postfix(postfix)
-        if self.eval_factory is not None:
-            result.eval_after = self.evaluate()
-            postfix["eval"] = f"{result.eval_after['eval/reward/mean']:.3f}"  # the bar ends on the latest eval
-            bar.set_postfix(postfix)
+    def _progress(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"reward": f"{metrics['train/reward/mean']:.3f}"}
 
-    def _due_eval_unfinished(self) -> bool:
-        """A resumed run's step was due an evaluation (``eval_steps``) that was not finished:
-        the run was killed during it, after the step's checkpoint."""
-        cfg = self.config
-        if not cfg.eval_steps or self.step % cfg.eval_steps or self.step >= cfg.max_steps:
-            return False
-        return not held_out_written(self.output_dir, self.step, cfg.eval_episodes)
+    def _after_update(self) -> None:
+        if self._async is not None:
+            self._async.advance(self.step)  # the next call of a running episode gets the new version
+
+    # ================================================================== a step
 
     def train_step(self) -> dict[str, float]:
         """One training step (the six moves of the module docstring); returns its metrics."""
@@ -335,23 +223,11 @@ class LightningRLTrainer:
         # 3. samples (episodes in seed order: the same rows whatever order they finished in)
         trajectories.sort(key=lambda t: t.seed or 0)
         batch = self.samples(trajectories)
-        with deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
-            # 4. update
-            t0 = time.perf_counter()
-            self._mid_update = True  # an error from here to the step's end leaves half-changed weights
-            update = self.update(batch)
-            update_s = time.perf_counter() - t0
-            release_freed_memory()  # the update's activations, before the next rollout's KV caches
-            # 5. sync
-            sync_s = self._sync()
-            self.step += 1
-            if self._async is not None:
-                self._async.advance(self.step)  # the next call of a running episode gets the new version
-            self._mid_update = False
-            # 6. log and checkpoint
+
+        def step_metrics(update: dict[str, float], update_s: float, sync_s: float) -> dict[str, float]:
             # asynchronous: rates over the time the episodes ran, not the update's wait for them
             episodes_s = async_metrics.get("async/episodes_s", rollout_s) if cfg.max_staleness else rollout_s
-            metrics = {
+            return {
                 **episode_metrics(trajectories, episodes_s, prefix="train/"),
                 **{f"samples/{k}": v for k, v in batch.stats.items()},
                 **update,
@@ -369,15 +245,9 @@ class LightningRLTrainer:
                 "time/step_cpu_s": time.process_time() - cpu_start,
                 "epoch": self._epoch(),
             }
-            self.history.append({"step": float(self.step), **metrics})
-            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
-                if cfg.log_episodes:
-                    self._hook.agentgym_log_episodes(trajectories=trajectories[: cfg.log_episodes], step=self.step)
-            if self.step % cfg.save_steps == 0 or self.step == cfg.max_steps:
-                self.checkpoints.save(self.step, self.history, self._checkpoint_extra())
-        interrupted.raise_if_received()
-        return metrics
+
+        # 4. update, 5. sync, 6. log and checkpoint: the run loop's guarded block
+        return self._guarded_update(lambda: self.update(batch), step_metrics, episodes=trajectories)
 
     def _trajectory_file(self) -> Path:
         """Where the episodes the coming step trains on are written (the viewer reads them there)."""
@@ -589,30 +459,19 @@ class LightningRLTrainer:
             self._warned_repeated_prefixes = warn_if_prefixes_repeated(micro, self.step + 1)
         return stats.metrics(micro, learning_rate=float(self.scheduler.get_last_lr()[0]))
 
-    # ================================================================== evaluation
-
-    def evaluate(self) -> dict[str, float]:
-        """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) and log it."""
-        return held_out_eval(self.eval_factory, self.generator, self.config, output_dir=self.output_dir, step=self.step, hook=self._hook)
-
     # ================================================================== checkpoints
 
-    def _save_progress(self) -> Path | None:
-        """On the way out (a signal, an error): checkpoint the last completed step unless it is
-        saved already; returns the newest checkpoint. Nothing is saved when the stop struck
-        mid-update (the weights may be half-changed: the previous checkpoint stands)."""
-        if self._async is not None:
-            self._async.close()  # its running episodes end truncated; what finished is in the buffer
-        if self._mid_update or (self.checkpoints.is_saved(self.step) and self._async is None):
-            return self.checkpoints.newest()
-        return self.checkpoints.save(self.step, self.history, self._checkpoint_extra())
+    def _wind_down(self) -> bool:
+        """The asynchronous rollouts stop (their running episodes end truncated; what finished is
+        in the buffer, which the newest checkpoint must then keep: written again)."""
+        if self._async is None:
+            return False
+        self._async.close()
+        return True
 
-    def _resume(self, path: str | Path) -> list[str]:
-        """Continue from the checkpoint at ``path``; returns what it says about the run folder."""
-        state = self.checkpoints.resume(path)
-        self.ranks.restore(self.model, self.optimizer, self.scheduler)  # N ranks: the checkpoint to every shard
-        self.step = state.step
-        self.history = [dict(h) for h in state.history]
+    def _restore(self, state: TrainerState) -> None:
+        """The asynchronous rollouts' buffer, the pass rates, the task cursor
+        and dynamic sampling's counts of a resumed checkpoint."""
         self._async_state = state.extra.get("async_rollouts")
         if "pass_rates" in state.extra:
             self.pass_rates.restore(state.extra["pass_rates"])
@@ -620,8 +479,6 @@ class LightningRLTrainer:
         # A checkpoint from before the cursor was kept: the plain loop's position at its step.
         self.task_cursor = int(sampling.get("cursor", self.step * self.config.tasks_per_step))
         self.sampler.restore(sampling)
-        self._sync()
-        return self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
 
 
 # ====================================================================== building blocks

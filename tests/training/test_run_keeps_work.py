@@ -152,7 +152,7 @@ def test_a_full_disk_at_a_checkpoint_warns_keeps_the_previous_one_and_the_run_go
 
 
 def test_the_progress_bar_ends_on_the_latest_eval(tiny_model_dir, tmp_path, policy, monkeypatch):
-    from agentgym_lightning.training import LightningRLTrainer, trainer as trainer_module
+    from agentgym_lightning.training import LightningRLTrainer, run as run_module
 
     bars = []
 
@@ -170,7 +170,7 @@ def test_the_progress_bar_ends_on_the_latest_eval(tiny_model_dir, tmp_path, poli
         def close(self):
             pass
 
-    monkeypatch.setattr(trainer_module, "progress_bar", lambda cfg, initial: Bar())
+    monkeypatch.setattr(run_module, "progress_bar", lambda cfg, initial: Bar())  # the run loop's bar
     trainer = LightningRLTrainer(run_config(tiny_model_dir, tmp_path, max_steps=1), policy=policy)
     evals = iter([0.125, 0.75])
     trainer.eval_factory = object()  # evaluate() is replaced below: the bar is what is under test

@@ -367,11 +367,13 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
     from agentgym_lightning.memory import release_freed_memory
     from agentgym_lightning.training import held_out as held_out_module
+    from agentgym_lightning.training import run as run_module
     from agentgym_lightning.training import trainer as trainer_module
 
     assert release_freed_memory() is (platform.libc_ver()[0] == "glibc")
     phases: list[str] = []
-    monkeypatch.setattr(trainer_module, "release_freed_memory", lambda: phases.append("release"))
+    monkeypatch.setattr(trainer_module, "release_freed_memory", lambda: phases.append("release"))  # the rollout's
+    monkeypatch.setattr(run_module, "release_freed_memory", lambda: phases.append("release"))  # the update's (the run loop's)
     monkeypatch.setattr(held_out_module, "release_freed_memory", lambda: phases.append("release"))  # the held-out eval's
 
     def agent(task, ctx):

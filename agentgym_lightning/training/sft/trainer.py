@@ -32,33 +32,26 @@ after each round and at the end, ``final/`` (``train --init-from`` starts RL fro
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from agentgym_lightning.env import AgentEnv
 from agentgym_lightning.failed_episodes import check_episodes_ran
 from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.metrics import episode_metrics
-from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
-from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
-from agentgym_lightning.training.generation import SamplingOverride, sync_weights
-from agentgym_lightning.training.held_out import held_out_eval, held_out_written
+from agentgym_lightning.training.generation import SamplingOverride
 from agentgym_lightning.training.memory_plan import check_run_memory
-from agentgym_lightning.training.progress import progress_bar
-from agentgym_lightning.training.result import TrainResult, run_until_stopped
+from agentgym_lightning.training.run import RunLoop
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
-from agentgym_lightning.training.run_models import build_run_models, seed_process
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.sft.config import SFT_RUN_IDENTITY, SFTConfig
 from agentgym_lightning.training.sft.episodes import choose_episodes, load_sources, nothing_chosen
 from agentgym_lightning.training.sft.rows import row_record, sft_rows
-from agentgym_lightning.training.signals import deferred_interrupt
 from agentgym_lightning.training.update import MicroBatches, optimize, packed_update
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter, load_trajectories
 
@@ -69,8 +62,12 @@ _SFT_METRICS = ("loss", "grad_norm", "entropy", "learning_rate", "update/nonfini
                 "update/tokens/unique", "update/packed")
 
 
-class SFTTrainer:
+class SFTTrainer(RunLoop):
     """Fine-tunes the policy of an environment's agent on chosen episodes (see the module docstring).
+
+    The loop around each step (resume, hooks, progress, evaluations, checkpoints, close) is
+    :class:`~agentgym_lightning.training.run.RunLoop`'s; this class supplies the rounds' rows and
+    the step on them.
 
     Args:
         config: The run's options (:class:`~agentgym_lightning.training.sft.config.SFTConfig`).
@@ -82,6 +79,8 @@ class SFTTrainer:
             ``openai`` backend at ``config.teacher``'s ``base_url``, when given).
     """
 
+    config: SFTConfig
+
     def __init__(
         self,
         config: SFTConfig,
@@ -91,11 +90,8 @@ class SFTTrainer:
         eval_env: str | Callable[[], AgentEnv] | None = None,
         teacher: Any = None,
     ) -> None:
-        config.validate()
-        self.config = cfg = config
-        self.output_dir = Path(cfg.output_dir)
-        seed_process(cfg.seed, cfg.num_threads)
-        self._hook = get_plugin_manager().hook
+        super().__init__(config)
+        cfg = config
         #: The RL config the shared machinery reads (models, LoRA, micro-batches).
         self.update_config = view = cfg.update_config()
         self.sources = load_sources(cfg.sources)  # read first: a missing source is an error before the model loads
@@ -105,14 +101,7 @@ class SFTTrainer:
 
         #: What the run will hold (printed; a plan that cannot fit is refused before any weight loads).
         self.memory_plan = check_run_memory(view, policy, ranks=1, device=None, main=True)
-        #: Whether the trainer built the policy (then it closes it: :meth:`close`) or the caller passed it.
-        self._owns_policy = policy is None
-        built = build_run_models(view, policy, training_steps=cfg.total_steps)
-        self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
-        self.device = next(self.model.parameters()).device
-        self.adapters = built.adapters
-        self.adapter_params = built.adapter_params
-        self.optimizer, self.scheduler = built.optimizer, built.scheduler
+        built = self._build_models(view, policy, training_steps=cfg.total_steps, owns=policy is None)
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self.checkpoints = RunCheckpoints(
             self.output_dir, cfg, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
@@ -120,110 +109,30 @@ class SFTTrainer:
         )
         self._owns_teacher = teacher is None and cfg.teacher is not None
         self.teacher = teacher if teacher is not None else _teacher_policy(cfg.teacher)
-        self.step = 0
-        self.history: list[dict[str, float]] = []
         self._rollouts: dict[int, list[Trajectory]] = {}
         self._rows: dict[int, tuple[list[Sample], dict[str, float]]] = {}  # a round's rows made ahead, taken once
-        self._mid_update = False
-        self.model.eval()
-        if self.adapters is not None or built.initialized:
-            self._sync()
-
-    @property
-    def generator(self) -> Any:
-        """The student: the policy, each call routed to its agent's adapter under ``lora_per_agent``."""
-        return self.policy if self.adapters is None else AdapterRouting(self.policy, self.adapters)
-
-    @property
-    def is_main_rank(self) -> bool:
-        """Always: the SFT update runs on one rank."""
-        return True
+        self._round: _Round | None = None  # the round the steps are in, made at its first step
+        self._ready(built)
 
     @property
     def rounds(self) -> int:
         """Rounds of the run (one without ``rounds``)."""
         return max(self.config.rounds, 1)
 
-    def _sync(self) -> float:
-        names = self.adapters.names if self.adapters is not None else None
-        return sync_weights(self.policy, self.model, peft=self.config.use_peft, adapters=names)
+    # ================================================================== what the run loop asks of the SFT trainer
 
-    def close(self) -> None:
-        """Release what the trainer built: the policy built from the config (an engine, a
-        server's connections) and the teacher built from ``config.teacher`` (those passed in
-        are the caller's to close). :meth:`train` calls it when it ends; call it yourself for a
-        trainer that never trains. Idempotent."""
+    def _release(self) -> None:
+        """The teacher built from ``config.teacher`` (one passed in is the caller's to close)."""
         if self._owns_teacher:
             self._owns_teacher = False
             self.teacher.close()
-        if self._owns_policy:
-            self._owns_policy = False
-            self.policy.close()
 
-    # ================================================================== the loop
+    def _prepare(self) -> None:
+        if not self.config.rounds:  # the sources alone make the rows: none means nothing to learn, said before any step
+            self._rows[1] = self.round_rows(1)
 
-    def train(self, resume_from: str | Path | None = None) -> TrainResult:
-        """Run every round's steps, evaluating before, every ``eval_steps``, after each round and
-        at the end. Ctrl-C or SIGTERM saves a checkpoint of the last completed step and returns
-        (``result.interrupted``); an error saves it too and raises :class:`TrainingStopped`.
-        However it ends, what the trainer built is closed (:meth:`close`): a policy built from
-        the config among it (:attr:`model` keeps the trained weights)."""
-        messages: list[str] = []
-        if resume_from is not None:
-            try:
-                state = self.checkpoints.resume(resume_from)
-            except BaseException:
-                self.close()  # a checkpoint refused: nothing ran, and what the trainer built goes all the same
-                raise
-            self.step, self.history = state.step, [dict(h) for h in state.history]
-            self._sync()
-            messages = self.checkpoints.set_aside_message(self.step, self.checkpoints.set_aside_after(self.step))
-        result = TrainResult(output_dir=self.output_dir, steps=self.step, messages=messages)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        if not self.config.rounds:
-            try:  # the sources alone make the rows: none means nothing to learn, said before any step
-                self._rows[1] = self.round_rows(1)
-            except BaseException:
-                self.close()
-                raise
-        for lines in self._hook.agentgym_train_start(config=self.config.to_dict(), output_dir=str(self.output_dir), step=self.step):
-            result.messages.extend(lines or [])
-        for line in result.messages:
-            print(line, file=sys.stderr)
-        bar = progress_bar(self.update_config, self.step)
-        completed = False
-        try:
-            completed = run_until_stopped(lambda: self._loop(result, bar), result, save_progress=self._save_progress, step=lambda: self.step)
-        finally:
-            bar.close()
-            self.close()
-            result.steps, result.history = self.step, list(self.history)
-            if completed and (unsaved := self.checkpoints.save_final(self.step)) is not None:
-                result.messages.append(unsaved)
-            final_metrics = {**(result.eval_after or {}), "steps": float(self.step)}
-            for lines in self._hook.agentgym_train_end(output_dir=str(self.output_dir), metrics=final_metrics, interrupted=not completed):
-                result.messages.extend(lines or [])
-        return result
-
-    def _loop(self, result: TrainResult, bar: Any) -> None:
-        cfg = self.config
-        if self.eval_factory is not None and self.step == 0:
-            result.eval_before = self.evaluate()
-        elif self.eval_factory is not None and self._due_eval_unfinished():
-            self.evaluate()  # killed during it: run it again
-        while self.step < cfg.total_steps:
-            round_ = self.step // cfg.max_steps + 1
-            rows, counts = self.round_rows(round_)
-            order = TaskSchedule(rows, cfg.rows_per_step, _round_seed(cfg.seed, round_)) if rows else None
-            end = round_ * cfg.max_steps
-            while self.step < end:
-                metrics = self.train_step(order, round_, counts)
-                bar.update(1)
-                bar.set_postfix({"loss": f"{metrics.get('loss', float('nan')):.3f}"})
-                if self.eval_factory is not None and self._eval_due():
-                    self.evaluate()  # every eval_steps, and after each round but the last
-        if self.eval_factory is not None:
-            result.eval_after = self.evaluate()
+    def _progress(self, metrics: dict[str, float]) -> dict[str, str]:
+        return {"loss": f"{metrics.get('loss', float('nan')):.3f}"}
 
     def _eval_due(self) -> bool:
         """Whether the step just taken is due an evaluation: every ``eval_steps``, and at the end of
@@ -232,10 +141,9 @@ class SFTTrainer:
         due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0
         return 0 < self.step < cfg.total_steps and (due or self.step % cfg.max_steps == 0)
 
-    def _due_eval_unfinished(self) -> bool:
-        """A resumed run's step was due an evaluation that was not finished: the run was killed
-        during it, after the step's checkpoint (written first)."""
-        return self._eval_due() and not held_out_written(self.output_dir, self.step, self.config.eval_episodes)
+    def _checkpoint_due(self) -> bool:
+        """Every ``save_steps``, and at the end of each round (the last is the run's)."""
+        return self.step % self.config.save_steps == 0 or self.step % self.config.max_steps == 0
 
     # ================================================================== a round's data
 
@@ -304,61 +212,63 @@ class SFTTrainer:
 
     # ================================================================== a step
 
-    def train_step(self, order: TaskSchedule | None, round_: int, counts: dict[str, float]) -> dict[str, float]:
-        """One optimizer step on the next ``rows_per_step`` rows of the round (``order``; ``None``:
-        the round has no rows, nothing is updated); returns its metrics."""
+    def _next_round(self) -> _Round:
+        """The round the coming step is in: made at its first step (its rows, their seeded order)."""
         cfg = self.config
+        if self._round is None or self.step >= self._round.end:
+            number = self.step // cfg.max_steps + 1
+            rows, counts = self.round_rows(number)
+            order = TaskSchedule(rows, cfg.rows_per_step, _round_seed(cfg.seed, number)) if rows else None
+            self._round = _Round(number, order, counts, end=number * cfg.max_steps)
+        return self._round
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on the next ``rows_per_step`` rows of the round (none when the
+        round has no rows: nothing is updated); returns its metrics."""
+        cfg = self.config
+        round_ = self._next_round()
         started, cpu_start = time.perf_counter(), time.process_time()
-        in_round = self.step - (round_ - 1) * cfg.max_steps
-        rows: Sequence[Sample] = order.tasks_for(in_round) if order is not None else []
-        with deferred_interrupt() as interrupted:  # never stop between an update and its checkpoint
-            self._mid_update = True
-            update: dict[str, float] = {"update/skipped": 1.0}
-            if rows:
-                micro = MicroBatches(rows, self.update_config, packed=self.packed_update, pad_token_id=self.pad_token_id,
-                                     device=self.device, adapters=self.adapters)
-                stats = optimize(
-                    micro, lambda i: micro.sft_loss(self.model, i), model=self.model, optimizer=self.optimizer,
-                    scheduler=self.scheduler, adapter_params=self.adapter_params, max_grad_norm=cfg.max_grad_norm, step=self.step + 1,
-                )
-                every = stats.metrics(micro, learning_rate=float(self.scheduler.get_last_lr()[0]))
-                update = {k: v for k, v in every.items() if k in _SFT_METRICS or k.startswith("adapters/")}
-            update_s = time.perf_counter() - started
-            release_freed_memory()
-            sync_s = self._sync()
-            self.step += 1
-            self._mid_update = False
-            metrics = {
-                **counts,
+        in_round = self.step - (round_.number - 1) * cfg.max_steps
+        rows: Sequence[Sample] = round_.order.tasks_for(in_round) if round_.order is not None else []
+
+        def update() -> dict[str, float]:
+            if not rows:
+                return {"update/skipped": 1.0}
+            micro = MicroBatches(rows, self.update_config, packed=self.packed_update, pad_token_id=self.pad_token_id,
+                                 device=self.device, adapters=self.adapters)
+            stats = optimize(
+                micro, lambda i: micro.sft_loss(self.model, i), model=self.model, optimizer=self.optimizer,
+                scheduler=self.scheduler, adapter_params=self.adapter_params, max_grad_norm=cfg.max_grad_norm, step=self.step + 1,
+            )
+            every = stats.metrics(micro, learning_rate=float(self.scheduler.get_last_lr()[0]))
+            return {k: v for k, v in every.items() if k in _SFT_METRICS or k.startswith("adapters/")}
+
+        def step_metrics(update: dict[str, float], update_s: float, sync_s: float) -> dict[str, float]:
+            return {
+                **round_.counts,
                 **update,
                 "samples/rows": float(len(rows)),
                 "samples/loss_tokens": float(sum(r.num_loss_tokens for r in rows)),
-                "round": float(round_),
-                "epoch": order.epoch_of(in_round) if order is not None else float("nan"),
+                "round": float(round_.number),
+                "epoch": round_.order.epoch_of(in_round) if round_.order is not None else float("nan"),
                 "time/update_s": update_s,
                 "time/sync_s": sync_s,
                 "time/step_s": time.perf_counter() - started,
                 "time/step_cpu_s": time.process_time() - cpu_start,  # this process's threads
             }
-            self.history.append({"step": float(self.step), **metrics})
-            if self.step % cfg.logging_steps == 0 or self.step == cfg.total_steps:
-                self._hook.agentgym_log_metrics(metrics=metrics, step=self.step)
-            if self.step % cfg.save_steps == 0 or self.step % cfg.max_steps == 0:
-                self.checkpoints.save(self.step, self.history)
-        interrupted.raise_if_received()
-        return metrics
 
-    # ================================================================== evaluation, checkpoints
+        return self._guarded_update(update, step_metrics)
 
-    def evaluate(self) -> dict[str, float]:
-        """Run the held-out eval (``eval_episodes`` tasks, ``eval_temperature``) with the student and log it."""
-        return held_out_eval(self.eval_factory, self.generator, self.config, output_dir=self.output_dir, step=self.step, hook=self._hook)
 
-    def _save_progress(self) -> Path | None:
-        """On the way out: checkpoint the last completed step unless it is saved (never mid-update)."""
-        if self._mid_update or self.checkpoints.is_saved(self.step):
-            return self.checkpoints.newest()
-        return self.checkpoints.save(self.step, self.history)
+@dataclass(frozen=True)
+class _Round:
+    """A round as its steps take it: its number (1-based), its rows' seeded order (``None``: no
+    rows), the counts of how they were chosen (``data/...``) and the step it ends at."""
+
+    number: int
+    order: TaskSchedule | None
+    counts: dict[str, float]
+    end: int
 
 
 def _teacher_policy(options: dict[str, Any] | None) -> Any:
