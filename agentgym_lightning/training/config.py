@@ -41,6 +41,25 @@ _OPTIMIZERS = ("adamw", "adafactor")
 _BACKENDS = ("hf", "vllm", "vllm-server")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
+#: The order of a saved RL config's keys (:meth:`DataclassConfig.to_dict`), as it has always been.
+_SAVED_ORDER = (
+    "env", "env_kwargs", "model", "backend", "generator_url", "policy_kwargs", "init_from", "output_dir",
+    "max_steps", "tasks_per_step", "num_generations", "concurrency", "temperature", "top_p",
+    "max_completion_length", "seed", "max_staleness", "dynamic_sampling", "max_sampling_rounds",
+    "curriculum_min_attempts", "curriculum_min_pass_rate", "curriculum_max_pass_rate", "task_file",
+    "outcome_first", "rollout_workers", "ray_address", "retry_infra_failed", "rollout_worker_timeout",
+    "generation_host", "credit", "credit_kwargs", "aggregation", "air_weights", "judge", "scale_rewards",
+    "zero_variance_groups", "episode_weighting", "mask_truncated_completions", "agent_match", "loss_type",
+    "beta", "use_bias_correction_kl", "epsilon", "epsilon_high", "delta", "importance_sampling_level",
+    "num_iterations", "sampling_correction", "sampling_correction_mode", "sampling_correction_clip_max",
+    "sampling_correction_clip_min", "optim", "learning_rate", "lr_scheduler_type", "warmup_steps",
+    "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "per_device_train_batch_size",
+    "micro_batch_tokens", "packed_update", "gradient_checkpointing", "dtype", "device", "num_threads",
+    "check_memory", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_per_agent",
+    "agent_advantages", "eval_env_kwargs", "eval_episodes", "eval_steps", "eval_temperature", "eval_samples",
+    "save_steps", "save_total_limit", "logging_steps", "report_to", "run_name", "log_episodes", "progress",
+)
+
 
 @dataclass
 class LightningRLConfig(RunConfig):
@@ -49,6 +68,8 @@ class LightningRLConfig(RunConfig):
     Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``train`` command's
     flags; :meth:`validate` runs on construction and names any bad value.
     """
+
+    _saved_order = _SAVED_ORDER
 
     # ------------------------------------------------------------------ rollouts
     tasks_per_step: int = field(default=4, metadata={"help": "B: distinct tasks per step."})

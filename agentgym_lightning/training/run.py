@@ -22,9 +22,10 @@ What a subclass supplies (everything else has a default):
 - ``__init__``: call ``super().__init__(config)`` first, then build the models
   (:meth:`RunLoop._build_models`), set :attr:`packed_update` and :attr:`checkpoints`, and end with
   :meth:`RunLoop._ready`.
-- :meth:`RunLoop.train_step`: one step, its data (the next batch of rows) and its update, the
-  update and what follows it through :meth:`RunLoop._guarded_update`; returns the step's metrics.
-- Optionally: :meth:`RunLoop._progress` (the bar's values), :meth:`RunLoop._eval_due`,
+- :meth:`RunLoop.train_step`: one step: its data (the next batch of rows), then its update handed
+  to :meth:`RunLoop._guarded_update`, which runs it and what follows it; returns the step's metrics.
+- Optionally: :meth:`RunLoop._progress` and :attr:`RunLoop._bar_eval_metric` (what the bar shows),
+  :meth:`RunLoop._eval_due`,
   :meth:`RunLoop._checkpoint_due`, :meth:`RunLoop._checkpoint_extra` and :meth:`RunLoop._restore`
   (state a checkpoint keeps besides the weights), :meth:`RunLoop._prepare`,
   :meth:`RunLoop._release` (what the trainer built besides the policy), :meth:`RunLoop._wind_down`

@@ -32,8 +32,15 @@ class DataclassConfig:
     def validate(self) -> None:  # pragma: no cover - every subclass defines its own
         raise NotImplementedError
 
+    #: The order of :meth:`to_dict`'s keys a subclass keeps (the fields it does not name follow, in
+    #: declaration order): a saved config, in every checkpoint's ``trainer_state.json``, reads as it did
+    #: before the shared fields moved to :class:`RunConfig` (which put them first).
+    _saved_order: tuple[str, ...] = ()
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        values = dataclasses.asdict(self)  # type: ignore[call-overload]
+        ordered = {name: values[name] for name in self._saved_order if name in values}
+        return {**ordered, **{name: value for name, value in values.items() if name not in ordered}}
 
     @classmethod
     def field_names(cls) -> list[str]:

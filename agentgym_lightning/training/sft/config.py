@@ -39,6 +39,20 @@ SFT_RUN_IDENTITY = (
     "teacher", "use_peft", "lora_r", "lora_alpha", "lora_target_modules", "lora_per_agent", "learning_rate", "optim", "init_from",
 )
 
+#: The order of a saved SFT config's keys (:meth:`~agentgym_lightning.training.run_config.DataclassConfig.to_dict`), as it has always been.
+_SAVED_ORDER = (
+    "sources", "min_reward", "top_k", "success_only", "agent_match", "retokenize", "model", "backend",
+    "generator_url", "policy_kwargs", "init_from", "output_dir", "max_steps", "rows_per_step", "seed", "rounds",
+    "tasks_per_round", "num_generations", "teacher", "concurrency", "temperature", "top_p",
+    "max_completion_length", "air_weights", "env", "env_kwargs", "optim", "learning_rate", "lr_scheduler_type",
+    "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+    "per_device_train_batch_size", "micro_batch_tokens", "packed_update", "gradient_checkpointing", "dtype",
+    "device", "num_threads", "check_memory", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "lora_per_agent", "eval_env_kwargs", "eval_episodes", "eval_steps",
+    "eval_temperature", "eval_samples", "save_steps", "save_total_limit", "logging_steps", "report_to",
+    "run_name", "progress",
+)
+
 
 @dataclass
 class SFTConfig(RunConfig):
@@ -46,6 +60,8 @@ class SFTConfig(RunConfig):
 
     Build it in Python, from a YAML file (:meth:`from_yaml`), or from the ``sft`` command's flags;
     :meth:`validate` runs on construction and names any bad value."""
+
+    _saved_order = _SAVED_ORDER
 
     # ------------------------------------------------------------------ what to learn from
     sources: list[str] = field(
