@@ -6,8 +6,9 @@
 
     result = LightningRLTrainer(LightningRLConfig(env="lightning/Arithmetic-v0", max_steps=20)).train()
 
-The loop is :mod:`agentgym_lightning.training.trainer` (read it top to bottom); the config is
-:class:`LightningRLConfig`; episodes become rows in :mod:`.samples`, the update's micro-batches and
+The step is :mod:`agentgym_lightning.training.trainer` (read it top to bottom), inside the run loop
+every trainer shares (:mod:`.run`); the config is :class:`LightningRLConfig` (on the shared
+:mod:`.run_config` base); episodes become rows in :mod:`.samples`, the update's micro-batches and
 statistics are :mod:`.update`, the loss is :mod:`.loss`, and :mod:`.token_tree` runs a
 micro-batch's rows as one token tree (shared prefixes computed once).
 Importing the config is light; the trainer and samples import torch when first used.

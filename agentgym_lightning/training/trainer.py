@@ -183,7 +183,8 @@ class LightningRLTrainer(RunLoop):
     # ================================================================== what the run loop asks of the RL trainer
 
     def _release(self) -> None:
-        """Its Ray rollout workers and its judge (the policy is the run loop's to close)."""
+        """The asynchronous rollouts, the cores they shared, the Ray rollout workers and the judge (the
+        policy is the run loop's to close)."""
         if self._async is not None:  # the producer first: it still uses the policy
             self._async.close()
             self._async = None

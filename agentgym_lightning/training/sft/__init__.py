@@ -7,8 +7,9 @@
     SFTTrainer(SFTConfig(sources=["runs/main"], top_k=2, min_reward=1.0)).train()
     # agentgym-lightning sft runs/main --top-k 2 --min-reward 1 --output-dir runs/sft
 
-The loop is :mod:`.trainer`; the config :class:`SFTConfig` (the RL config's idiom and shared
-fields); which episodes :mod:`.episodes`; their rows :mod:`.rows`; a teacher's text in the
+The step is :mod:`.trainer`, in the run loop RL's trainer runs too
+(:mod:`agentgym_lightning.training.run`); the config :class:`SFTConfig` (on the RL config's base,
+:mod:`agentgym_lightning.training.run_config`); which episodes :mod:`.episodes`; their rows :mod:`.rows`; a teacher's text in the
 student's tokens :mod:`.retokenize`. The config is light; the trainer loads torch on first use.
 """
 
