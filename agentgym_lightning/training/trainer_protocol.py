@@ -1,7 +1,8 @@
 """What a command asks of a trainer: :class:`RunTrainer`, the interface the RL trainer
 (:class:`~agentgym_lightning.training.trainer.LightningRLTrainer`) and the SFT trainer
 (:class:`~agentgym_lightning.training.sft.trainer.SFTTrainer`) share, so that ``train`` and ``sft``
-run either the same way (``agentgym_lightning.commands.train.run_trainer``)."""
+run either the same way (``agentgym_lightning.commands.train.run_trainer``). Both are
+run loops (:class:`~agentgym_lightning.training.run.RunLoop`, which implements it)."""
 
 from __future__ import annotations
 
