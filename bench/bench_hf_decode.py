@@ -1,5 +1,7 @@
-"""``hf``'s decode step, each way it runs, on one batch of staggered calls: batches (``generate``),
-per-step with the dynamic KV cache, the static one, and the static one compiled (CUDA graphs).
+"""``hf``'s decode step, each way it runs, on one batch of staggered calls: per-step with the
+dynamic KV cache, the static one, and the static one compiled (CUDA graphs). (The ``batches``
+mode, ``generate`` decoding each batch to its end, was dropped with the batch loop: every call
+now goes through the per-step scheduler, so there is no other way to compare against.)
 
     python bench/bench_hf_decode.py --device cuda                       # SmolLM2-135M, 16 calls x 128 tokens
     python bench/bench_hf_decode.py --device cuda --random-init DIR     # DIR: a model's config + tokenizer only
@@ -7,7 +9,7 @@ per-step with the dynamic KV cache, the static one, and the static one compiled 
 Half the calls are submitted at once, the rest within 0.5 s (agents' calls arriving while others
 decode). Sampled (temperature 1) and seeded, so every mode should give the first mode's tokens;
 prints per mode the warm-up (the compile and graph recording for ``compiled``), the walls of two
-rounds, completion tokens per second, and how many calls got the batch path's tokens. Needs no
+rounds, completion tokens per second, and how many calls got the first mode's tokens. Needs no
 env or agent (for the rollout through agents: ``bench/bench_rollout_engine.py``).
 ``--random-init`` builds the model from the folder's config with random weights (timing and
 equality only; the weights need not travel).
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from agentgym_lightning.llm import ChatRequest, SamplingParams  # noqa: E402
 
-MODES = ("batches", "dynamic", "static", "compiled")
+MODES = ("dynamic", "static", "compiled")
 
 
 def calls(n: int, max_tokens: int) -> list[ChatRequest]:
@@ -87,12 +89,12 @@ def main() -> None:
     first: list[Any] | None = None
     for mode in args.modes.split(","):
         policy = HFPolicy(model, device=args.device, dtype=args.dtype, max_batch_size=args.calls, seed=0, progress=False,
-                          scheduling="batches" if mode == "batches" else "per-step", decode="dynamic" if mode == "batches" else mode)
+                          decode=mode)
         try:
             warm = calls(4, 16)
             started = time.perf_counter()
             policy.generate(warm)
-            for _ in range(0 if mode == "batches" else 3):
+            for _ in range(3):
                 staggered(policy, warm)
             sync()
             warm_up = time.perf_counter() - started
@@ -100,7 +102,7 @@ def main() -> None:
             walls = []
             for r in range(2):
                 started = time.perf_counter()
-                got = policy.generate(requests) if mode == "batches" else staggered(policy, requests, seed=r)
+                got = staggered(policy, requests, seed=r)
                 sync()
                 walls.append(time.perf_counter() - started)
             tokens = sum(len(c.completion_token_ids) for c in got)

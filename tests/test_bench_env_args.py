@@ -83,12 +83,12 @@ def test_bench_update_replays_a_run_without_checkpoint_on_the_env_flags(tmp_path
 
 
 def test_bench_rollout_engine_modes() -> None:
-    """The engines bench_rollout_engine compares by default: before/after and vLLM on CPU where it
-    imports, before/after and the compiled decode step on a GPU."""
+    """The engines bench_rollout_engine compares by default: hf per-step and vLLM on CPU where it
+    imports, hf per-step and the compiled decode step on a GPU (hf's batch mode is gone)."""
     import importlib.util
 
     engine = SimpleNamespace(**runpy.run_path(str(REPO / "bench" / "bench_rollout_engine.py")))
-    cpu = ["hf-batches", "hf-per-step"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
+    cpu = ["hf-per-step"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
     assert engine._default_modes("cpu") == cpu
-    assert engine._default_modes("cuda") == ["hf-batches", "hf-per-step", "hf-compiled"]
+    assert engine._default_modes("cuda") == ["hf-per-step", "hf-compiled"]
     assert set(engine._default_modes("cuda:1")) <= set(engine.MODES)

@@ -39,6 +39,7 @@ __all__ = [
     "render_prompt_ids",
     "DecodedCompletion",
     "decode_completion",
+    "completion_of",
     "stop_token_ids",
     "request_stop_token_ids",
 ]
@@ -230,6 +231,24 @@ def decode_completion(
         tool_call_errors=list(parsed.errors),
     )
     return DecodedCompletion(completion=completion, parsed=parsed)
+
+
+def completion_of(
+    tokenizer: Any,
+    model: str | None,
+    request: ChatRequest,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    logprobs: Sequence[float] | None,
+    finish_reason: str,
+    text: str | None = None,
+) -> Completion:
+    """The :class:`Completion` a local backend (``hf``, ``vllm``) answers ``request`` with: the
+    tokens it generated after ``prompt_ids``, tool calls parsed when the request offers tools
+    (:func:`decode_completion`; ``text``: the answer cut before a stop string)."""
+    return decode_completion(
+        tokenizer, prompt_ids, completion_ids, logprobs, finish_reason, text=text, parse_tools=bool(request.tools), model=model
+    ).completion
 
 
 def stop_token_ids(tokenizer: Any, stop_tokens: Sequence[str]) -> frozenset[int]:

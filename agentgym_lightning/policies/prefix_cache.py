@@ -3,7 +3,7 @@ prefills only the rest (the ``hf`` backend's prefix cache across calls and episo
 
 An agent's second call sends its whole conversation again: the first prompt, the completion we
 generated, the tool's result and a few new tokens; the G episodes of a task, and every episode of
-an agent, send the same system prompt. The per-step scheduler (:mod:`~agentgym_lightning.policies.hf`)
+an agent, send the same system prompt. The per-step scheduler (:mod:`~agentgym_lightning.policies.hf_scheduler`)
 already shares prefixes among rows that decode *at the same moment*; this cache keeps a row's
 keys and values once it has ended (its prompt and its completion but the last token, whose keys
 were never computed), least recently used first out, within a byte budget, and a newcomer whose

@@ -56,7 +56,7 @@ from typing import Any
 
 from agentgym_lightning.llm import ADAPTER_KEY, BASE_ADAPTER, ChatRequest, Completion
 from agentgym_lightning.policies.base import Policy
-from agentgym_lightning.policies.chat import decode_completion, render_prompt_ids, request_stop_token_ids, stop_token_ids
+from agentgym_lightning.policies.chat import completion_of, render_prompt_ids, request_stop_token_ids, stop_token_ids
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME, resolve_model
 from agentgym_lightning.policies.served_weights import refresh_tied_lm_head, write_weights
 from agentgym_lightning.policies.tool_calls import check_tool_prompt
@@ -426,16 +426,7 @@ class VLLMPolicy(Policy):
     def _finish(
         self, row: _Row, ids: list[int], logprobs: list[float] | None, reason: str, text: str | None
     ) -> Completion:
-        return decode_completion(
-            self.tokenizer,
-            row.prompt_ids,
-            ids,
-            logprobs,
-            reason,
-            text=text,
-            parse_tools=bool(row.request.tools),
-            model=self.model,
-        ).completion
+        return completion_of(self.tokenizer, self.model, row.request, row.prompt_ids, ids, logprobs, reason, text)
 
 
 class _EngineLoop:

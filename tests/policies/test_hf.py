@@ -114,12 +114,14 @@ def test_a_seeded_request_samples_the_same_whatever_its_batch(hf_policy):
 def test_requests_with_different_seeds_share_one_batch(hf_policy, monkeypatch):
     """Seeds no longer split a batch: a trainer seeds every call, and one generate per seed
     would make rollouts as slow as unbatched ones."""
-    calls = []
-    original = hf_policy._generate_batch
-    monkeypatch.setattr(hf_policy, "_generate_batch", lambda *a, **k: calls.append(1) or original(*a, **k))
+    rows: list[int] = []  # rows of each forward pass
+    hook = hf_policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: rows.append(k["input_ids"].shape[0]), with_kwargs=True)
     reqs = [_req(QUESTIONS[i % 3], temperature=1.0, seed=100 + i, max_tokens=4) for i in range(4)]
-    outs = hf_policy.generate(reqs)
-    assert len(calls) == 1
+    try:
+        outs = hf_policy.generate(reqs)
+    finally:
+        hook.remove()
+    assert 4 in rows  # the four rows decode in one batch
     assert outs[0].completion_token_ids == hf_policy.generate([reqs[0]])[0].completion_token_ids
 
 
@@ -381,21 +383,23 @@ def test_prefix_caching_gives_the_same_completions_smollm2(hf_policy):
 def test_prefix_layout_pads_each_segment_on_its_left(tiny_model_dir):
     """The batch prefix, then each prefix group's segment, then each row's rest; rows that share
     nothing are plain left padding with no extra forward pass."""
-    from agentgym_lightning.policies.hf import HFPolicy, _prefix_layout, _Row
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.policies.hf_kv import prefix_layout
+    from agentgym_lightning.policies.hf_rows import Row
 
     policy = HFPolicy(str(tiny_model_dir), device="cpu", progress=False)
     pad = policy.pad_token_id
     try:
-        rows = [_Row(0, None, [1, 2, 3], 4, ()), _Row(1, None, [9, 8], 4, ())]  # type: ignore[arg-type]
-        ids, mask, cache = policy._prompt_inputs(rows)
+        rows = [Row(0, None, [1, 2, 3], 4, ()), Row(1, None, [9, 8], 4, ())]  # type: ignore[arg-type]
+        ids, mask, cache = _prompt_inputs(policy, rows)
         assert cache is None
         assert ids.tolist() == [[1, 2, 3], [pad, 9, 8]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
 
         shared, a, b = list(range(100, 120)), list(range(200, 218)), list(range(300, 330))
         prompts = [shared + a + [401, 402], shared + a + [403], shared + b + [404], shared + b + [404], shared + [405, 406]]
-        assert _prefix_layout(prompts) == (20, [[0, 1], [2, 3]])
-        rows = [_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)]  # type: ignore[arg-type]
-        ids, mask, cache = policy._prompt_inputs(rows)
+        assert prefix_layout(prompts) == (20, [[0, 1], [2, 3]])
+        rows = [Row(i, None, p, 4, ()) for i, p in enumerate(prompts)]  # type: ignore[arg-type]
+        ids, mask, cache = _prompt_inputs(policy, rows)
         # rows 2 and 3 are identical: their group's segment is all but their last token
         assert cache.get_seq_length() == 20 + 30 and ids.shape == (5, 20 + 30 + 2)
         assert ids[0].tolist() == shared + [pad] * 12 + a + [401, 402]
@@ -407,18 +411,27 @@ def test_prefix_layout_pads_each_segment_on_its_left(tiny_model_dir):
         # groups without a batch prefix (two tasks' first prompts, no common system prompt),
         # and a row in no group
         prompts = [a + [401], a + [402, 403], b + [404], b + [405], [406, 407, 408]]
-        assert _prefix_layout(prompts) == (0, [[0, 1], [2, 3]])
+        assert prefix_layout(prompts) == (0, [[0, 1], [2, 3]])
         _assert_each_row_sees_its_own_prompt(policy, prompts)
     finally:
         policy.close()
 
 
+def _prompt_inputs(policy, rows):
+    """The prefill's inputs for ``rows`` laid out as the scheduler lays them out (prefix caching on)."""
+    from agentgym_lightning.policies.hf_kv import prefix_layout, prompt_inputs
+
+    layout = prefix_layout([r.prompt_ids for r in rows])
+    return prompt_inputs(policy.hf_model, rows, layout, pad_token_id=policy.pad_token_id, device=policy.device)
+
+
 def _assert_each_row_sees_its_own_prompt(policy, prompts) -> None:
     """The last position's logits of each laid-out row (cache + rest, positions counting unmasked
-    tokens, as generate() computes them) equal those of the row alone, unpadded."""
-    from agentgym_lightning.policies.hf import _Row, _cache_kwarg
+    tokens, as the prefill computes them) equal those of the row alone, unpadded."""
+    from agentgym_lightning.policies.hf_kv import cache_kwarg as _cache_kwarg
+    from agentgym_lightning.policies.hf_rows import Row
 
-    ids, mask, cache = policy._prompt_inputs([_Row(i, None, p, 4, ()) for i, p in enumerate(prompts)])  # type: ignore[arg-type]
+    ids, mask, cache = _prompt_inputs(policy, [Row(i, None, p, 4, ()) for i, p in enumerate(prompts)])  # type: ignore[arg-type]
     cached = cache.get_seq_length()
     with torch.inference_mode():
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]
@@ -444,16 +457,19 @@ def _mixed_requests(policy, max_tokens: int) -> list[ChatRequest]:
     return requests
 
 
-def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
-    from agentgym_lightning.policies import hf
+def _submit_gives_the_batch_completions(policy, max_tokens: int, reference=None) -> None:
+    """Requests submitted at random times get the completions ``generate`` gives them as one
+    batch (from ``reference``, another policy of the same weights, when given: the dynamic
+    cache's for a static one)."""
+    from agentgym_lightning.policies.hf_scheduler import StepScheduler
 
-    requests = _mixed_requests(policy, max_tokens)
-    batch = policy.generate(requests)
+    requests = _mixed_requests(reference or policy, max_tokens)
+    batch = (reference or policy).generate(requests)
     joined: list[int] = []  # rows per forward pass: newcomers do join running batches
     hook = policy.hf_model.register_forward_pre_hook(lambda _m, _a, k: joined.append(k["input_ids"].shape[0]), with_kwargs=True)
     borrowed: list[int] = []  # prefixes taken from running rows (prefix caching across arrivals)
-    prefill_from = hf._StepScheduler._prefill_from
-    hf._StepScheduler._prefill_from = lambda self, batch, entry, row, shared: (borrowed.append(shared), prefill_from(self, batch, entry, row, shared))[1]
+    prefill_from = StepScheduler._prefill_from
+    StepScheduler._prefill_from = lambda self, batch, entry, row, shared: (borrowed.append(shared), prefill_from(self, batch, entry, row, shared))[1]
     try:
         for seed in range(3):
             scheduled = submitted_at_random_times(policy, requests, seed)
@@ -464,7 +480,7 @@ def _submit_gives_the_batch_completions(policy, max_tokens: int) -> None:
                 assert s.logprobs == pytest.approx(b.logprobs, rel=1e-4, abs=1e-4)  # fp32 rounding of another batch
     finally:
         hook.remove()
-        hf._StepScheduler._prefill_from = prefill_from
+        StepScheduler._prefill_from = prefill_from
     assert {c.finish_reason for c in batch} == {"stop", "length"}
     assert max(joined) > 1
     assert bool(borrowed) == policy.prefix_caching
@@ -531,30 +547,33 @@ def test_submit_refuses_bad_requests_at_once_and_fails_after_close(tiny_model_di
 @pytest.mark.parametrize("fit", ["all", "some"])
 def test_static_cache_decode_gives_the_batch_completions_tiny(tiny_model_dir, fit):
     """decode="static": the per-step scheduler decodes in a KV cache of fixed shape (slots x
-    columns; what CUDA graphs need) and gives the completions of the batch path, the same tokens
-    as the dynamic cache; rows too long for its columns (fit="some") decode in a dynamic batch
-    beside it."""
+    columns; what CUDA graphs need) and gives the completions of the dynamic cache (a policy
+    decoding dynamically answers the same requests as one batch); rows too long for its columns
+    (fit="some") decode in a dynamic batch beside it."""
     from agentgym_lightning.policies import hf
+    from agentgym_lightning.policies.hf_slots import Slots
 
     policy = hf.HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, decode="static")
+    dynamic = hf.HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, decode="dynamic")
     assert policy.decode == "static"
     if fit == "some":  # room for the short prompts' rows, not for the long ones'
-        lengths = sorted(len(render_prompt_ids(policy.tokenizer, r)) for r in _mixed_requests(policy, 12))
+        lengths = sorted(len(render_prompt_ids(policy.tokenizer, r)) for r in _mixed_requests(dynamic, 12))
         policy.static_cache_len = lengths[len(lengths) // 2] + 12
     placed: list[tuple[int, int]] = []  # (rows joining the slots, rows left for the dynamic batch)
-    place = hf._Slots.place
+    place = Slots.place
 
     def counting(slots, joining):
         rest = place(slots, joining)
         placed.append((len(joining.entries) - len(rest), len(rest)))
         return rest
 
-    hf._Slots.place = counting
+    Slots.place = counting
     try:
-        _submit_gives_the_batch_completions(policy, max_tokens=12)
+        _submit_gives_the_batch_completions(policy, max_tokens=12, reference=dynamic)
     finally:
-        hf._Slots.place = place
+        Slots.place = place
         policy.close()
+        dynamic.close()
     assert sum(p for p, _ in placed) > 0
     assert (sum(r for _, r in placed) > 0) == (fit == "some")
 
@@ -595,25 +614,29 @@ def test_decode_selection_and_the_compile_fallback_said_once(tiny_model_dir, mon
         policy.close()
 
 
-def test_scheduling_batches_has_no_submit(tiny_model_dir):
-    """scheduling="batches": the policy before per-step scheduling (a driver batches its calls)."""
+def test_the_batch_mode_is_gone_and_saying_it_is_a_clear_error(tiny_model_dir):
+    """Every call goes through the per-step scheduler: the policy always has submit, and
+    scheduling="batches" (the batch mode, removed) is refused with a message that says so."""
     from agentgym_lightning.policies.base import schedules_per_step
     from agentgym_lightning.policies.hf import HFPolicy
 
-    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, scheduling="batches")
+    with pytest.raises(ValueError, match="batch mode .*was removed.*per-step scheduler, the only mode"):
+        HFPolicy(str(tiny_model_dir), device="cpu", progress=False, scheduling="batches")
+    with pytest.raises(ValueError, match="was removed"):
+        HFPolicy(str(tiny_model_dir), device="cpu", progress=False, scheduling="continuous")
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, scheduling="per-step")
     try:
-        assert not schedules_per_step(policy) and not hasattr(policy, "submit")
+        assert schedules_per_step(policy)
         assert len(policy.generate([_req("hi", max_tokens=3)])[0].completion_token_ids) <= 3
     finally:
         policy.close()
-    with pytest.raises(ValueError, match="scheduling must be one of"):
-        HFPolicy(str(tiny_model_dir), device="cpu", progress=False, scheduling="continuous")
 
 
 def test_the_cache_is_passed_under_the_name_the_model_takes(tiny_model_dir, recwarn):
     """transformers renamed past_key_values to cache (the old name warns on every forward pass):
     the name is read from the model's signature, so both kinds of transformers are served."""
-    from agentgym_lightning.policies.hf import HFPolicy, _cache_argument
+    from agentgym_lightning.policies.hf import HFPolicy
+    from agentgym_lightning.policies.hf_kv import cache_argument as _cache_argument
 
     class Old:
         def forward(self, input_ids=None, past_key_values=None): ...
@@ -633,19 +656,21 @@ def test_the_cache_is_passed_under_the_name_the_model_takes(tiny_model_dir, recw
 
 def test_decode_threads_apply_to_the_decode_alone(tiny_model_dir, monkeypatch):
     """``decode_threads`` (set by asynchronous training on CPU) is the torch threads of the decode
-    thread and of a ``generate`` span; the caller's threads stay as they were."""
+    thread, which ``generate``'s rows decode on too; the caller's threads stay as they were."""
     from agentgym_lightning.policies.hf import HFPolicy
 
     policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=2, progress=False)
-    inside: list[int] = []
-    real = HFPolicy._generate_group
-    monkeypatch.setattr(HFPolicy, "_generate_group", lambda self, group: inside.append(torch.get_num_threads()) or real(self, group))
+    inside: list[int] = []  # torch threads during each forward pass of generate's rows
     try:
         policy.decode_threads = 1
         assert policy.submit(_req("hi", max_tokens=3, temperature=0)).result(timeout=120).completion_token_ids
         assert policy._scheduler.threads == 1 and torch.get_num_threads() == 2
-        policy.generate([_req("hi", max_tokens=3, temperature=0)])
-        assert inside == [1] and torch.get_num_threads() == 2
+        hook = policy.hf_model.register_forward_pre_hook(lambda *_: inside.append(torch.get_num_threads()))
+        try:
+            policy.generate([_req("hi", max_tokens=3, temperature=0)])
+        finally:
+            hook.remove()
+        assert inside and set(inside) == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
         policy.close()

@@ -74,7 +74,7 @@ def fail_from_step(policy, trainer, step, fail):
     """Make the policy call ``fail()`` in every call it is given from training step ``step`` on:
     in ``generate`` (a batch) and ``submit`` (one call, the driver's path for a policy that
     schedules per decode step)."""
-    real_generate, real_submit = policy.generate, policy.submit_request
+    real_generate, real_submit = policy.generate, policy.submit
 
     def generate(requests):
         if trainer.step + 1 >= step:
@@ -87,7 +87,7 @@ def fail_from_step(policy, trainer, step, fail):
         return real_submit(request)
 
     policy.generate = generate
-    policy.submit_request = submit  # what the submit property hands the driver
+    policy.submit = submit
 
 
 def test_a_backend_that_dies_mid_run_stops_it_with_a_checkpoint_of_the_last_completed_step(tiny_model_dir, tmp_path, policy):
