@@ -22,8 +22,8 @@ from agentgym_lightning.llm import BASE_ADAPTER, common_prefix_length
 from agentgym_lightning.policies.hf_rows import Entry, Row
 
 __all__ = [
-    "MIN_SHARED_PREFIX", "Batch", "adapter_names", "cache_kwarg", "cache_layers", "kv_of", "merge", "next_batch",
-    "prefill_count", "prefix_layout", "prompt_inputs",
+    "MIN_SHARED_PREFIX", "Batch", "adapter_kwarg", "adapter_names", "cache_argument", "cache_kwarg", "cache_layers",
+    "cacheable_prefix", "crop_left", "kv_of", "merge", "next_batch", "prefill_count", "prefix_layout", "prompt_inputs",
 ]
 
 #: Shared prefixes shorter than this are not worth a forward pass of their own.

@@ -744,6 +744,31 @@ def test_the_prefix_cache_serves_later_calls_with_the_same_tokens(tiny_model_dir
     assert 0 < stats[64]["prefix_cache_mb"] <= 64
 
 
+def test_generate_answers_its_batch_beside_the_prefix_cache(tiny_model_dir):
+    """generate queues its batch on the same scheduler as submit, but a batch is answered as a
+    batch: it takes no keys and values from the prefix cache across calls and leaves none there,
+    and prefill_stats counts submit's calls only; so the same batch gets the same answers, to the
+    last bit of its logprobs, whatever was submitted in between."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+    try:
+        requests = _shared_prompt_batch(max_tokens=8)
+        first = policy.generate(requests)
+        assert policy.prefix_cache.tokens == 0 and policy.prefill_stats()["prompt_tokens"] == 0
+        submitted = [f.result(timeout=120) for f in [policy.submit(r) for r in requests]]
+        assert policy.prefix_cache.tokens > 0
+        assert policy.prefill_stats()["prompt_tokens"] == sum(len(c.prompt_token_ids) for c in submitted)
+        hits = policy.prefix_cache.hits
+        again = policy.generate(requests)
+        assert policy.prefix_cache.hits == hits
+        for a, b, s in zip(first, again, submitted):
+            assert a.completion_token_ids == b.completion_token_ids == s.completion_token_ids
+            assert a.logprobs == b.logprobs
+    finally:
+        policy.close()
+
+
 def test_the_prefix_cache_is_emptied_when_the_weights_change(tiny_model_dir):
     """An optimizer step on the shared model (as the trainer's update) changes the weights'
     version: the cache is emptied and the next calls answer as a policy that never cached."""
