@@ -62,7 +62,7 @@ class SchedulerClock:
     steps as a whole (admitting and stepping), from hooks on the model and the scheduler."""
 
     def __init__(self, policy: Any) -> None:
-        from agentgym_lightning.policies import hf
+        from agentgym_lightning.policies.hf_scheduler import StepScheduler
 
         self.seconds: dict[str, float] = defaultdict(float)
         self._started: dict[int, tuple[str, float]] = {}
@@ -70,9 +70,9 @@ class SchedulerClock:
         self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True), model.register_forward_hook(self._post)]
         self._patched = []
         for name in ("_admit", "_step", "_step_slots"):
-            original = getattr(hf._StepScheduler, name)
+            original = getattr(StepScheduler, name)
             self._patched.append((name, original))
-            setattr(hf._StepScheduler, name, self._timed(original))
+            setattr(StepScheduler, name, self._timed(original))
 
     def _pre(self, _module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
         kind = "decode" if kwargs["input_ids"].shape[1] == 1 else "prefill"
@@ -97,12 +97,12 @@ class SchedulerClock:
         return seconds
 
     def close(self) -> None:
-        from agentgym_lightning.policies import hf
+        from agentgym_lightning.policies.hf_scheduler import StepScheduler
 
         for handle in self._handles:
             handle.remove()
         for name, original in self._patched:
-            setattr(hf._StepScheduler, name, original)
+            setattr(StepScheduler, name, original)
 
 
 def set_mode(policy: Any, mode: str, budget: int) -> None:

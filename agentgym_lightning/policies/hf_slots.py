@@ -122,7 +122,7 @@ def remaining(entry: Entry) -> int:
 
 @functools.cache
 def slot_layer_class() -> type:
-    """The KV cache layer of :class:`_Slots` (made on first use: transformers loads lazily here)."""
+    """The KV cache layer of :class:`Slots` (made on first use: transformers loads lazily here)."""
     from transformers.cache_utils import CacheLayerMixin
 
     class SlotLayer(CacheLayerMixin):
@@ -164,6 +164,7 @@ def slot_layer_class() -> type:
 
 @functools.cache
 def slot_cache_class() -> type:
+    """The KV cache of :class:`Slots`' layers (made on first use, as :func:`slot_layer_class`)."""
     from transformers.cache_utils import Cache
 
     class SlotCache(Cache):
