@@ -265,3 +265,28 @@ def test_the_env_packages_register_their_own_envs_and_air():
     assert {"lightning/Spider-v0", "lightning/MuSiQue-v0", "lightning/HotpotQA-v0", "lightning/GSM8K-v0", "lightning/MCP-v0", "lightning/Verifiers-v0", "lightning/OpenEnv-v0"} <= set(
         lightning_env_ids()
     )
+
+
+#: Issue 48's size rules: a module is read in one sitting, a function as one step of its caller.
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 120
+
+
+def _package_files() -> list[Path]:
+    return sorted((REPO / "agentgym_lightning").rglob("*.py"))
+
+
+def test_no_module_of_the_package_is_over_800_lines():
+    long = {str(p.relative_to(REPO)): n for p in _package_files() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these modules by concept (at most {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_no_function_of_the_package_is_over_120_lines():
+    long = {}
+    for path in _package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(REPO)}::{node.name}"] = lines
+    assert long == {}, f"make these read as steps (at most {MAX_FUNCTION_LINES} lines): {long}"
