@@ -180,7 +180,8 @@ def cache_layers(cache: Any) -> list[Any]:
             raise NotImplementedError(
                 f"the hf policy's decode joins KV caches of plain layers only (transformers' DynamicLayer); this "
                 f"model's cache has {type(layer).__name__} layers (a sliding-window or hybrid attention model), "
-                "which the hf backend does not serve"
+                "which the hf backend does not serve: serve it with the vllm backend (`--backend vllm`) or any "
+                "OpenAI-compatible server (`--backend openai`)"
             )
     return layers
 
