@@ -186,6 +186,8 @@ MOVED_MODULES: dict[str, str] = {
     "agentgym_lightning.policies.openai_server": "agentgym_lightning.policies.openai",
     "agentgym_lightning.policies.openai_mock": "agentgym_lightning.testing.mock_openai_server",
     "agentgym_lightning.training.remote_rollouts": "agentgym_lightning.rollouts.served_policy",
+    "agentgym_lightning.training.async_rollouts": "agentgym_lightning.rollouts.async_rollouts",
+    "agentgym_lightning.training.schedule": "agentgym_lightning.rollouts.schedule",
     "agentgym_lightning.plugins.math_air": "agentgym_lightning.envs.math.plugin",
     "agentgym_lightning.plugins.rag_air": "agentgym_lightning.envs.rag.plugin",
     "agentgym_lightning.plugins.spider_air": "agentgym_lightning.envs.spider.plugin",

@@ -21,7 +21,7 @@ Faults (the contract; ``tests/rollouts/test_ray_workers.py`` checks it):
   second outcome is returned instead; what is lost again stays ``infra_failed``. Either way a
   rollout returns exactly ``episodes`` trajectories.
 - A dead worker is replaced by a fresh actor at the start of the next :meth:`~RayRolloutRunner.rollout`.
-- :meth:`RayRolloutStream.stop` (asynchronous training's shutdown, ``training/async_rollouts.py``)
+- :meth:`RayRolloutStream.stop` (asynchronous training's shutdown, ``rollouts/async_rollouts.py``)
   ends the episodes running on the workers as ``truncated`` and yields them; episodes not started
   yet are not run, and nothing is retried or marked ``infra_failed`` for the stop.
 

@@ -19,7 +19,7 @@ draws are spent:
   step trains on what it has and says so (``sampling/bound_hit`` 1).
 
 With ``max_staleness`` >= 1 the producer's finished groups are filtered as the step takes them
-(:meth:`agentgym_lightning.training.async_rollouts.AsyncRollouts.take`), and every dropped group
+(:meth:`agentgym_lightning.rollouts.async_rollouts.AsyncRollouts.take`), and every dropped group
 lets the producer run one group further ahead.
 
 "Rewards vary" means the episodes' returns differ (the same test as the update's zero-variance

@@ -75,12 +75,13 @@ from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.metrics import episode_metrics
 from agentgym_lightning.judge import JudgeConfig
 from agentgym_lightning.registration import env_kwargs_refused
+from agentgym_lightning.rollouts.async_rollouts import AsyncRollouts, running_time
 from agentgym_lightning.rollouts.base import Rollouts
 from agentgym_lightning.rollouts.in_process import InProcessRollouts
+from agentgym_lightning.rollouts.schedule import TaskSchedule
 from agentgym_lightning.training.agent_adapters import AdapterRouting, adapter_rollout_metrics, warn_if_air_reaches_every_adapter
 from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.dynamic_sampling import DynamicSampler, group_has_signal, shaping_only, split_groups
-from agentgym_lightning.training.async_rollouts import AsyncRollouts, running_time
 from agentgym_lightning.training.env_factories import held_out_env_factory, training_env_factory
 from agentgym_lightning.training.checkpoint import TrainerState
 from agentgym_lightning.training.generation import SamplingOverride, VersionStamping, generator_counts, generator_metrics
@@ -92,7 +93,6 @@ from agentgym_lightning.training.result import TrainResult  # noqa: F401 - what 
 from agentgym_lightning.training.run import RunLoop
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
 from agentgym_lightning.training.samples import SampleBatch, configured_samples
-from agentgym_lightning.training.schedule import TaskSchedule
 from agentgym_lightning.training.update import MicroBatches, optimize, packed_update, warn_if_prefixes_repeated
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 

@@ -204,9 +204,9 @@ class _NoEpisodes:
 
 
 def test_a_group_past_the_bound_is_dropped_counted_and_never_trained_on(tmp_path):
-    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.rollouts.async_rollouts import AsyncRollouts
     from agentgym_lightning.training.generation import VersionStamping
-    from agentgym_lightning.training.schedule import TaskSchedule
+    from agentgym_lightning.rollouts.schedule import TaskSchedule
 
     buffer = AsyncRollouts(
         _NoEpisodes(), VersionStamping(lambda requests: []), TaskSchedule(list(range(4)), 1, 0), lambda step: step,
@@ -256,9 +256,9 @@ class _Straggling:
 def test_the_next_plan_starts_beside_a_straggler_where_streams_run_at_once_and_a_step_still_trains_on_its_own_plan(
     tmp_path, concurrent_streams
 ):
-    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.rollouts.async_rollouts import AsyncRollouts
     from agentgym_lightning.training.generation import VersionStamping
-    from agentgym_lightning.training.schedule import TaskSchedule
+    from agentgym_lightning.rollouts.schedule import TaskSchedule
 
     rollouts = _Straggling(concurrent_streams)
     buffer = AsyncRollouts(
@@ -366,9 +366,9 @@ class _BackendDown:
 
 
 def test_a_producer_error_reaches_the_update_and_the_groups_it_had_taken_stay_buffered(tmp_path):
-    from agentgym_lightning.training.async_rollouts import AsyncRollouts
+    from agentgym_lightning.rollouts.async_rollouts import AsyncRollouts
     from agentgym_lightning.training.generation import VersionStamping
-    from agentgym_lightning.training.schedule import TaskSchedule
+    from agentgym_lightning.rollouts.schedule import TaskSchedule
 
     buffer = AsyncRollouts(
         _BackendDown(), VersionStamping(lambda requests: []), TaskSchedule(list(range(4)), 1, 0), lambda step: step,
@@ -470,9 +470,9 @@ def test_a_step_whose_groups_finished_during_the_last_update_says_they_overlappe
     import time
 
     from agentgym_lightning.metrics import summarize
-    from agentgym_lightning.training.async_rollouts import AsyncRollouts, running_time
+    from agentgym_lightning.rollouts.async_rollouts import AsyncRollouts, running_time
     from agentgym_lightning.training.generation import VersionStamping
-    from agentgym_lightning.training.schedule import TaskSchedule
+    from agentgym_lightning.rollouts.schedule import TaskSchedule
 
     now = time.time()
     buffer = AsyncRollouts(

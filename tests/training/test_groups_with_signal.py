@@ -86,7 +86,7 @@ def _read(path):
 
 
 def _positions(count, seed=0, tasks_per_step=2):
-    from agentgym_lightning.training.schedule import TaskSchedule
+    from agentgym_lightning.rollouts.schedule import TaskSchedule
 
     schedule = TaskSchedule(TASKS, tasks_per_step, seed)
     return [schedule.task_at(i)["q"] for i in range(count)]

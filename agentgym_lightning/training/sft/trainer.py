@@ -4,7 +4,7 @@ Each round (one, without ``rounds``):
 
 1. **Episodes.** The pool is the ``sources``' episodes (run folders, trajectory files) plus, with
    ``rounds``, every round's rollouts so far: ``tasks_per_round`` tasks (a function of the seed and
-   the round, :class:`~agentgym_lightning.training.schedule.TaskSchedule`) times
+   the round, :class:`~agentgym_lightning.rollouts.schedule.TaskSchedule`) times
    ``num_generations`` episodes, rolled out with the current student — *rejection sampling* — or
    with an OpenAI-compatible ``teacher`` — *distillation* — and written to
    ``rollouts/round-NN.jsonl``.
@@ -48,7 +48,7 @@ from agentgym_lightning.training.memory_plan import check_run_memory
 from agentgym_lightning.training.run import RunLoop
 from agentgym_lightning.training.run_checkpoints import RunCheckpoints
 from agentgym_lightning.training.samples import Sample
-from agentgym_lightning.training.schedule import TaskSchedule
+from agentgym_lightning.rollouts.schedule import TaskSchedule
 from agentgym_lightning.training.sft.config import SFT_RUN_IDENTITY, SFTConfig
 from agentgym_lightning.training.sft.episodes import choose_episodes, load_sources, nothing_chosen
 from agentgym_lightning.training.sft.rows import row_record, sft_rows

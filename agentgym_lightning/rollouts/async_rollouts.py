@@ -43,14 +43,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentgym_lightning.rollouts.base import Rollouts
-from agentgym_lightning.training.generation import VersionStamping
-from agentgym_lightning.training.schedule import TaskSchedule
+from agentgym_lightning.rollouts.schedule import TaskSchedule
 from agentgym_lightning.trajectory import Trajectory, TrajectoryWriter
 
-__all__ = ["FinishedGroup", "AsyncRollouts", "Taken", "running_time"]
+__all__ = ["FinishedGroup", "AsyncRollouts", "Taken", "VersionedPolicy", "running_time"]
+
+
+class VersionedPolicy(Protocol):
+    """The generator as the producer sees it: a policy whose answers are stamped with
+    :attr:`version` (the trainer's :class:`~agentgym_lightning.training.generation.VersionStamping`;
+    named here by its shape, as training comes after rollouts in the flow)."""
+
+    #: The number of updates the generator's weights have seen; every answer is stamped with it.
+    version: int
 
 
 def running_time(trajectories: list[Trajectory], before: float | None = None) -> float:
@@ -131,7 +139,7 @@ class AsyncRollouts:
     def __init__(
         self,
         rollouts: Rollouts,
-        stamping: VersionStamping,
+        stamping: VersionedPolicy,
         schedule: TaskSchedule,
         step_seed: Callable[[int], int],
         *,
