@@ -4,9 +4,11 @@ The trainer's own generator (the ``hf`` model it trains in place) is served this
 rollout workers, whose ``openai`` backend points at it: every worker's pending calls arrive here
 concurrently and are answered in batches by one ``policy.generate``, with the token ids and
 logprobs in vLLM's extension fields (``prompt_token_ids``, ``choices[0].token_ids``) so the
-workers' trajectories are token-exact. Requests that arrive together are batched: the oldest
-waits at most ``max_batch_wait`` seconds for company. A request the policy rejects gets a 400; a
-policy that fails altogether answers 503 (the client's retries and then ``infra_failed``).
+workers' trajectories are token-exact. Requests that arrive together are batched by a
+:class:`~agentgym_lightning.policies.batching.BatchingPolicy` (the one batching path): the oldest
+waits at most ``max_batch_wait`` seconds for company (flat: no adaptive wait). A request the policy
+rejects gets a 400; a policy that fails altogether answers 503 (the client's retries and then
+``infra_failed``).
 
 It also takes the weight sync of the ``vllm-server`` backend (the same routes ``vllm serve``
 offers, :mod:`~agentgym_lightning.policies.served_weights`): ``POST /collective_rpc`` with the
@@ -24,12 +26,8 @@ answer carries the weights version (``/agentgym/weights_version``).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
-import logging
-import queue
 import threading
-import time
 from typing import Any
 
 from agentgym_lightning.gateway.auth import check_bearer, server_token
@@ -43,12 +41,11 @@ from agentgym_lightning.gateway.openai_wire import (
 )
 from agentgym_lightning.llm import ChatRequest
 from agentgym_lightning.policies.base import ModelSharingPolicy, WeightLoadingPolicy
-from agentgym_lightning.policies.isolation import FailureIsolator, PolicyDown
+from agentgym_lightning.policies.batching import BatchingPolicy
+from agentgym_lightning.policies.isolation import PolicyDown
 from agentgym_lightning.policies.served_weights import RELOAD_METHOD, WeightsVersionMiddleware, read_weights
 
 __all__ = ["PolicyServer"]
-
-log = logging.getLogger(__name__)
 
 
 class PolicyServer:
@@ -63,6 +60,9 @@ class PolicyServer:
         model_name: The model name ``/v1/models`` lists.
         max_batch_wait: Seconds the oldest request waits for others to join its batch.
         max_batch_size: Most requests per ``generate`` (``None``: all that are waiting).
+
+    The policy is always answered through ``generate``, in batches, even when it could take calls
+    one at a time (``submit``): served answers stay those of the batches it has always made.
     """
 
     def __init__(
@@ -81,16 +81,31 @@ class PolicyServer:
         self.max_batch_wait = max_batch_wait
         self.max_batch_size = max_batch_size
         self.policy = policy
-        self._batcher = FailureIsolator(policy)
         # A weight reload waits for the batch being generated, and the next batch for it.
         self._policy_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[ChatRequest, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
+        self._batching = self._new_batching()
         self._host, self._port = host, port
         self._server: Any = None
-        self._worker: threading.Thread | None = None
-        #: Requests answered and ``generate`` calls made (for logs and benchmarks).
-        self.requests = 0
-        self.batches = 0
+
+    def _new_batching(self) -> BatchingPolicy:
+        return BatchingPolicy(
+            self.policy,
+            max_batch_size=self.max_batch_size,
+            max_batch_wait=self.max_batch_wait,
+            wait_fraction=None,
+            lock=self._policy_lock,
+            name="agentgym-policy-server",
+        )
+
+    @property
+    def requests(self) -> int:
+        """Requests handed to ``generate`` (for logs and benchmarks)."""
+        return self._batching.requests
+
+    @property
+    def batches(self) -> int:
+        """``generate`` calls made (for logs and benchmarks)."""
+        return self._batching.batches
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -98,8 +113,8 @@ class PolicyServer:
         if self._server is None:
             from agentgym_lightning.gateway.server import ThreadedServer
 
-            self._worker = threading.Thread(target=self._generate_loop, name="agentgym-policy-server", daemon=True)
-            self._worker.start()
+            if self._batching.closed:  # started again after close()
+                self._batching = self._new_batching()
             self._server = ThreadedServer(self._app(), self._host, self._port, name="agentgym-policy-http")
             self._server.start()
         return self
@@ -118,10 +133,7 @@ class PolicyServer:
         if self._server is not None:
             self._server.stop()
             self._server = None
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(30)
-            self._worker = None
+        self._batching.close(timeout=30)  # the requests already queued are answered first
 
     def __enter__(self) -> PolicyServer:
         return self.start()
@@ -129,41 +141,19 @@ class PolicyServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ batching (its own thread)
-
-    def _generate_loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            deadline = time.monotonic() + self.max_batch_wait
-            while self.max_batch_size is None or len(batch) < self.max_batch_size:
-                try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)  # stop after this batch
-                    break
-                batch.append(item)
-            self.batches += 1
-            self.requests += len(batch)
-            try:
-                with self._policy_lock:
-                    answers = self._batcher.answer([request for request, _ in batch])
-            except PolicyDown as exc:
-                error = GatewayError(503, f"the policy failed: {exc.__cause__ or exc}", "server_error")
-                for _, fut in batch:
-                    fut.set_result(error)
-                continue
-            except BaseException as exc:  # noqa: BLE001 - reported to every waiting client
-                log.exception("the policy server's generate failed")
-                for _, fut in batch:
-                    fut.set_result(GatewayError(500, f"{type(exc).__name__}: {exc}", "server_error"))
-                continue
-            for (_, fut), answer in zip(batch, answers):
-                fut.set_result(answer)
+    async def _answer(self, request: ChatRequest) -> Any:
+        """``request``'s completion from the batches; a :class:`GatewayError` to send back when it
+        failed: its own 400, 503 when the policy is down, 500 for anything else."""
+        try:
+            return await asyncio.wrap_future(self._batching.submit(request))
+        except GatewayError:
+            raise  # the request's own failure (the policy rejected it): a 400
+        except PolicyDown as exc:
+            raise GatewayError(503, f"the policy failed: {exc.__cause__ or exc}", "server_error") from None
+        except asyncio.CancelledError:
+            raise  # the client went away
+        except BaseException as exc:  # noqa: BLE001 - reported to the client (and logged by the batching)
+            raise GatewayError(500, f"{type(exc).__name__}: {exc}", "server_error") from None
 
     # ------------------------------------------------------------------ weight sync
 
@@ -203,11 +193,7 @@ class PolicyServer:
                     raise GatewayError(400, str(exc)) from None
                 if chat_request.stream:
                     raise GatewayError(400, "stream is not supported by the policy server")
-                fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-                self._queue.put((chat_request, fut))
-                answer = await asyncio.wrap_future(fut)
-                if isinstance(answer, GatewayError):
-                    raise answer
+                answer = await self._answer(chat_request)
                 return Response(
                     json.dumps(completion_body(chat_request, answer, new_call_id())), media_type="application/json"
                 )

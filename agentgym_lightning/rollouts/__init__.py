@@ -3,7 +3,7 @@
 - :mod:`.base`: the one front-end signature (:class:`~.base.Rollouts`: ``rollout`` /
   ``iter_rollout``) and the one collect path (:func:`~.base.collect`);
 - :mod:`.in_process`: the batched driver in this process (``rollout``, ``iter_rollout``,
-  ``RolloutStream``, ``InProcessRollouts``);
+  ``RolloutStream``, ``InProcessRollouts``), its state machine in :mod:`.driver`;
 - :mod:`.ray_workers`: the same driver on Ray actors (``RayRolloutRunner``);
 - :mod:`.served_policy`: the trainer's rollouts on those actors, its generator served to them;
 - :mod:`.http_agents`: the HTTP driver for agents that run elsewhere (``StandaloneGateway``,
