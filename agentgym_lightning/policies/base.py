@@ -4,14 +4,15 @@ needs of a policy whose weights it trains (:class:`TrainablePolicy` and its two 
 Two ways to hand a policy its calls:
 
 * ``generate(requests) -> completions`` (:class:`Policy`, every backend): a batch in, its answers
-  out. The simple path; a driver that uses it gathers calls into batches (``max_batch_wait``),
-  and a call that arrives while a batch runs waits for the whole batch.
+  out. The simple path; a driver hands such a policy its calls through a
+  :class:`~agentgym_lightning.policies.batching.BatchingPolicy`, which gathers them into batches
+  (``max_batch_wait``), and a call that arrives while a batch runs waits for the whole batch.
 * ``submit(request) -> Future[Completion]`` (:class:`SchedulingPolicy`, backends that schedule
   per decode step: ``hf``, ``vllm`` (its engine's scheduler), ``openai``/``vllm-server`` (sent at
   once; the server schedules)): one call in, as soon as it is made; the backend prefills it and
   lets it join its running batch at the next decode step, and resolves the future the moment that
   row ends. The batched driver uses ``submit`` when the policy has it (:func:`schedules_per_step`) and
-  then never waits to fill a batch. A seeded request gets the same completion either way.
+  then never waits to fill a batch; it gives any other policy one (``BatchingPolicy``). A seeded request gets the same completion either way.
 """
 
 from __future__ import annotations

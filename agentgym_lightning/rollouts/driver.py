@@ -16,18 +16,15 @@ How it drives (continuous batching):
   at its next decode step and is answered the moment its own completion ends, so no call waits
   for another's. ``max_batch_wait`` and ``max_batch_size`` do not apply (the policy has its own
   ``max_batch_size``).
-- For any other policy, pending calls are batched by its
-  :class:`~agentgym_lightning.policies.batching.BatchingPolicy`: a batch goes to ``policy.generate``
-  as soon as every running agent is waiting on the policy (the driver tells the wrapper:
-  ``flush``), or the batch holds ``max_batch_size`` calls, or its oldest call has waited for
-  stragglers as long as it may: ``max_batch_wait`` seconds (default 0.05 s), and never more than a
-  tenth of what the last ``generate`` took (``BATCH_WAIT_FRACTION``), so waiting costs at most
-  ~10 % of generation time: a fast policy answers at once, a slow one gets fuller batches. A slow
-  agent delays the others' next batch by at most that, never by its own slowness.
-  ``max_batch_wait=None`` waits for every running agent (lock-step rounds: the largest batches,
-  the slowest agent sets the pace).
-- While ``generate`` runs (on the wrapper's thread), answered agents run on (tools, SQL,
-  retrieval) and their next calls queue up for the next batch.
+- Any other policy is wrapped once in a
+  :class:`~agentgym_lightning.policies.batching.BatchingPolicy` (``max_batch_size``,
+  ``max_batch_wait`` and the adaptive wait: see :mod:`~agentgym_lightning.policies.batching`),
+  and the driver tells it when every running agent is waiting on the policy (``flush``: nothing
+  else can come, the batch goes at once). A slow agent delays the others' next batch by at most
+  the wait, never by its own slowness; ``max_batch_wait=None`` waits for every running agent
+  (lock-step rounds: the largest batches, the slowest agent sets the pace). While ``generate``
+  runs (on the wrapper's thread), answered agents run on (tools, SQL, retrieval) and their next
+  calls queue up for the next batch.
 - Episodes come in groups of ``group_size`` on the same task with isolated state (GRPO groups);
   a slot is refilled with the next episode as soon as its episode finishes.
 - Every request handed to the policy names its episode in ``metadata[EPISODE_KEY]`` (the
