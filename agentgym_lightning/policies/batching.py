@@ -125,16 +125,23 @@ class BatchingPolicy(Policy):
     def submit(self, request: ChatRequest) -> Future[Completion]:
         """Queue ``request`` for the next batch; its future resolves to its completion or fails
         with its error (see the module docstring). Never blocks on generation."""
-        future: Future[Completion] = Future()
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: Sequence[ChatRequest]) -> list[Future[Completion]]:
+        """:meth:`submit` each of ``requests``, queued together: a batch taken meanwhile holds all
+        of them or none (up to ``max_batch_size``), as the calls a caller collected in one look
+        would be batched if it batched them itself."""
+        futures: list[Future[Completion]] = [Future() for _ in requests]
         with self._cond:
             if self._closed:
                 raise RuntimeError("this BatchingPolicy is closed: submit calls before close()")
-            self._queue.append(_Call(request, future, time.monotonic()))
+            now = time.monotonic()
+            self._queue.extend(_Call(request, future, now) for request, future in zip(requests, futures))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._cond.notify()
-        return future
+        return futures
 
     def flush(self, waiting_on: Iterable[Future[Any]] = ()) -> None:
         """Send the queued calls now, without waiting for company: the caller knows no other call
@@ -152,7 +159,7 @@ class BatchingPolicy(Policy):
         """One completion per request, in order, through the batches; raises the first failed
         call's error (a :class:`~agentgym_lightning.llm.GatewayError` or
         :class:`~agentgym_lightning.policies.isolation.PolicyDown`)."""
-        futures = [self.submit(request) for request in requests]
+        futures = self.submit_all(requests)
         self.flush(futures)  # this caller waits for these: nothing else will come from it
         return [future.result() for future in futures]
 

@@ -129,6 +129,8 @@ class Driver:
         #: Settles a failed call of a policy that schedules calls itself (``submit``).
         self.isolator = FailureIsolator(policy)
         self.submit_call: Callable[[ChatRequest], Future[Any]] = policy.submit
+        #: Slots whose calls go to the batching wrapper together at the end of this look at the agents.
+        self.unsent: list[int] = []
         #: Calls of a failed batch ended so far, by its ``PolicyDown`` (the error is raised once all have).
         self.down_calls: dict[PolicyDown, int] = {}
         #: Submitted calls' futures by slot, and the answers they delivered: ``(slot, serial, future)``.
@@ -256,6 +258,7 @@ class Driver:
     def _abort_running(self, reason: str, status: Status) -> None:
         self.work.clear()
         self.pending.clear()
+        self.unsent.clear()
         for future in self.in_flight.values():
             future.cancel()  # the policy drops the row at its next step
         self.in_flight.clear()
@@ -291,6 +294,7 @@ class Driver:
             # is ended by the poll that follows its answer.
             if serial == self.serial[slot]:
                 self._poll(slot)
+        self._send_unsent()
 
     # ------------------------------------------------------------------ slots
 
@@ -331,16 +335,40 @@ class Driver:
         else:
             self.state[slot] = _Slot.PENDING
             self.pending[slot] = (obs, time.monotonic())
-            self._submit_call(slot)
+            if self.batching is not None:
+                self.unsent.append(slot)  # sent with the other calls of this look (_send_unsent)
+            else:
+                self._submit_call(slot)
 
     def _submit_call(self, slot: int) -> None:
-        """Hand the slot's call to the policy at once; its answer wakes the driver."""
-        serial = self.serial[slot]
+        """Hand the slot's call to a policy that schedules calls itself, at once."""
         try:
             future = self.submit_call(self._tagged(slot))
         except Exception as exc:  # noqa: BLE001 - refused before it ran: settled like a failed generation
             future = Future()
             future.set_exception(exc)
+        self._track(slot, future)
+
+    def _send_unsent(self) -> None:
+        """Hand the calls collected in one look at the agents to the batching wrapper together:
+        one batch may take them all, never a part of them while the rest are still being handed
+        over (the batch is decided after the whole look, as when the driver batched itself)."""
+        slots, self.unsent = self.unsent, []
+        if not slots:
+            return
+        futures: list[Future[Any]]
+        try:
+            futures = self.batching.submit_all([self._tagged(slot) for slot in slots])  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - refused before it ran (closed): each call fails with it
+            futures = [Future() for _ in slots]
+            for future in futures:
+                future.set_exception(exc)
+        for slot, future in zip(slots, futures):
+            self._track(slot, future)
+
+    def _track(self, slot: int, future: Future[Any]) -> None:
+        """Keep the slot's submitted call; its answer wakes the driver."""
+        serial = self.serial[slot]
         self.in_flight[slot] = future
 
         def delivered(f: Future[Any]) -> None:

@@ -159,3 +159,14 @@ def test_generate_goes_through_the_batches():
 def test_bad_knobs_are_refused_naming_the_knob(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         BatchingPolicy(Scripted(), **bad)
+
+
+def test_calls_submitted_together_are_never_split_by_a_batch_taken_meanwhile():
+    policy = Scripted()
+    batching = BatchingPolicy(policy, max_batch_wait=0.0)  # any call is due at once
+    try:
+        futures = batching.submit_all([request(c) for c in "abc"])
+        assert [f.result(5).text for f in futures] == ["a", "b", "c"]
+        assert policy.batches == [["a", "b", "c"]]
+    finally:
+        batching.close()
