@@ -93,7 +93,8 @@ class AgentAdapters:
 
     @classmethod
     def from_config(cls, config: Any) -> AgentAdapters | None:
-        """From a :class:`~agentgym_lightning.training.config.LightningRLConfig` (``None``: off)."""
+        """From a run's config (a :class:`~agentgym_lightning.training.run_config.RunConfig`: its
+        ``lora_per_agent`` and ``agent_match``); ``None``: off."""
         routes = agent_routes(config.lora_per_agent, config.agent_match)
         return None if routes is None else cls(routes)
 

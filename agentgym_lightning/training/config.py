@@ -17,14 +17,13 @@ slower here), no gradient checkpointing, one optimizer step per training step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym_lightning.judge.config import JudgeConfig
-from agentgym_lightning.training.agent_adapters import agent_routes
-from agentgym_lightning.training.run_config import DataclassConfig, RunConfig
+from agentgym_lightning.training.loss_options import LossOptions
+from agentgym_lightning.training.run_config import OPTIMIZERS, DataclassConfig, RunConfig
 
 __all__ = ["LightningRLConfig", "DataclassConfig", "RunConfig", "LOSS_TYPES", "AGGREGATIONS"]
 
@@ -37,8 +36,6 @@ _ZERO_VARIANCE = ("skip", "keep")
 _EPISODE_WEIGHTING = ("equal", "per_call")
 _IS_LEVELS = ("token", "sequence")
 _SAMPLING_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-_OPTIMIZERS = ("adamw", "adafactor")
-_BACKENDS = ("hf", "vllm", "vllm-server")
 _AGENT_ADVANTAGES = ("per_agent", "episode")
 
 #: The order of a saved RL config's keys (:meth:`DataclassConfig.to_dict`), as it has always been.
@@ -268,9 +265,7 @@ class LightningRLConfig(RunConfig):
 
     def _check_choices(self) -> None:
         """Each option with choices holds one of them (a ``vllm-server`` backend, its URL too)."""
-        self._choose("backend", _BACKENDS)
-        if self.backend == "vllm-server" and not (self.generator_url or dict(self.policy_kwargs or {}).get("generator_url")):
-            raise ValueError("backend 'vllm-server' needs generator_url: the running generator's URL (--generator-url http://host:8000; docs/scaling.md)")
+        self._check_backend()
         self._choose("aggregation", AGGREGATIONS)
         self._choose("loss_type", LOSS_TYPES)
         self._choose("scale_rewards", _SCALE_REWARDS)
@@ -279,14 +274,12 @@ class LightningRLConfig(RunConfig):
         self._choose("importance_sampling_level", _IS_LEVELS)
         self._choose("sampling_correction_mode", _SAMPLING_CORRECTION_MODES)
         self._choose("agent_advantages", _AGENT_ADVANTAGES)
-        self._choose("optim", _OPTIMIZERS)
+        self._choose("optim", OPTIMIZERS)
 
     def _check_counts(self) -> None:
         """The counts (steps, tasks, rows, the group)."""
         for name in ("max_steps", "tasks_per_step", "per_device_train_batch_size", "num_iterations", "logging_steps", "save_steps", "eval_episodes", "lora_r"):
-            self._at_least(name, 1)
-            if not isinstance(getattr(self, name), int):
-                raise ValueError(f"{name} must be an integer; got {getattr(self, name)!r}")
+            self._check_count(name)
         if not isinstance(self.num_generations, int) or self.num_generations < 2:
             raise ValueError(
                 f"num_generations (the group size) must be an integer >= 2: advantages compare episodes of the "
@@ -295,12 +288,7 @@ class LightningRLConfig(RunConfig):
 
     def _check_rollouts(self) -> None:
         """Concurrency, micro-batches, the Ray workers and asynchronous training."""
-        self._at_least("concurrency", 1, allow_none=True)
-        self._at_least("micro_batch_tokens", 1, allow_none=True)
-        if self.micro_batch_tokens is not None and not isinstance(self.micro_batch_tokens, int):
-            raise ValueError(f"micro_batch_tokens must be an integer or None; got {self.micro_batch_tokens!r}")
-        if not (isinstance(self.packed_update, bool) or self.packed_update == "auto"):
-            raise ValueError(f"packed_update must be true, false or 'auto'; got {self.packed_update!r}")
+        self._check_micro_batches()
         self._at_least("rollout_workers", 0)
         if not isinstance(self.rollout_workers, int):
             raise ValueError(f"rollout_workers must be an integer; got {self.rollout_workers!r}")
@@ -355,8 +343,7 @@ class LightningRLConfig(RunConfig):
         """The training calls' sampling and the loss's own needs."""
         if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
             raise ValueError(f"temperature must be in (0, 2] (training samples; 0 would make every group identical); got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        self._check_top_p()
         if self.sampling_correction_clip_max is not None and self.sampling_correction_clip_max <= 0:
             raise ValueError("sampling_correction_clip_max must be > 0 or None")
         if self.loss_type == "cispo" and self.epsilon_high is None:
@@ -367,46 +354,24 @@ class LightningRLConfig(RunConfig):
     def _check_mappings(self) -> None:
         """Options that are mappings: kwargs, AIR weights, the judge."""
         for name in ("env_kwargs", "policy_kwargs", "credit_kwargs", "air_weights"):
-            if not isinstance(getattr(self, name), Mapping):
-                raise ValueError(f"{name} must be a mapping; got {type(getattr(self, name)).__name__}")
+            self._check_mapping(name)
         if self.judge is not None:
             if not isinstance(self.judge, Mapping):
                 raise ValueError(f"judge must be a mapping of JudgeConfig options or None; got {type(self.judge).__name__}")
             JudgeConfig.from_dict(self.judge)  # names a bad option now, not at the first step
-        for source, weight in self.air_weights.items():
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise ValueError(f"air_weights[{source!r}] must be a finite number; got {weight!r}")
+        self._check_air_weights()
 
     def _check_agents(self) -> None:
         """Which agents train, and their adapters (``lora_per_agent`` implies ``use_peft``)."""
-        if self.agent_match is not None:
-            if not isinstance(self.agent_match, (str, Mapping)):
-                raise ValueError(
-                    f"agent_match must be a regular expression or a mapping (agent/role/name/variables), not "
-                    f"{type(self.agent_match).__name__}: the config is saved with every checkpoint, so a function "
-                    "filter goes in the env instead (AgentEnv(agent_match=fn))"
-                )
-            from agentgym_lightning.agent_match import as_agent_match
-
-            as_agent_match(self.agent_match)  # names a bad pattern or key now, not at the first update
+        self._check_agent_match()
         if self.lora_per_agent is not False:
-            agent_routes(self.lora_per_agent, self.agent_match)  # names what to write, now
+            self._check_adapter_routes()
             if self.aggregation != "transition":
                 raise ValueError(
                     "lora_per_agent trains each adapter on its own agent's rows, and a `trajectory` row merges the calls "
                     "of several agents: use aggregation 'transition'"
                 )
             self.use_peft = True
-
-    def _check_reporting(self) -> None:
-        """The held-out env's kwargs and the loggers (``report_to`` as a list)."""
-        if self.eval_env_kwargs is not None and not isinstance(self.eval_env_kwargs, Mapping):
-            raise ValueError("eval_env_kwargs must be a mapping or None")
-        if isinstance(self.report_to, str):
-            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
-        unknown = [r for r in self.report_to if r not in ("wandb",)]
-        if unknown:
-            raise ValueError(f"report_to accepts 'wandb' (or nothing); got {unknown}")
 
     def _check_async(self) -> None:
         """What asynchronous training (``max_staleness`` >= 1) runs with; a clear refusal for the rest."""
@@ -421,6 +386,40 @@ class LightningRLConfig(RunConfig):
                 "max_staleness >= 1 trains on calls answered by older weights, which the sampling correction "
                 "corrects for (the decoupled objective): set sampling_correction true, or max_staleness 0"
             )
+
+    # ------------------------------------------------------------------ what the shared machinery asks of a run
+
+    @property
+    def logprob_temperature(self) -> float:
+        """``temperature``: the loss's logprobs are the sampling distribution's, which the ratios compare."""
+        return self.temperature
+
+    @property
+    def loss_options(self) -> LossOptions:
+        """The policy loss's options, as this config sets them."""
+        return LossOptions(
+            loss_type=self.loss_type,
+            beta=self.beta,
+            use_bias_correction_kl=self.use_bias_correction_kl,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_upper,
+            delta=self.delta,
+            importance_sampling_level=self.importance_sampling_level,
+            sampling_correction=self.sampling_correction,
+            sampling_correction_mode=self.sampling_correction_mode,
+            sampling_correction_clip_min=self.sampling_correction_clip_min,
+            sampling_correction_clip_max=self.sampling_correction_clip_max,
+        )
+
+    @property
+    def update_iterations(self) -> int:
+        """``num_iterations``: GRPO's mu passes over a step's rows."""
+        return self.num_iterations
+
+    @property
+    def asynchronous(self) -> bool:
+        """``max_staleness`` >= 1: rollouts run on a thread while the update runs."""
+        return bool(self.max_staleness)
 
     # ------------------------------------------------------------------ derived values
 

@@ -70,7 +70,7 @@ from typing import Any
 
 import torch
 
-from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.loss_options import LossOptions
 from agentgym_lightning.training.samples import Sample
 
 __all__ = [
@@ -219,42 +219,6 @@ class LossTerms:
     sampling_ratio_sum: float
     #: Loss tokens whose behaviour weight was truncated or masked (``sampling_correction_clip_*``).
     sampling_truncated: float = 0.0
-
-
-@dataclass(frozen=True)
-class LossOptions:
-    """The loss's own options, as :class:`~agentgym_lightning.training.config.LightningRLConfig`
-    names them (TRL's ``GRPOConfig`` names; ``epsilon_high`` is the config's ``epsilon_upper``):
-    the typed view of the config that :func:`policy_loss` reads (:meth:`from_config`)."""
-
-    loss_type: str
-    beta: float = 0.0
-    use_bias_correction_kl: bool = True
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    delta: float | None = None
-    importance_sampling_level: str = "token"
-    sampling_correction: bool = True
-    sampling_correction_mode: str = "token_truncate"
-    sampling_correction_clip_min: float | None = None
-    sampling_correction_clip_max: float | None = 3.0
-
-    @classmethod
-    def from_config(cls, config: LightningRLConfig) -> LossOptions:
-        """The loss options of a run's config."""
-        return cls(
-            loss_type=config.loss_type,
-            beta=config.beta,
-            use_bias_correction_kl=config.use_bias_correction_kl,
-            epsilon_low=config.epsilon_low,
-            epsilon_high=config.epsilon_upper,
-            delta=config.delta,
-            importance_sampling_level=config.importance_sampling_level,
-            sampling_correction=config.sampling_correction,
-            sampling_correction_mode=config.sampling_correction_mode,
-            sampling_correction_clip_min=config.sampling_correction_clip_min,
-            sampling_correction_clip_max=config.sampling_correction_clip_max,
-        )
 
 
 def policy_loss(

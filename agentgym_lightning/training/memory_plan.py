@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.initial_weights import find_initial_weights
+from agentgym_lightning.training.run_config import RunConfig
 from agentgym_lightning.training.token_tree import VOCAB_TILE, packed_unsupported_reason, plain_lm_head
 
 __all__ = ["ActivationMemoryWarning", "MemoryPlan", "MemoryPlanError", "activation_bytes", "plan_memory", "available_memory"]
@@ -142,7 +142,7 @@ def available_memory(device: str) -> int | None:
         return None
 
 
-def _meta_model(config: LightningRLConfig, path: str) -> Any:
+def _meta_model(config: RunConfig, path: str) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"), warnings.catch_warnings():
@@ -210,7 +210,7 @@ def activation_bytes(
     return tokens * kept_per_token * itemsize + mask + logits + head_gradient
 
 
-def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device: str = "cpu", available: int | None = None) -> MemoryPlan:
+def plan_memory(config: RunConfig, path: str, *, ranks: int = 1, device: str = "cpu", available: int | None = None) -> MemoryPlan:
     """What a run of ``config`` on the model in ``path`` holds per rank on ``ranks`` ranks of
     ``device`` (``available``: the bytes free, measured by :func:`available_memory` when ``None``)."""
     model = _meta_model(config, path)
@@ -227,12 +227,13 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
     generator = base if config.backend == "vllm" else 0
     if ranks > 1:
         generator += base
-    elif config.backend == "hf" and config.max_staleness:
+    elif config.backend == "hf" and config.asynchronous:
         # Asynchronous training gives the hf generator a copy to decode with while the update runs
         # (training/generation.py, separate_generator): the base weights, or under lora_per_agent
         # its own adapters on the shared frozen base.
         generator += trained if config.use_peft and config.lora_per_agent else base
-    reference = 0 if config.use_peft or config.beta <= 0 else weights
+    beta = config.loss_options.beta  # the KL term's: > 0 keeps a reference model
+    reference = 0 if config.use_peft or beta <= 0 else weights
     activations = None
     if config.micro_batch_tokens is not None:
         tokens = config.micro_batch_tokens
@@ -245,7 +246,7 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
             logit_positions=min(tokens, completions), tiled_logits=tree and ranks == 1 and plain_lm_head(model) is not None,
             trained_head=head is not None and head.weight.requires_grad, device=device,
         )
-    if config.use_peft and config.beta > 0 and config.init_from and find_initial_weights(config.init_from).holds_adapters:
+    if config.use_peft and beta > 0 and config.init_from and find_initial_weights(config.init_from).holds_adapters:
         reference = trained  # LoRA from adapters: a copy of their initial weights (models.AdapterReference)
     return MemoryPlan(
         ranks=ranks,
@@ -261,7 +262,7 @@ def plan_memory(config: LightningRLConfig, path: str, *, ranks: int = 1, device:
     )
 
 
-def check_run_memory(config: LightningRLConfig, policy: Any, *, ranks: int, device: torch.device | None, main: bool) -> MemoryPlan | None:
+def check_run_memory(config: RunConfig, policy: Any, *, ranks: int, device: torch.device | None, main: bool) -> MemoryPlan | None:
     """The trainer's check before it loads anything: the plan of this run (the model of
     ``policy``, or of ``config.model``), printed to stderr by rank 0, refused
     (:class:`MemoryPlanError`) when it cannot fit and ``config.check_memory`` is on. ``None`` when the

@@ -19,7 +19,7 @@ import torch
 
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy, TrainablePolicy
 from agentgym_lightning.training.agent_adapters import AgentAdapters, lora_config, with_lora
-from agentgym_lightning.training.config import LightningRLConfig
+from agentgym_lightning.training.run_config import RunConfig
 
 __all__ = [
     "build_policy", "trainable_model", "add_lora", "enable_activation_checkpointing", "reference_model", "AdapterReference",
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-def build_policy(config: LightningRLConfig) -> Any:
+def build_policy(config: RunConfig) -> Any:
     """The generator of ``config.backend`` for ``config.model``, with the run's device, dtype,
     seed and threads (``policy_kwargs`` win), and under ``lora_per_agent`` room for every adapter."""
     from agentgym_lightning.policies import make_policy
@@ -50,7 +50,7 @@ def build_policy(config: LightningRLConfig) -> Any:
     return make_policy(config.backend, config.model, **kwargs)
 
 
-def trainable_model(policy: Policy, config: LightningRLConfig) -> tuple[Any, Any]:
+def trainable_model(policy: Policy, config: RunConfig) -> tuple[Any, Any]:
     """The model to train and its tokenizer: the hf policy's own model, or a fresh copy of the
     generator's weights for a backend that holds them elsewhere."""
     if isinstance(policy, ModelSharingPolicy) and policy.hf_model is not None:
@@ -68,7 +68,7 @@ def trainable_model(policy: Policy, config: LightningRLConfig) -> tuple[Any, Any
     return model, policy.tokenizer
 
 
-def add_lora(model: Any, config: LightningRLConfig) -> Any:
+def add_lora(model: Any, config: RunConfig) -> Any:
     """``model`` with the config's LoRA adapter (PEFT), the only weights trained."""
     return with_lora(model, lora_config(config))
 
@@ -86,7 +86,7 @@ def enable_activation_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def reference_model(model: Any, config: LightningRLConfig) -> Any:
+def reference_model(model: Any, config: RunConfig) -> Any:
     """The KL reference: LoRA needs none (the adapter is switched off; a LoRA run started from
     adapters takes an :class:`AdapterReference` once sharded); full fine-tuning keeps a frozen
     copy of the initial weights."""
@@ -135,7 +135,7 @@ class AdapterReference:
             module.reshard()
 
 
-def build_optimizer(params: list[torch.nn.Parameter], config: LightningRLConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: list[torch.nn.Parameter], config: RunConfig) -> torch.optim.Optimizer:
     """``config.optim`` over ``params``."""
     if config.optim == "adafactor":
         from torch.distributed.tensor import DTensor

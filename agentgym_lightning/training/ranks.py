@@ -45,8 +45,8 @@ from typing import Any
 import torch
 
 from agentgym_lightning.memory import release_freed_memory
-from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.models import trainable_model
+from agentgym_lightning.training.run_config import RunConfig
 from agentgym_lightning.training.samples import Sample
 
 __all__ = ["Ranks", "RankLostError", "split_by_tokens", "launch", "LaunchFailure", "launcher_reports_lost_ranks"]
@@ -136,7 +136,7 @@ class Ranks:
 
     # ------------------------------------------------------------------ building the model
 
-    def trained_model(self, policy: Any, config: LightningRLConfig) -> tuple[Any, Any]:
+    def trained_model(self, policy: Any, config: RunConfig) -> tuple[Any, Any]:
         """The model to train and its tokenizer: rank 0's as on one rank
         (:func:`~.models.trainable_model`); a follower loads the same weights, in the same dtype,
         from the folder rank 0 names."""

@@ -94,13 +94,13 @@ class RunLoop:
         #: The ranks of the update (:mod:`.ranks`): one unless a subclass joins N; rank 0 alone generates.
         self.ranks = Ranks()
 
-    def _build_models(self, models_config: Any, policy: Any, *, training_steps: int, owns: bool) -> RunModels:
-        """Build the generator and the trained model (:func:`~.run_models.build_run_models`)
-        and keep them: :attr:`policy`, :attr:`model`, :attr:`tokenizer`, :attr:`pad_token_id`,
+    def _build_models(self, config: RunConfig, policy: Any, *, training_steps: int, owns: bool) -> RunModels:
+        """Build the generator and the trained model as the run's ``config`` says
+        (:func:`~.run_models.build_run_models`) and keep them: :attr:`policy`, :attr:`model`, :attr:`tokenizer`, :attr:`pad_token_id`,
         :attr:`device`, :attr:`adapters`, :attr:`adapter_params`, :attr:`optimizer`,
         :attr:`scheduler`. ``owns``: the trainer built the policy (then :meth:`close` closes it)."""
         self._owns_policy = owns
-        built = build_run_models(models_config, policy, training_steps=training_steps, ranks=self.ranks)
+        built = build_run_models(config, policy, training_steps=training_steps, ranks=self.ranks)
         self.policy, self.model, self.tokenizer, self.pad_token_id = built.policy, built.model, built.tokenizer, built.pad_token_id
         self.device = next(self.model.parameters()).device
         #: lora_per_agent: which agent's calls go to which adapter (None: one set of trained weights).

@@ -5,7 +5,10 @@ The base of :class:`~agentgym_lightning.training.config.LightningRLConfig` (RL) 
 as TRL's configs share ``transformers.TrainingArguments``: the model and its backend, the steps,
 the sampling of the run's rollouts, the optimizer, micro-batching, LoRA (or an adapter per agent),
 the held-out evaluation, checkpoints and logging. A subclass adds its own fields, restates a
-shared one where it means something more specific (:func:`restated`), and defines ``validate``.
+shared one where it means something more specific (:func:`restated`), and defines ``validate``
+(from the shared checks below) and what the shared update machinery asks of every run
+(:attr:`RunConfig.logprob_temperature`, :attr:`RunConfig.loss_options`,
+:attr:`RunConfig.update_iterations`, :attr:`RunConfig.asynchronous`): each config answers for itself.
 
 Every field carries its help (``metadata={"help": ...}``): the commands' flags and ``help(...)``
 read it. :class:`DataclassConfig` is what such a config can do besides its fields (a dict, YAML).
@@ -20,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-__all__ = ["DataclassConfig", "RunConfig", "restated"]
+from agentgym_lightning.training.agent_adapters import agent_routes
+from agentgym_lightning.training.loss_options import LossOptions
+
+__all__ = ["DataclassConfig", "RunConfig", "restated", "BACKENDS", "OPTIMIZERS"]
+
+#: The generators a run can use (``backend``).
+BACKENDS = ("hf", "vllm", "vllm-server")
+#: The optimizers a run can use (``optim``).
+OPTIMIZERS = ("adamw", "adafactor")
 
 
 class DataclassConfig:
@@ -276,6 +287,29 @@ class RunConfig(DataclassConfig):
         subclass runs several passes of them."""
         return self.max_steps
 
+    # ------------------------------------------------------------------ what the shared machinery asks of a run
+    # (the models, the memory plan, the micro-batches and the loss read these; each config answers for itself)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the update computes the trained calls' logprobs at."""
+        raise NotImplementedError(f"{type(self).__name__} must say its logprob_temperature")
+
+    @property
+    def loss_options(self) -> LossOptions:
+        """The update's loss options (its normaliser's ``loss_type``, and ``beta`` > 0: a reference model is kept)."""
+        raise NotImplementedError(f"{type(self).__name__} must say its loss_options")
+
+    @property
+    def update_iterations(self) -> int:
+        """Optimizer passes over each step's rows (more than one recomputes the proximal logprobs)."""
+        raise NotImplementedError(f"{type(self).__name__} must say its update_iterations")
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether rollouts run on while the update changes the weights (the generator then needs weights of its own)."""
+        raise NotImplementedError(f"{type(self).__name__} must say whether it is asynchronous")
+
     # ------------------------------------------------------------------ what validate() is made of
 
     def _choose(self, name: str, options: tuple[str, ...]) -> None:
@@ -290,6 +324,70 @@ class RunConfig(DataclassConfig):
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
             raise ValueError(f"{name} must be a number >= {low}; got {value!r}")
+
+
+    def _check_count(self, name: str, value: Any = None) -> None:
+        """Raise unless option ``name`` (or ``value`` checked under its name) is an integer >= 1."""
+        value = getattr(self, name) if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            raise ValueError(f"{name} must be a number >= 1; got {value!r}")
+        if not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer; got {value!r}")
+
+    def _check_backend(self) -> None:
+        """``backend`` is one of :data:`BACKENDS` (a ``vllm-server`` one has its URL)."""
+        self._choose("backend", BACKENDS)
+        if self.backend == "vllm-server" and not (self.generator_url or dict(self.policy_kwargs or {}).get("generator_url")):
+            raise ValueError("backend 'vllm-server' needs generator_url: the running generator's URL (--generator-url http://host:8000; docs/scaling.md)")
+
+    def _check_micro_batches(self) -> None:
+        """Concurrency and the micro-batches' bounds."""
+        self._at_least("concurrency", 1, allow_none=True)
+        self._at_least("micro_batch_tokens", 1, allow_none=True)
+        if self.micro_batch_tokens is not None and not isinstance(self.micro_batch_tokens, int):
+            raise ValueError(f"micro_batch_tokens must be an integer or None; got {self.micro_batch_tokens!r}")
+        if not (isinstance(self.packed_update, bool) or self.packed_update == "auto"):
+            raise ValueError(f"packed_update must be true, false or 'auto'; got {self.packed_update!r}")
+
+    def _check_top_p(self) -> None:
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+
+    def _check_mapping(self, name: str) -> None:
+        if not isinstance(getattr(self, name), Mapping):
+            raise ValueError(f"{name} must be a mapping; got {type(getattr(self, name)).__name__}")
+
+    def _check_air_weights(self) -> None:
+        for source, weight in self.air_weights.items():
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"air_weights[{source!r}] must be a finite number; got {weight!r}")
+
+    def _check_agent_match(self) -> None:
+        """``agent_match`` is a pattern or a mapping that parses (a config is saved, a function is not)."""
+        if self.agent_match is not None:
+            if not isinstance(self.agent_match, (str, Mapping)):
+                raise ValueError(
+                    f"agent_match must be a regular expression or a mapping (agent/role/name/variables), not "
+                    f"{type(self.agent_match).__name__}: the config is saved with every checkpoint, so a function "
+                    "filter goes in the env instead (AgentEnv(agent_match=fn))"
+                )
+            from agentgym_lightning.agent_match import as_agent_match
+
+            as_agent_match(self.agent_match)  # names a bad pattern or key now, not at the first update
+
+    def _check_adapter_routes(self) -> None:
+        """``lora_per_agent`` names what to write now (the caller sets ``use_peft``)."""
+        agent_routes(self.lora_per_agent, self.agent_match)
+
+    def _check_reporting(self) -> None:
+        """The held-out env's kwargs and the loggers (``report_to`` as a list)."""
+        if self.eval_env_kwargs is not None and not isinstance(self.eval_env_kwargs, Mapping):
+            raise ValueError("eval_env_kwargs must be a mapping or None")
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        unknown = [r for r in self.report_to if r not in ("wandb",)]
+        if unknown:
+            raise ValueError(f"report_to accepts 'wandb' (or nothing); got {unknown}")
 
 
 def restated(name: str, *, help: str | None = None, **default: Any) -> Any:

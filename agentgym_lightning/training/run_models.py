@@ -15,7 +15,6 @@ from agentgym_lightning.cpu_threads import warn_if_threads_spin
 
 from agentgym_lightning.policies.base import ModelSharingPolicy, Policy
 from agentgym_lightning.training.agent_adapters import AgentAdapters, adapter_parameters, add_agent_adapters
-from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.generation import separate_generator, shares_model
 from agentgym_lightning.training.initial_weights import find_initial_weights
 from agentgym_lightning.training.models import (
@@ -27,6 +26,7 @@ from agentgym_lightning.training.models import (
     reference_model,
 )
 from agentgym_lightning.training.ranks import Ranks
+from agentgym_lightning.training.run_config import RunConfig
 
 __all__ = ["RunModels", "build_run_models", "seed_process"]
 
@@ -53,7 +53,7 @@ class RunModels:
     #: lora_per_agent: which agent's calls go to which adapter (``None``: one set of trained weights).
     adapters: AgentAdapters | None
     pad_token_id: int
-    #: The reference model of the KL term (``beta`` > 0), sharded as the model is; else ``None``.
+    #: The reference model of the KL term (the loss options' ``beta`` > 0), sharded as the model is; else ``None``.
     ref_model: Any
     #: Each adapter's parameters (lora_per_agent: clipped and reported per adapter).
     adapter_params: dict[str, list[torch.nn.Parameter]]
@@ -64,14 +64,14 @@ class RunModels:
 
 
 def build_run_models(
-    config: LightningRLConfig, policy: Policy | None = None, *, training_steps: int, ranks: Ranks | None = None
+    config: RunConfig, policy: Policy | None = None, *, training_steps: int, ranks: Ranks | None = None
 ) -> RunModels:
     """The generator (``policy``, or :func:`build_policy`; rank 0's alone on N ``ranks``), the
     trained model with ``init_from``'s weights, dropout off, its LoRA (one adapter, or one per
-    agent), activation checkpointing, the reference model (``beta`` > 0), both sharded over the
-    ``ranks`` (FSDP2; one rank: as they are), the optimizer over the trained weights and the
-    scheduler over ``training_steps`` optimizer steps. With ``max_staleness`` >= 1 an ``hf``
-    generator gets a copy of its own (episodes decode on while the update changes the model;
+    agent), activation checkpointing, the reference model (``config.loss_options.beta`` > 0),
+    both sharded over the ``ranks`` (FSDP2; one rank: as they are), the optimizer over the trained
+    weights and the scheduler over ``training_steps`` optimizer steps. When ``config.asynchronous``
+    (RL's ``max_staleness`` >= 1) an ``hf`` generator gets a copy of its own (episodes decode on while the update changes the model;
     under ``lora_per_agent`` a copy of the adapters on the shared frozen base),
     and a ``vllm-server`` one accepts answers from weights pushed during the call."""
     ranks = ranks if ranks is not None else Ranks()
@@ -86,22 +86,22 @@ def build_run_models(
 
     disable_dropout_in_model(model)
     adapters = AgentAdapters.from_config(config)
-    if config.max_staleness and shares_model(policy, model) and adapters is None:
+    if config.asynchronous and shares_model(policy, model) and adapters is None:
         separate_generator(policy, model)
-    elif config.max_staleness and hasattr(policy, "syncs_during_calls"):
+    elif config.asynchronous and hasattr(policy, "syncs_during_calls"):
         policy.syncs_during_calls = True  # a served generator checking its answers' weights (vllm-server): syncs come mid-call
     if config.use_peft:
         shared = shares_model(policy, model)
         model = add_lora(model, config) if adapters is None else add_agent_adapters(model, config, adapters.names)
         if shared:
             policy.hf_model = model  # type: ignore[attr-defined] - the policy generates through the adapter
-            if config.max_staleness and adapters is not None:
+            if config.asynchronous and adapters is not None:
                 separate_generator(policy, model, share_frozen=True)  # every adapter, on the one (frozen) base
     if initial is not None:
         initial.load_adapters(model, peft=config.use_peft, adapters=adapters.names if adapters is not None else None)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)
-    ref_model = reference_model(model, config) if config.beta > 0 else None
+    ref_model = reference_model(model, config) if config.loss_options.beta > 0 else None
     model, ref_model = ranks.shard(model, ref_model)  # N ranks: FSDP2
     if ref_model is not None and config.use_peft and initial is not None and initial.holds_adapters:
         ref_model = AdapterReference(model)  # the KL is to the adapters the run starts from, not to the base

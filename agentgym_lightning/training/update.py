@@ -12,7 +12,7 @@ what it runs on:
   rows, so an agent's gradient never depends on how many rows another agent had. It gives the
   logprobs of the proximal policy and of the KL reference (:meth:`MicroBatches.fixed_logps`) and
   each micro-batch's loss (:meth:`MicroBatches.loss`: :func:`~.loss.policy_loss` with the config's
-  :class:`~.loss.LossOptions`). The proximal policy is always the weights this update starts from,
+  :class:`~.loss_options.LossOptions`). The proximal policy is always the weights this update starts from,
   whatever version generated the rows: each micro-batch's own forward (``num_iterations == 1``,
   with its adapter active) or one pass before the first optimizer step; the behaviour weight
   against the rows' generator logprobs is taken against it (:mod:`.loss`'s docstring).
@@ -38,9 +38,7 @@ import torch
 
 from agentgym_lightning.memory import release_freed_memory
 from agentgym_lightning.training.agent_adapters import AgentAdapters, activate
-from agentgym_lightning.training.config import LightningRLConfig
 from agentgym_lightning.training.loss import (
-    LossOptions,
     LossTerms,
     PaddedBatch,
     loss_normalizer,
@@ -51,6 +49,7 @@ from agentgym_lightning.training.loss import (
     sft_loss,
 )
 from agentgym_lightning.training.models import AdapterReference
+from agentgym_lightning.training.run_config import RunConfig
 from agentgym_lightning.training.samples import Sample
 from agentgym_lightning.training.token_tree import (
     TokenTree,
@@ -138,7 +137,7 @@ class MicroBatches:
     def __init__(
         self,
         samples: Sequence[Sample],
-        config: LightningRLConfig,
+        config: RunConfig,
         *,
         packed: bool,
         pad_token_id: int,
@@ -147,7 +146,7 @@ class MicroBatches:
         share: RowShare | None = None,
     ) -> None:
         self.config = config
-        self.loss_options = LossOptions.from_config(config)
+        self.loss_options = config.loss_options
         self.adapters = adapters
         self.samples = list(samples)
         self.parts: dict[str | None, list[Sample]] = defaultdict(list)
@@ -171,7 +170,7 @@ class MicroBatches:
             self.owners += [owner] * len(owned)
             self.padding += [False] * (len(owned) - padding) + [True] * padding
             # the part's normaliser over every rank's rows: N ranks' summed gradients are one rank's
-            self.normalizers += [loss_normalizer(rows, config.loss_type, config.max_completion_length)] * len(owned)
+            self.normalizers += [loss_normalizer(rows, self.loss_options.loss_type, config.max_completion_length)] * len(owned)
         self.trees: list[TokenTree] | None = [build_token_tree(rows).to(device) for rows in groups] if packed else None
         self.padded: list[PaddedBatch] = [pad_samples(rows, pad_token_id).to(device) for rows in groups]
 
@@ -184,15 +183,15 @@ class MicroBatches:
             # On the model given: adapters are LoRA, so the KL reference is this same model, adapters off.
             activate(model, self.owners[i], self.adapters.names)
         if self.trees is not None:
-            return tree_token_logps(model, self.trees[i], self.padded[i], self.config.temperature, compute_entropy=compute_entropy)
-        return per_token_logps(model, self.padded[i], self.config.temperature, compute_entropy=compute_entropy)
+            return tree_token_logps(model, self.trees[i], self.padded[i], self.config.logprob_temperature, compute_entropy=compute_entropy)
+        return per_token_logps(model, self.padded[i], self.config.logprob_temperature, compute_entropy=compute_entropy)
 
     def fixed_logps(self, model: Any, ref_model: Any | None) -> FixedLogps:
         """The proximal policy's logprobs, under ``model``'s current weights (``num_iterations > 1``),
         and the reference's (``ref_model``), no gradients. Call it before the first optimizer step."""
         fixed = FixedLogps()
         with torch.no_grad():
-            if self.config.num_iterations > 1:
+            if self.config.update_iterations > 1:
                 fixed.old = [self.token_logps(model, i, compute_entropy=False)[0] for i in range(len(self))]
             if ref_model is not None:
                 with _reference(model, ref_model) as reference:
@@ -219,7 +218,7 @@ class MicroBatches:
     def sft_loss(self, model: Any, i: int) -> LossTerms:
         """Micro-batch ``i``'s supervised loss under ``model`` (:func:`~.loss.sft_loss`: the
         negative log-likelihood of its loss tokens at temperature 1, over the step's weighted loss
-        tokens); the SFT trainer's, with ``config.loss_type`` a token-sum one (``dapo``)."""
+        tokens); the SFT trainer's, its config's ``loss_options`` a token-sum normaliser (``dapo``'s)."""
         logps, entropy = self.token_logps(model, i)
         return sft_loss(logps, self.padded[i], normalizer=self.normalizers[i], entropy=entropy)
 
@@ -292,7 +291,7 @@ class UpdateStats:
 
     def metrics(self, micro: MicroBatches, learning_rate: float) -> dict[str, float]:
         """The step's update metrics (docs/metrics.md): means over iterations and loss tokens."""
-        totals, n = self.totals, micro.config.num_iterations
+        totals, n = self.totals, micro.config.update_iterations
         tokens = max(totals["tokens"], 1.0)
         per_adapter: dict[str, float] = {}
         for name in self.adapters:

@@ -153,9 +153,9 @@ TWO_RANK_UPDATES = [
 
 
 def test_every_optimizer_the_config_accepts_is_compared_on_two_ranks():
-    from agentgym_lightning.training.config import _OPTIMIZERS
+    from agentgym_lightning.training.run_config import OPTIMIZERS
 
-    assert {param.values[0].get("optim", "adamw") for param in TWO_RANK_UPDATES} == set(_OPTIMIZERS)
+    assert {param.values[0].get("optim", "adamw") for param in TWO_RANK_UPDATES} == set(OPTIMIZERS)
 
 
 @pytest.mark.parametrize("options", TWO_RANK_UPDATES)
