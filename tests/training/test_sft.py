@@ -375,7 +375,7 @@ def test_sft_config_checks_its_options():
     with pytest.raises(ValueError, match="learning_rate must be"):  # a shared field, checked as the RL config checks it
         SFTConfig(sources=["x"], learning_rate=-1)
     config = SFTConfig(sources=["x"], lora_per_agent=True, agent_match="writer")
-    assert config.use_peft and config.update_config().temperature == 1.0 and SFTConfig.help_of("learning_rate") == "The optimizer's learning rate."
+    assert config.use_peft and config.logprob_temperature == 1.0 and SFTConfig.help_of("learning_rate") == "The optimizer's learning rate."
 
 
 @needs_train
@@ -569,6 +569,29 @@ def test_the_sft_trainer_closes_the_policy_it_built_and_never_the_callers(tmp_pa
     assert run_trainer("sft", config, lambda c: made.append(SFTTrainer(c)) or made[-1], None) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert made[0].policy.hf_model is None
+
+
+@needs_train
+def test_the_sft_trainer_hands_the_shared_machinery_its_own_config_and_builds_no_rl_config(tmp_path, tiny_model_dir, monkeypatch):
+    """Before (issue 48): SFTConfig.update_config() built a LightningRLConfig, the view the models,
+    the memory plan and the micro-batches read; now they read the SFT config, which answers what
+    they ask of a run itself (logprobs at temperature 1, the ``dapo`` normaliser, no KL, one pass)."""
+    from transformers import AutoTokenizer
+
+    from agentgym_lightning.training.config import LightningRLConfig
+    from agentgym_lightning.training.sft import SFTTrainer
+
+    def no_rl_config(self, *args, **kwargs):
+        raise AssertionError("the SFT trainer built a LightningRLConfig")
+
+    source = _source(tmp_path, AutoTokenizer.from_pretrained(tiny_model_dir), n=2)
+    monkeypatch.setattr(LightningRLConfig, "__init__", no_rl_config)
+    config = _config(tiny_model_dir, tmp_path / "run", sources=[str(source)], success_only=True, max_steps=1, temperature=0.7)
+    trainer = SFTTrainer(config)
+    assert trainer.train().steps == 1
+    assert not hasattr(trainer, "update_config") and not hasattr(config, "update_config")
+    assert (config.logprob_temperature, config.update_iterations, config.asynchronous) == (1.0, 1, False)
+    assert (config.loss_options.loss_type, config.loss_options.beta, config.loss_options.sampling_correction) == ("dapo", 0.0, False)
 
 
 @needs_train

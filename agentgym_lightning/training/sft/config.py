@@ -11,21 +11,21 @@ are chosen (``min_reward``, ``top_k``, ``success_only``, ``agent_match``), how m
 trains on, whether to re-tokenize (a teacher's text), and the rounds of rollouts (rejection
 sampling; with a ``teacher``, distillation).
 
-:meth:`SFTConfig.update_config` is the view the shared update reads (the models, the token-tree
-micro-batches): the shared fields as they are and the RL loss's knobs fixed at SFT's values; SFT is
-the same update with another loss.
+The shared update machinery (the models, the memory plan, the token-tree micro-batches) reads
+this config itself: the shared fields as they are, and what it asks of every run
+(:attr:`SFTConfig.logprob_temperature`, :attr:`SFTConfig.loss_options`, ...) answered at SFT's
+values; SFT is the same update with another loss.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym_lightning.training.config import LightningRLConfig
-from agentgym_lightning.training.run_config import RunConfig, restated
+from agentgym_lightning.training.loss_options import LossOptions
+from agentgym_lightning.training.run_config import OPTIMIZERS, RunConfig, restated
 
 __all__ = ["SFTConfig", "RETOKENIZE", "SFT_RUN_IDENTITY"]
 
@@ -140,8 +140,8 @@ class SFTConfig(RunConfig):
     save_steps: int = restated("save_steps", help="Checkpoint every N steps (and at the end of each round, and on Ctrl-C).")
 
     def validate(self) -> None:
-        """Raise :class:`ValueError` naming the first bad option and what it accepts. The shared
-        fields are checked by the RL config they are handed to (:meth:`update_config`)."""
+        """Raise :class:`ValueError` naming the first bad option and what it accepts: SFT's own
+        options, the rounds' temperature, then the shared fields (:meth:`_check_shared`)."""
         if isinstance(self.sources, str):
             self.sources = [self.sources]
         if not isinstance(self.sources, list) or not all(isinstance(s, str) for s in self.sources):
@@ -164,11 +164,37 @@ class SFTConfig(RunConfig):
                 raise ValueError("a teacher rolls the rounds out: set rounds >= 1 (--rounds 1 distills once)")
         if not self.sources and self.rounds < 1:
             raise ValueError("nothing to learn from: give sources (run folders or trajectory JSONL files) or rounds >= 1 to roll episodes out")
-        self.update_config()  # the shared fields, checked as the RL config checks them
-        if isinstance(self.report_to, str):
-            self.report_to = [] if self.report_to in ("none", "") else [self.report_to]
+        if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
+            raise ValueError(f"temperature must be in (0, 2] (the rounds' sampling); got {self.temperature!r}")
+        self._check_shared()
+
+    def _check_shared(self) -> None:
+        """:class:`~agentgym_lightning.training.run_config.RunConfig`'s fields, checked with the
+        RL config's messages and in its order (``max_steps``: the whole run's steps), so that a bad
+        shared value reads the same from either command."""
+        self._check_backend()
+        self._choose("optim", OPTIMIZERS)
+        self._check_count("max_steps", self.total_steps)
+        for name in ("per_device_train_batch_size", "logging_steps", "save_steps", "eval_episodes", "lora_r"):
+            self._check_count(name)
+        self._check_micro_batches()
+        for name, low, allow_none in (
+            ("max_completion_length", 1, True), ("eval_steps", 1, True), ("num_threads", 1, True), ("save_total_limit", 1, True),
+            ("learning_rate", 0.0, False), ("max_grad_norm", 0.0, False), ("warmup_steps", 0, False), ("weight_decay", 0.0, False),
+            ("eval_temperature", 0.0, False), ("eval_samples", 0, False),
+        ):
+            self._at_least(name, low, allow_none=allow_none)
+        if not isinstance(self.eval_samples, int):
+            raise ValueError(f"eval_samples must be an integer; got {self.eval_samples!r}")
+        self._check_top_p()
+        for name in ("env_kwargs", "policy_kwargs", "air_weights"):
+            self._check_mapping(name)
+        self._check_air_weights()
+        self._check_agent_match()
         if self.lora_per_agent is not False:
+            self._check_adapter_routes()
             self.use_peft = True
+        self._check_reporting()
 
     # ------------------------------------------------------------------ derived values
 
@@ -177,22 +203,25 @@ class SFTConfig(RunConfig):
         """Optimizer steps of the whole run: ``max_steps`` per round (one pass without rounds)."""
         return self.max_steps * max(self.rounds, 1)
 
-    def update_config(self) -> LightningRLConfig:
-        """The RL config the shared machinery reads (the generator and trained model, LoRA,
-        adapters, the optimizer, the token-tree micro-batches): this config's shared fields, the
-        logprobs at temperature 1, a token-sum normaliser (``dapo``'s: the step's token mean), one
-        iteration, no reference model, no sampling correction."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(RunConfig)}
-        shared.update(
-            temperature=1.0,
-            num_generations=max(2, self.num_generations),
-            tasks_per_step=self.tasks_per_round,
-            loss_type="dapo",
-            num_iterations=1,
-            beta=0.0,
-            sampling_correction=False,
-            max_steps=self.total_steps,
-        )
-        if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature <= 2.0):
-            raise ValueError(f"temperature must be in (0, 2] (the rounds' sampling); got {self.temperature!r}")
-        return LightningRLConfig(**shared)
+    # ------------------------------------------------------------------ what the shared machinery asks of an SFT run
+
+    @property
+    def logprob_temperature(self) -> float:
+        """1: the loss is the model's own likelihood of the chosen tokens (``temperature`` is the rounds' sampling)."""
+        return 1.0
+
+    @property
+    def loss_options(self) -> LossOptions:
+        """A token-sum normaliser (``dapo``'s: the step's token mean), no KL term (so no reference model), no
+        sampling correction: the only options :func:`~agentgym_lightning.training.loss.sft_loss` and its normaliser read."""
+        return LossOptions(loss_type="dapo", beta=0.0, sampling_correction=False)
+
+    @property
+    def update_iterations(self) -> int:
+        """1: one pass over a step's rows (there is no proximal policy to recompute)."""
+        return 1
+
+    @property
+    def asynchronous(self) -> bool:
+        """False: the rounds roll out between steps, never during an update."""
+        return False

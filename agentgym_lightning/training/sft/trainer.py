@@ -92,16 +92,14 @@ class SFTTrainer(RunLoop):
     ) -> None:
         super().__init__(config)
         cfg = config
-        #: The RL config the shared machinery reads (models, LoRA, micro-batches).
-        self.update_config = view = cfg.update_config()
         self.sources = load_sources(cfg.sources)  # read first: a missing source is an error before the model loads
         self.env_factory = training_env_factory(env or cfg.env, cfg.env_kwargs, cfg.air_weights) if cfg.rounds else None
         self.eval_factory = held_out_env_factory(cfg.env, cfg.env_kwargs, cfg.eval_env_kwargs, eval_env)
         self._schedule: TaskSchedule | None = None
 
         #: What the run will hold (printed; a plan that cannot fit is refused before any weight loads).
-        self.memory_plan = check_run_memory(view, policy, ranks=1, device=None, main=True)
-        built = self._build_models(view, policy, training_steps=cfg.total_steps, owns=policy is None)
+        self.memory_plan = check_run_memory(cfg, policy, ranks=1, device=None, main=True)
+        built = self._build_models(cfg, policy, training_steps=cfg.total_steps, owns=policy is None)
         self.packed_update = packed_update(self.model, cfg.packed_update)
         self.checkpoints = RunCheckpoints(
             self.output_dir, cfg, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
@@ -234,7 +232,7 @@ class SFTTrainer(RunLoop):
         def update() -> dict[str, float]:
             if not rows:
                 return {"update/skipped": 1.0}
-            micro = MicroBatches(rows, self.update_config, packed=self.packed_update, pad_token_id=self.pad_token_id,
+            micro = MicroBatches(rows, cfg, packed=self.packed_update, pad_token_id=self.pad_token_id,
                                  device=self.device, adapters=self.adapters)
             stats = optimize(
                 micro, lambda i: micro.sft_loss(self.model, i), model=self.model, optimizer=self.optimizer,
