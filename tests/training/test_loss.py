@@ -183,7 +183,7 @@ def test_loss_equals_trl_grpo_trainer_compute_loss(trl_trainer, loss_type):
 
 
 def test_the_loss_options_are_the_configs_own():
-    """The trainer calls the loss with ``LossOptions.from_config``: every option is the config's
+    """The trainer calls the loss with the config's ``loss_options``: every option is the config's
     field of the same name (``epsilon_high``: the config's resolved upper bound)."""
     import dataclasses
 
@@ -192,8 +192,8 @@ def test_the_loss_options_are_the_configs_own():
     config = LightningRLConfig(loss_type="grpo", beta=0.04, use_bias_correction_kl=False, epsilon=0.1, epsilon_high=0.3, delta=2.0,
                                importance_sampling_level="sequence", sampling_correction=False, sampling_correction_mode="sequence_mask",
                                sampling_correction_clip_min=0.5, sampling_correction_clip_max=4.0, report_to=[])
-    options = LossOptions.from_config(config)
+    options = config.loss_options
     for f in dataclasses.fields(LossOptions):
         expected = {"epsilon_low": config.epsilon, "epsilon_high": config.epsilon_high}.get(f.name, getattr(config, f.name, None))
         assert getattr(options, f.name) == expected, f.name
-    assert LossOptions.from_config(LightningRLConfig(epsilon=0.25, report_to=[])).epsilon_high == 0.25  # defaults to epsilon
+    assert LightningRLConfig(epsilon=0.25, report_to=[]).loss_options.epsilon_high == 0.25  # defaults to epsilon
