@@ -142,7 +142,8 @@ def agentgym_log_metrics(metrics: Mapping[str, float], step: int | None) -> None
 def agentgym_train_start(config: Mapping[str, Any], output_dir: str, step: int) -> Sequence[str] | None:
     """A training run starts (``step`` > 0 when it resumes a checkpoint).
 
-    ``config`` is the run's :class:`~agentgym_lightning.training.LightningRLConfig` as a dict
+    ``config`` is the run's config as a dict: a :class:`~agentgym_lightning.training.LightningRLConfig`
+    or, for an SFT run, an ``SFTConfig``; both share the options of ``RunConfig``
     (``config["report_to"]`` lists the loggers the user asked for); ``output_dir`` is the run
     folder. Return lines to show the user (where a logger writes, say).
     """

@@ -17,7 +17,7 @@ the previous checkpoint intact and never a half-written one (so keeping only the
 is safe; the next save removes such a leftover ``.checkpoint-*.tmp-*`` folder); a save that fails (a full disk) removes its temporary
 folder and leaves the previous checkpoints as they were; weights that are not finite are never
 saved (:class:`NonFiniteWeightsError`), so a NaN step can never prune a good checkpoint away. The
-task order needs no saving (it is a function of the seed and the step, see :mod:`.schedule`).
+task order needs no saving (it is a function of the seed and the step, see :mod:`agentgym_lightning.rollouts.schedule`).
 
 A checkpoint is verified against its manifest before it is loaded: a file changed since the save
 (a truncated or zeroed ``model.safetensors``, a cut ``optimizer.pt``) is refused in one line

@@ -3,7 +3,7 @@
 Each training step:
 
 1. **Tasks.** Pick ``tasks_per_step`` (B) tasks — a function of the seed and the step
-   (:mod:`.schedule`), so a resumed run sees the same data.
+   (:mod:`agentgym_lightning.rollouts.schedule`), so a resumed run sees the same data.
 2. **Rollouts.** Run ``num_generations`` (G) episodes of each through
    :func:`~agentgym_lightning.rollouts.in_process.rollout` (or on ``rollout_workers`` Ray actors:
    :mod:`agentgym_lightning.rollouts.served_policy`): the agents run unmodified, and the current policy
@@ -27,7 +27,7 @@ Each training step:
    reloads them).
 
 With ``max_staleness`` k >= 1, moves 1-2 run continuously on a thread instead
-(:mod:`.async_rollouts`): a step trains on the next B finished groups none of whose calls was
+(:mod:`agentgym_lightning.rollouts.async_rollouts`): a step trains on the next B finished groups none of whose calls was
 answered more than k policy versions before the one being updated (``Step.policy_version``),
 and the sync reaches running episodes (``hf`` then generates on a copy of its own, refreshed
 between two decode steps), in this process or on ``rollout_workers`` Ray actors (each answer
@@ -352,7 +352,7 @@ class LightningRLTrainer(RunLoop):
 
     def _take_async(self) -> tuple[list[Trajectory], float, Path, dict[str, float]]:
         """1-2 with ``max_staleness`` >= 1: the next groups within the bound from the rollouts
-        running in the background (:mod:`.async_rollouts`, started on first use), written to the
+        running in the background (:mod:`agentgym_lightning.rollouts.async_rollouts`, started on first use), written to the
         step's file; returns them, the seconds the update waited, the file and the ``async/``
         metrics."""
         cfg = self.config
