@@ -1,15 +1,18 @@
 """``hf``'s decode step, each way it runs, on one batch of staggered calls: per-step with the
-dynamic KV cache, the static one, and the static one compiled (CUDA graphs). (The ``batches``
+dynamic KV cache (its layers growing in place: ``dynamic``; or transformers' own, which
+concatenates every step: ``dynamic-concat``), the static one, and the static one compiled (CUDA graphs). (The ``batches``
 mode, ``generate`` decoding each batch to its end, was dropped with the batch loop: every call
 now goes through the per-step scheduler, so there is no other way to compare against.)
 
     python bench/bench_hf_decode.py --device cuda                       # SmolLM2-135M, 16 calls x 128 tokens
     python bench/bench_hf_decode.py --device cuda --random-init DIR     # DIR: a model's config + tokenizer only
+    python bench/bench_hf_decode.py --device cpu --calls 32 --max-tokens 64 --modes dynamic-concat,dynamic,dynamic-concat,dynamic
 
 Half the calls are submitted at once, the rest within 0.5 s (agents' calls arriving while others
 decode). Sampled (temperature 1) and seeded, so every mode should give the first mode's tokens;
 prints per mode the warm-up (the compile and graph recording for ``compiled``), the walls of two
-rounds, completion tokens per second, and how many calls got the first mode's tokens. Needs no
+rounds (and the process's CPU-seconds), completion tokens per second, and how many calls got the
+first mode's tokens; a mode named twice runs twice (interleave them on a busy machine). Needs no
 env or agent (for the rollout through agents: ``bench/bench_rollout_engine.py``).
 ``--random-init`` builds the model from the folder's config with random weights (timing and
 equality only; the weights need not travel).
@@ -31,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from agentgym_lightning.llm import ChatRequest, SamplingParams  # noqa: E402
 
-MODES = ("dynamic", "static", "compiled")
+MODES = ("dynamic", "dynamic-concat", "static", "compiled")
 
 
 def calls(n: int, max_tokens: int) -> list[ChatRequest]:
@@ -86,10 +89,18 @@ def main() -> None:
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {device_name}; {args.calls} calls x "
           f"<= {args.max_tokens} tokens, {args.dtype}", flush=True)
+    from agentgym_lightning.policies import hf_kv, hf_scheduler
+
+    growing = hf_kv.new_cache
     first: list[Any] | None = None
     for mode in args.modes.split(","):
+        if mode not in MODES:
+            parser.error(f"--modes: {mode!r} is not one of {MODES}")
+        # dynamic-concat: the dynamic cache as transformers makes it (DynamicLayer.update concatenates).
+        make = (lambda m: transformers.DynamicCache(config=m.config)) if mode == "dynamic-concat" else growing
+        hf_kv.new_cache = hf_scheduler.new_cache = make
         policy = HFPolicy(model, device=args.device, dtype=args.dtype, max_batch_size=args.calls, seed=0, progress=False,
-                          decode=mode)
+                          decode="dynamic" if mode == "dynamic-concat" else mode)
         try:
             warm = calls(4, 16)
             started = time.perf_counter()
@@ -99,17 +110,19 @@ def main() -> None:
             sync()
             warm_up = time.perf_counter() - started
             requests = calls(args.calls, args.max_tokens)
-            walls = []
+            walls, cpus = [], []
             for r in range(2):
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 got = staggered(policy, requests, seed=r)
                 sync()
                 walls.append(time.perf_counter() - started)
+                cpus.append(time.process_time() - cpu)
             tokens = sum(len(c.completion_token_ids) for c in got)
             first = first or got
             same = sum(a.completion_token_ids == b.completion_token_ids for a, b in zip(first, got))
             ran = f", ran as {policy._scheduler.mode}" if policy._scheduler is not None else ""  # noqa: SLF001 - after fallbacks
-            print(f"  {mode:8s}: warm-up {warm_up:6.1f} s, walls {[round(w, 2) for w in walls]} s, {tokens} tokens, "
+            print(f"  {mode:14s}: warm-up {warm_up:6.1f} s, walls {[round(w, 2) for w in walls]} s, "
+                  f"CPU {[round(c, 2) for c in cpus]} s, {tokens} tokens, "
                   f"{tokens / min(walls):7.1f} tokens/s; {same}/{len(got)} calls with the first mode's tokens{ran}", flush=True)
         finally:
             policy.close()

@@ -23,11 +23,69 @@ from agentgym_lightning.policies.hf_rows import Entry, Row
 
 __all__ = [
     "MIN_SHARED_PREFIX", "Batch", "adapter_kwarg", "adapter_names", "cache_argument", "cache_kwarg", "cache_layers",
-    "cacheable_prefix", "crop_left", "kv_of", "merge", "next_batch", "prefill_count", "prefix_layout", "prompt_inputs",
+    "cacheable_prefix", "crop_left", "kv_of", "merge", "new_cache", "next_batch", "prefill_count", "prefix_layout",
+    "prompt_inputs",
 ]
 
 #: Shared prefixes shorter than this are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
+#: Columns a growing KV layer allocates beyond what it holds (at least; half as many again when more).
+_MIN_ROOM = 64
+
+
+def new_cache(model: Any) -> Any:
+    """An empty KV cache for ``model`` whose plain layers grow in place (:func:`growing_layer_class`);
+    a model with other kinds of layers (sliding-window, hybrid) gets transformers' own."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    if all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [growing_layer_class()() for _ in cache.layers]
+    return cache
+
+
+@functools.cache
+def growing_layer_class() -> type:
+    """transformers' ``DynamicLayer`` whose keys and values are the front of a larger buffer (made
+    on first use: transformers loads lazily here). ``DynamicLayer.update`` concatenates, so every
+    decode step copies every cached key and value of the batch; here a step writes its token's
+    into the room left, and only a full buffer, or keys and values replaced from outside (rows that
+    joined, left or were cropped), are copied into a new one."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        buffers: tuple[Any, Any] | None = None
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            held = self.keys.shape[-2] if self.keys.dim() == 4 else 0
+            end = held + key_states.shape[-2]
+            if not self._fronts_buffers(end):
+                batch, heads, _, dim = key_states.shape
+                room = end + max(_MIN_ROOM, end // 2)
+                self.buffers = (key_states.new_empty((batch, heads, room, dim)), value_states.new_empty((batch, heads, room, dim)))
+                if held:
+                    self.buffers[0][:, :, :held] = self.keys
+                    self.buffers[1][:, :, :held] = self.values
+            keys, values = self.buffers  # type: ignore[misc]
+            keys[:, :, held:end] = key_states
+            values[:, :, held:end] = value_states
+            self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+            return self.keys, self.values
+
+        def _fronts_buffers(self, end: int) -> bool:
+            """Whether the held keys and values are still the front of the buffers, with room to ``end``."""
+            if self.buffers is None or self.keys.dim() != 4:
+                return False
+            return all(
+                held.data_ptr() == buffer.data_ptr() and held.shape[:2] == buffer.shape[:2]
+                and held.stride() == buffer.stride() and buffer.shape[2] >= end
+                for held, buffer in zip((self.keys, self.values), self.buffers)
+            )
+
+    return GrowingLayer
 
 
 def cacheable_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -146,9 +204,7 @@ def prompt_inputs(
     attention_mask = attention_mask.to(device)
     if not shared and not groups:
         return input_ids, attention_mask, None
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     with torch.inference_mode():
         # logits_to_keep=1: the prefixes' own logits are never used; skip most of the LM head.
         if shared:
@@ -176,7 +232,7 @@ def cache_layers(cache: Any) -> list[Any]:
 
     layers = cache.layers
     for layer in layers:
-        if type(layer) is not DynamicLayer:
+        if type(layer) not in (DynamicLayer, growing_layer_class()):
             raise NotImplementedError(
                 f"the hf policy's decode joins KV caches of plain layers only (transformers' DynamicLayer); this "
                 f"model's cache has {type(layer).__name__} layers (a sliding-window or hybrid attention model), "

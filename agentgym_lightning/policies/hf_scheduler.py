@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from agentgym_lightning.llm import Completion, common_prefix_length
 from agentgym_lightning.policies.chat import completion_of
 from agentgym_lightning.policies.hf_kv import (
-    MIN_SHARED_PREFIX, Batch, adapter_kwarg, adapter_names, cache_kwarg, cache_layers, kv_of, merge, next_batch,
+    MIN_SHARED_PREFIX, Batch, adapter_kwarg, adapter_names, cache_kwarg, cache_layers, kv_of, merge, new_cache, next_batch,
     prefill_count, prefix_layout, prompt_inputs,
 )
 from agentgym_lightning.policies.hf_rows import Entry, Sampler, Sampling, ended
@@ -322,10 +322,9 @@ class StepScheduler:
         ``row`` of ``source`` (a running batch, the slots, or the prefix cache: the same tokens,
         at the same positions)."""
         import torch
-        from transformers import DynamicCache
 
         model, device = self.host.hf_model, self.host.device
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model)
         for i, (keys, values) in enumerate(source.prefix_kv(row, shared)):
             cache.update(keys, values, i)
         prompt = entry.row.prompt_ids
@@ -346,7 +345,6 @@ class StepScheduler:
     def _prefill(self, entries: list[Entry]) -> Batch | None:
         """Prefill ``entries`` together, their shared prompt prefixes computed once."""
         import torch
-        from transformers import DynamicCache
 
         model, device = self.host.hf_model, self.host.device
         rows = [e.row for e in entries]
@@ -358,7 +356,7 @@ class StepScheduler:
         if entries[0].across_calls:  # (a prefill is all one kind: _admit keeps them apart)
             self.counts.prefilled_tokens += prefill_count(prompts, *layout)
         if cache is None:
-            cache = DynamicCache(config=model.config)
+            cache = new_cache(model)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cached = cache.get_seq_length()
         with torch.inference_mode():

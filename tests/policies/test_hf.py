@@ -854,3 +854,50 @@ def test_prefix_cache_mb_is_checked_before_the_model_loads(monkeypatch):
     monkeypatch.setattr(hf, "resolve_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="prefix_cache_mb must be >= 0"):
         hf.HFPolicy(prefix_cache_mb=-1)
+
+
+def test_the_growing_kv_layer_holds_what_concatenation_would_and_copies_only_when_full():
+    from transformers.cache_utils import DynamicLayer
+
+    from agentgym_lightning.policies.hf_kv import growing_layer_class
+
+    grown, plain = growing_layer_class()(), DynamicLayer()
+    torch.manual_seed(0)
+    copies, buffer = 0, None
+    for width in [7, *([1] * 100)]:  # a prefill, then decode steps
+        keys, values = torch.randn(2, 3, width, 4), torch.randn(2, 3, width, 4)
+        got, want = grown.update(keys, values), plain.update(keys, values)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        copies += grown.buffers[0].data_ptr() != buffer
+        buffer = grown.buffers[0].data_ptr()
+    assert copies == 2  # 7 + 64 columns of room, then half as many again: 2 buffers for 107 columns
+    # Keys replaced from outside (a row left the batch): the next step copies them into a new buffer.
+    grown.batch_select_indices(torch.tensor([1]))
+    plain.batch_select_indices(torch.tensor([1]))
+    keys, values = torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4)
+    got, want = grown.update(keys, values), plain.update(keys, values)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert grown.buffers[0].shape[0] == 1
+
+
+def test_the_growing_kv_cache_gives_the_tokens_of_transformers_own(tiny_model_dir, monkeypatch):
+    from transformers import DynamicCache
+
+    from agentgym_lightning.policies import hf_kv, hf_scheduler
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    requests = [_req(q, max_tokens=12, temperature=t, seed=7) for q in QUESTIONS for t in (0.0, 1.0)]
+    answers = {}
+    for name, make in [("growing", hf_kv.new_cache), ("transformers", lambda model: DynamicCache(config=model.config))]:
+        monkeypatch.setattr(hf_kv, "new_cache", make)
+        monkeypatch.setattr(hf_scheduler, "new_cache", make)
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False)
+        try:
+            answers[name] = [f.result() for f in [policy.submit(r) for r in requests]]
+            if name == "growing":  # (the tiny Llama's layers are plain ones: they grow)
+                assert all(isinstance(layer, hf_kv.growing_layer_class()) for layer in make(policy.hf_model).layers)
+        finally:
+            policy.close()
+    for grown, plain in zip(answers["growing"], answers["transformers"]):
+        assert grown.completion_token_ids == plain.completion_token_ids
+        assert grown.logprobs == pytest.approx(plain.logprobs, abs=1e-5)
