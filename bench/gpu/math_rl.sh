@@ -5,8 +5,12 @@
 # (RL_EXTRA's tasks_per_step), stopped with SIGTERM at DEADLINE seconds after the start (each run
 # checkpoints; `train --resume DIR --steps <its step>` then writes its final/). The warm start
 # (while RL runs) and the RL runs' final/ are evaluated the same way, with `eval` as the trainer's
-# held-out evaluation runs it: the recipe's 96 held-out problems greedy, and 8 samples each at
-# temperature 0.6 (pass@1, pass@8), every call capped at max_completion_length (192).
+# held-out evaluation runs it: the recipe's 96 held-out problems greedy (and with SAMPLES=8, 8 samples
+# each at temperature 0.6: pass@1, pass@8), every call capped at max_completion_length (192).
+# Measured on one H200 (2026-11-28, docs/experiments.md): setup 78 s, the two SFTs 69 s, a greedy
+# evaluation 28-45 s, an RL step 127-204 s (its rollout bound by the host, one core); the 768 sampled
+# episodes of a warm start took over 5 minutes beside the RL runs and did not finish in the call,
+# so SAMPLES is 0 by default (that session's warm starts' pass@8 is in the docs).
 # What comes back under $OUT: run.log and results.tar.xz (metrics, evaluations, trajectories, logs).
 # On the device: DEVICE=1 bash bench/gpu/math_rl.sh (after a call that put the model's first part
 # in /tmp/model.xz.a). The CPU dry run: BIN=.venv/bin/agentgym-lightning PY=.venv/bin/python
@@ -33,7 +37,7 @@ DATA=${DATA:-/tmp/gpu6-data}
 [ -n "${RL_EXTRA:-}" ] || RL_EXTRA='--set tasks_per_step=12 --set max_sampling_rounds=2 --set policy_kwargs={"tool_prompt":"compact","max_batch_size":64}'
 EVAL_BATCH=${EVAL_BATCH:-128}
 HELD_OUT=${HELD_OUT:-96}
-SAMPLES=8
+SAMPLES=${SAMPLES:-0}
 el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 # The runs' metrics, evaluations, trajectories and logs (no weights) to $OUT: packed once the RL runs
 # stop and again after the closing evaluations, so a call cut short still brings the first back.
@@ -67,6 +71,7 @@ heldout() {  # heldout MODEL_DIR NAME SEED
         --env-kwarg data_dir=$DATA/gsm8k --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4
         --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=2 --policy-kwarg max_batch_size=$EVAL_BATCH --max-tokens 192 --seed $((7919 + $3)) --no-progress --json"
     $BIN eval $args --episodes $HELD_OUT --concurrency $HELD_OUT --temperature 0 --output $RUNS/$2-greedy.jsonl > $RUNS/$2-greedy.json 2> $RUNS/$2-greedy.log
+    [ "$SAMPLES" -gt 0 ] || return 0
     $BIN eval $args --episodes $((HELD_OUT * SAMPLES)) --group-size $SAMPLES --concurrency $((HELD_OUT * SAMPLES)) --temperature 0.6 \
         --output $RUNS/$2-samples.jsonl --pass-rates $RUNS/$2-pass-rates.jsonl > $RUNS/$2-samples.json 2> $RUNS/$2-samples.log
 }
@@ -97,6 +102,10 @@ el "stop time or done; stopping"
 for s in $SEEDS; do kill -TERM ${PID[$s]} 2>/dev/null; done
 for i in $(seq 90); do alive || break; sleep 1; done
 el "stopped$(alive && echo ', one still running')"
+# The warm start's evaluations get until 150 s before the limit (the closing ones need about that);
+# one still running then is stopped, and what it wrote (an episode a line) comes back.
+while evaluating && [ $(( $(date +%s) - T0 )) -lt $(( LIMIT - 150 )) ]; do sleep 2; done
+for s in $SEEDS; do kill -0 ${EVAL[$s]} 2>/dev/null && { el "warm-s$s evaluation still running: stopped"; pkill -TERM -P ${EVAL[$s]}; kill -TERM ${EVAL[$s]}; }; done
 for s in $SEEDS; do wait ${EVAL[$s]}; done
 el "warm-start evaluations done"
 pack
