@@ -29,8 +29,11 @@ __all__ = [
 
 #: Shared prefixes shorter than this are not worth a forward pass of their own.
 MIN_SHARED_PREFIX = 16
-#: Columns a growing KV layer allocates beyond what it holds (at least; half as many again when more).
+#: Columns a growing KV layer allocates beyond what it holds: at least this many, an eighth more
+#: when that is more. Half as many again held 1.5x the batch's keys and values (the main job's
+#: peak RSS went over 3 GB, docs/training.md) for copies that rows joining or leaving make anyway.
 _MIN_ROOM = 64
+_ROOM_SHARE = 8
 
 
 def new_cache(model: Any) -> Any:
@@ -50,8 +53,8 @@ def growing_layer_class() -> type:
     """transformers' ``DynamicLayer`` whose keys and values are the front of a larger buffer (made
     on first use: transformers loads lazily here). ``DynamicLayer.update`` concatenates, so every
     decode step copies every cached key and value of the batch; here a step writes its token's
-    into the room left, and only a full buffer, or keys and values replaced from outside (rows that
-    joined, left or were cropped), are copied into a new one."""
+    into the room left (:data:`_MIN_ROOM` columns, or an eighth more), and only a full buffer, or keys
+    and values replaced from outside (rows that joined, left or were cropped), are copied into a new one."""
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -64,7 +67,7 @@ def growing_layer_class() -> type:
             end = held + key_states.shape[-2]
             if not self._fronts_buffers(end):
                 batch, heads, _, dim = key_states.shape
-                room = end + max(_MIN_ROOM, end // 2)
+                room = end + max(_MIN_ROOM, end // _ROOM_SHARE)
                 self.buffers = (key_states.new_empty((batch, heads, room, dim)), value_states.new_empty((batch, heads, room, dim)))
                 if held:
                     self.buffers[0][:, :, :held] = self.keys

@@ -870,7 +870,11 @@ def test_the_growing_kv_layer_holds_what_concatenation_would_and_copies_only_whe
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         copies += grown.buffers[0].data_ptr() != buffer
         buffer = grown.buffers[0].data_ptr()
-    assert copies == 2  # 7 + 64 columns of room, then half as many again: 2 buffers for 107 columns
+    assert copies == 2  # 7 + 64 columns of room, then 72 + 64: 2 buffers for 107 columns
+    assert grown.buffers[0].shape[2] == 72 + 64  # room: 64 columns, or an eighth of what it holds when more
+    long = growing_layer_class()()
+    long.update(torch.randn(1, 3, 1000, 4), torch.randn(1, 3, 1000, 4))
+    assert long.buffers[0].shape[2] == 1000 + 125  # not half again: room is memory the batch holds
     # Keys replaced from outside (a row left the batch): the next step copies them into a new buffer.
     grown.batch_select_indices(torch.tensor([1]))
     plain.batch_select_indices(torch.tensor([1]))
