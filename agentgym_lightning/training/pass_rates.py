@@ -12,8 +12,9 @@ Tasks are told apart by :func:`task_key`: their ``id`` when they have one, else 
 JSON. The trainer keeps it for a task list (a task function's tasks never come again, so it would
 only grow). The history goes into every checkpoint (:meth:`PassRates.state`), so a resumed run filters
 exactly as the interrupted one would have. :func:`load_task_file` reads a task list with measured
-pass rates (``agentgym-lightning eval --pass-rates FILE`` writes one): the run trains on those tasks,
-their history seeded from the file.
+pass rates (``agentgym-lightning eval --pass-rates FILE`` writes one, measured with one policy;
+``agentgym-lightning pass-rates RUN`` writes one from the episodes a run already has): the run
+trains on those tasks, their history seeded from the file.
 """
 
 from __future__ import annotations
@@ -166,19 +167,23 @@ def load_task_file(path: str | Path, pass_rates: PassRates | None = None) -> lis
     return tasks
 
 
-def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> int:
-    """Write each task of ``trajectories`` (grouped by ``group_id``) as one line of a task file:
-    ``{"task", "key", "attempts", "successes", "pass_rate"}``, in the order the tasks were run;
-    returns how many. ``train --set task_file=PATH`` trains on them, their counts seeding the
+def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """Write each task of ``trajectories`` as one line of a task file:
+    ``{"task", "key", "attempts", "successes", "pass_rate"}``, in the order the tasks first come;
+    returns the rows. A task met in several groups (a run that drew it again) gets one line, their
+    counts added. ``train --set task_file=PATH`` trains on these tasks, their counts seeding the
     curriculum's history."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows: dict[str, dict[str, Any]] = {}
     for group in split_groups(trajectories):
         attempts, successes = group_pass_counts(group)
-        rate = successes / attempts if attempts else None
-        rows.append({"task": group[0].task, "key": task_key(group[0].task), "attempts": attempts, "successes": successes, "pass_rate": rate})
+        row = rows.setdefault(task_key(group[0].task), {"task": group[0].task, "key": task_key(group[0].task), "attempts": 0, "successes": 0})
+        row["attempts"] += attempts
+        row["successes"] += successes
+    for row in rows.values():
+        row["pass_rate"] = row["successes"] / row["attempts"] if row["attempts"] else None
     with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
+        for row in rows.values():
             handle.write(json.dumps(row, ensure_ascii=False, default=repr) + "\n")
-    return len(rows)
+    return list(rows.values())

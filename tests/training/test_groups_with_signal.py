@@ -282,9 +282,14 @@ def test_a_task_file_from_measured_pass_rates_seeds_the_history_and_bad_lines_ar
 
     episodes = [_episode(f"{g}{i}", f"g{g}", i, float(i < g), task={"q": f"t{g}"}) for g in range(3) for i in range(2)]
     path = tmp_path / "rates.jsonl"
-    assert write_pass_rates(path, episodes) == 3
+    assert len(write_pass_rates(path, episodes)) == 3
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["task"]["q"], r["attempts"], r["successes"], r["pass_rate"]) for r in rows] == [("t0", 2, 0, 0.0), ("t1", 2, 1, 0.5), ("t2", 2, 2, 1.0)]
+    # A task met again in a later group (a run drew it twice) is one line, its counts added.
+    again = [_episode(f"x{i}", "g9", i, 1.0, task={"q": "t1"}) for i in range(3)]
+    assert [(r["task"]["q"], r["attempts"], r["successes"]) for r in write_pass_rates(tmp_path / "twice.jsonl", episodes + again)] == [
+        ("t0", 2, 0), ("t1", 5, 4), ("t2", 2, 2)
+    ]
     rates = PassRates(min_attempts=2, min_rate=0.1, max_rate=0.9)
     tasks = load_task_file(path, rates)
     assert tasks == [{"q": "t0"}, {"q": "t1"}, {"q": "t2"}]
@@ -295,6 +300,33 @@ def test_a_task_file_from_measured_pass_rates_seeds_the_history_and_bad_lines_ar
         load_task_file(bad)
     with pytest.raises(FileNotFoundError, match="eval --pass-rates"):
         load_task_file(tmp_path / "absent.jsonl")
+
+
+def test_the_pass_rates_command_writes_a_task_file_from_a_runs_episodes_never_its_held_out_ones(tmp_path, capsys):
+    from agentgym_lightning import cli
+    from agentgym_lightning.trajectory import TrajectoryWriter
+
+    run = tmp_path / "run"
+    with TrajectoryWriter(run / "trajectories" / "step-000001.jsonl") as w:  # trained on: t1 solved 1 of 2
+        for i in range(2):
+            w.write(_episode(f"a{i}", "g1", i, float(i == 0), task={"q": "t1"}))
+    with TrajectoryWriter(run / "trajectories" / "set-aside.jsonl") as w:  # set aside: t0 never, t1 again (solved)
+        for i in range(2):
+            w.write(_episode(f"b{i}", "g0", i, 0.0, task={"q": "t0"}))
+            w.write(_episode(f"c{i}", "g2", i, 1.0, task={"q": "t1"}))
+    with TrajectoryWriter(run / "eval" / "step-000000.jsonl") as w:  # held out: never a training task
+        w.write(_episode("h0", "gh", 0, 1.0, task={"q": "held-out"}))
+    out = tmp_path / "pool.jsonl"
+    assert cli.main(["pass-rates", str(run), "--output", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}: 2 task(s) from 6 episode(s); 1 solved sometimes, 0 always, 1 never"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["task"]["q"], r["attempts"], r["successes"]) for r in rows) == [("t0", 2, 0), ("t1", 4, 3)]
+
+    assert cli.main(["pass-rates", str(tmp_path / "absent"), "--output", str(out)]) == 2
+    assert "no such run folder or trajectory file" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["pass-rates", str(tmp_path / "empty"), "--output", str(out)]) == 2
+    assert "holds no episodes" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- pass@k

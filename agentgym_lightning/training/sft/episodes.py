@@ -2,7 +2,7 @@
 
 A source is a run folder (every episode file in its ``trajectories/``: an RL run's training
 episodes; and ``rollouts/``: an SFT run's rounds — never ``eval/``, the held-out episodes) or a
-trajectory JSONL file (``eval --output``). Episodes are
+trajectory JSONL file (``eval --output``): :mod:`agentgym_lightning.training.episode_sources`. Episodes are
 chosen in this order: infrastructure failures and unfinished episodes never; then
 ``success_only`` (status succeeded and a positive final reward, :func:`~agentgym_lightning.metrics.succeeded`);
 then ``min_reward`` on the return (:attr:`~agentgym_lightning.trajectory.Trajectory.total_reward`:
@@ -20,39 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentgym_lightning.metrics import succeeded
-from agentgym_lightning.trajectory import Trajectory, load_trajectories
+from agentgym_lightning.training.episode_sources import load_sources as _load_sources
+from agentgym_lightning.trajectory import Trajectory
 
-__all__ = ["EpisodeChoice", "load_sources", "source_files", "choose_episodes", "task_key", "NothingChosenError", "nothing_chosen"]
-
-#: Episode files of a run folder: an RL run's training episodes, an SFT run's rounds (never eval/:
-#: the held-out episodes must not be trained on).
-_RUN_FOLDERS = ("trajectories", "rollouts")
-
-
-def source_files(sources: Sequence[str | Path]) -> list[Path]:
-    """The episode files of ``sources`` (run folders or JSONL files), in a fixed order;
-    ``FileNotFoundError`` naming a source that is neither, or a run folder without episodes."""
-    files: list[Path] = []
-    for source in sources:
-        path = Path(source)
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            found = sorted(p for folder in _RUN_FOLDERS for p in (path / folder).glob("*.jsonl"))
-            if not found:
-                raise FileNotFoundError(
-                    f"SFT source {path} holds no episodes: a run folder has them in {', '.join(f'{f}/' for f in _RUN_FOLDERS)}; "
-                    "or pass a trajectory JSONL file"
-                )
-            files.extend(found)
-        else:
-            raise FileNotFoundError(f"SFT source {path}: no such run folder or trajectory file")
-    return files
+__all__ = ["EpisodeChoice", "load_sources", "choose_episodes", "task_key", "NothingChosenError", "nothing_chosen"]
 
 
 def load_sources(sources: Sequence[str | Path]) -> list[Trajectory]:
-    """Every episode of ``sources`` (see :func:`source_files`)."""
-    return [t for path in source_files(sources) for t in load_trajectories(path)]
+    """Every episode of ``sources``: run folders (never their ``eval/``) or trajectory files
+    (:func:`agentgym_lightning.training.episode_sources.load_sources`)."""
+    return _load_sources(sources, "SFT source")
 
 
 def task_key(t: Trajectory) -> str:

@@ -1,0 +1,64 @@
+"""``agentgym-lightning pass-rates``: a task file from episodes a run already has, no new sampling.
+
+::
+
+    agentgym-lightning pass-rates runs/math-s0 --output pool.jsonl
+    agentgym-lightning train --config recipes/math.yaml --set task_file=pool.jsonl \\
+        --set curriculum_min_attempts=8 --set curriculum_min_pass_rate=0.01 --set curriculum_max_pass_rate=0.99
+
+Every task of the sources (run folders: their ``trajectories/``, the groups a step trained on and
+those dynamic sampling set aside, and ``rollouts/``; never ``eval/``, the held-out episodes; or
+trajectory files such as ``eval --output``) becomes one line of a task file with its attempts and
+successes, what ``eval --pass-rates`` writes after sampling anew. A run's counts span the policies
+of its steps; for one policy's pass rates, ``eval --group-size k --pass-rates``. See
+docs/training.md, "Groups with signal".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register", "run"]
+
+#: The command's name and its line in ``agentgym-lightning --help`` (read without registering it).
+COMMAND = "pass-rates"
+HELP = "write a task file (each task's attempts and successes) from the episodes of runs or trajectory files"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``pass-rates`` subcommand."""
+    p = subparsers.add_parser("pass-rates", help=HELP, description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="a run folder (never its eval/) or a trajectory JSONL file")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the task file to write (JSONL; `train --set task_file=FILE` takes it)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``pass-rates`` command: exit 0 when written, 2 when a source is missing or holds no
+    episodes, or the output cannot be written."""
+    from agentgym_lightning.training.episode_sources import load_sources
+    from agentgym_lightning.training.pass_rates import write_pass_rates
+
+    try:
+        episodes = load_sources(args.sources)
+    except (FileNotFoundError, ValueError) as exc:  # a bad line or a run file refused: named in the message
+        print(f"agentgym-lightning pass-rates: {exc}", file=sys.stderr)
+        return 2
+    if not episodes:
+        print(f"agentgym-lightning pass-rates: no episodes in {' '.join(args.sources)}", file=sys.stderr)
+        return 2
+    try:
+        rows = write_pass_rates(args.output, episodes)
+    except OSError as exc:
+        print(f"agentgym-lightning pass-rates: --output {args.output} cannot be written: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    judged = [r for r in rows if r["attempts"]]
+    never = sum(1 for r in judged if r["successes"] == 0)
+    always = sum(1 for r in judged if r["successes"] == r["attempts"])
+    print(
+        f"wrote {args.output}: {len(rows)} task(s) from {len(episodes)} episode(s); "
+        f"{len(judged) - never - always} solved sometimes, {always} always, {never} never"
+        + (f", {len(rows) - len(judged)} with no judged attempt" if len(rows) > len(judged) else "")
+    )
+    return 0
