@@ -1,0 +1,94 @@
+#!/bin/bash
+# Issue 46 on a 2-core CPU, one seed: RL from the math warm start that draws only tasks with signal.
+# Each stage is skipped when what it writes exists, so a session that ended mid-way is picked up
+# by the next one on the same machine (RUNS outside the checkout):
+#   1. the warm start: gold episodes, then `sft` (recipes/sft/math.yaml, training only; ~40 min quiet);
+#   2. the pool: the warm start's pass rates on POOL train problems, POOL_SAMPLES episodes each at the
+#      recipe's temperature (`eval --pass-rates`; 48 x 8 ~ 30 min quiet);
+#   3. RL from the warm start with recipes/math.yaml on the pool (`task_file`; the curriculum passes over
+#      the problems never solved there), B 4 x G 8, up to 3 sampling rounds, no in-run evaluation,
+#      stopped with SIGTERM at STOP (epoch seconds; default RL_MINUTES from the stage's start);
+#   4. `train --resume RUN --steps <the step reached>` writes final/; it and the warm start are each
+#      evaluated greedy on the recipe's 96 held-out problems as `bench/gpu/math_rl.sh` does.
+# Seed 0's run of this recipe, with a pool from an earlier run's episodes (`agentgym-lightning
+# pass-rates`), and its figures: docs/experiments.md (issue 46, "RL on a pool of tasks with signal").
+#
+#   SEED=1 RUNS=/work/runs/pool nice -n 5 bash bench/math_pool_rl.sh          # from the repository root
+#
+# The CPU dry run (a few minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=1
+#   SFT_EXTRA="--set max_steps=1 --set rows_per_step=2" RL_EXTRA="--set tasks_per_step=1 --set num_generations=2" bash bench/math_pool_rl.sh
+set -u
+cd "$(dirname "$0")/.."
+export WANDB_MODE=offline PYTHONUNBUFFERED=1
+SEED=${SEED:?the seed}
+RUNS=${RUNS:?a folder for the runs (outside the checkout)}; mkdir -p "$RUNS"
+DATA=${DATA:-../shared/data/gsm8k}
+BIN=${BIN:-.venv/bin/agentgym-lightning} PY=${PY:-.venv/bin/python}
+THREADS=${THREADS:-2}
+GOLD=${GOLD:-256} POOL=${POOL:-48} POOL_SAMPLES=${POOL_SAMPLES:-8} HELD_OUT=${HELD_OUT:-96}
+RL_MINUTES=${RL_MINUTES:-90}
+SFT=$RUNS/sft-s$SEED RL=$RUNS/rl-pool-s$SEED
+el() { echo "[$(date +%T)] $*"; }
+
+# The recipe's held-out evaluation of a model folder (its eval env, seed offset 7919, calls capped at
+# max_completion_length 192), greedy: NAME.json (the summary) and NAME.jsonl (the episodes).
+heldout() {  # heldout MODEL_DIR NAME
+    [ -s $RUNS/$2.json ] && { el "$2: done before"; return 0; }
+    $BIN eval --env lightning/GSM8K-v0 --model $1 --env-kwarg split=test --env-kwarg shuffle_seed=0 \
+        --env-kwarg data_dir=$DATA --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4 \
+        --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=$THREADS \
+        --policy-kwarg max_batch_size=32 --max-tokens 192 --seed $((7919 + SEED)) --no-progress --json \
+        --episodes $HELD_OUT --concurrency $HELD_OUT --temperature 0 --output $RUNS/$2.jsonl > $RUNS/$2.json.part 2> $RUNS/$2.log \
+        && mv $RUNS/$2.json.part $RUNS/$2.json && el "$2: $(cut -c1-300 $RUNS/$2.json)"
+}
+
+if [ ! -d $SFT/final ]; then
+    el "1. the warm start"
+    [ -s $RUNS/math-gold-s$SEED.jsonl ] || $PY -m agentgym_lightning.envs.math.gold --config recipes/math.yaml --env-kwarg data_dir=$DATA \
+        --episodes $GOLD --seed $SEED --output $RUNS/math-gold-s$SEED.jsonl || exit 1
+    resume=""; [ -d $SFT/checkpoints ] && resume="--resume $SFT"
+    if [ -n "$resume" ]; then $BIN sft $resume > $SFT.log 2>&1 || exit 1
+    else $BIN sft $RUNS/math-gold-s$SEED.jsonl --config recipes/sft/math.yaml --env-kwarg data_dir=$DATA --seed $SEED \
+        --set eval_env_kwargs=null --set num_threads=$THREADS --output-dir $SFT ${SFT_EXTRA:-} > $SFT.log 2>&1 || exit 1
+    fi
+fi
+el "1. warm start: $SFT/final"
+
+if [ ! -s $RUNS/pool-s$SEED.jsonl ]; then
+    el "2. the pool: $POOL train problems x $POOL_SAMPLES at 0.6"
+    $BIN eval --env lightning/GSM8K-v0 --model $SFT/final --env-kwarg split=train --env-kwarg shuffle_seed=$SEED \
+        --env-kwarg data_dir=$DATA --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4 \
+        --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=$THREADS --policy-kwarg max_batch_size=32 \
+        --max-tokens 192 --seed $SEED --no-progress --json --episodes $((POOL * POOL_SAMPLES)) --group-size $POOL_SAMPLES \
+        --concurrency $((POOL * POOL_SAMPLES)) --temperature 0.6 --output $RUNS/pool-s$SEED-episodes.jsonl \
+        --pass-rates $RUNS/pool-s$SEED.jsonl.part > $RUNS/pool-s$SEED.json 2> $RUNS/pool-s$SEED.log || exit 1
+    mv $RUNS/pool-s$SEED.jsonl.part $RUNS/pool-s$SEED.jsonl
+fi
+el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]
+print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $RUNS/pool-s$SEED.jsonl)"
+
+if [ ! -d $RL/final ]; then
+    STOP=${STOP:-$(( $(date +%s) + RL_MINUTES * 60 ))}
+    el "3. RL until $(date -d @$STOP +%T)"
+    if [ -d $RL/checkpoints ]; then
+        $BIN train --resume $RL > $RL.log 2>&1 &
+    else
+        $BIN train --config recipes/math.yaml --env-kwarg data_dir=$DATA --init-from $SFT --seed $SEED --output-dir $RL \
+            --set task_file=$RUNS/pool-s$SEED.jsonl --set curriculum_min_pass_rate=0.05 \
+            --set eval_env_kwargs=null --set max_steps=200 --set save_steps=5 --set save_total_limit=2 --set num_threads=$THREADS \
+            --set tasks_per_step=4 --set max_sampling_rounds=3 ${RL_EXTRA:-} > $RL.log 2>&1 &
+    fi
+    P=$!
+    while kill -0 $P 2>/dev/null && [ $(date +%s) -lt $STOP ]; do sleep 5; done
+    kill -TERM $P 2>/dev/null; wait $P; el "3. stopped (rc $?)"
+    step=$($PY -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(max([int(r["step"]) for r in rows if any(k.startswith("train/") for k in r)] or [0]))' $RL/metrics.jsonl)
+    [ "$step" -gt 0 ] || { el "3. RL reached no step before $(date -d @$STOP +%T): nothing to evaluate (remove $RL and give it more time)"; exit 1; }
+    el "4. final/ at step $step"
+    $BIN train --resume $RL --steps $step > $RL-final.log 2>&1 || exit 1
+    echo $step > $RL-final.step
+fi
+step=$(cat $RL-final.step)
+heldout $SFT/final warm-s$SEED-greedy
+heldout $RL/final rl-pool-s$SEED-step$step-greedy
+el "done"
