@@ -178,7 +178,8 @@ def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> li
     rows: dict[str, dict[str, Any]] = {}
     for group in split_groups(trajectories):
         attempts, successes = group_pass_counts(group)
-        row = rows.setdefault(task_key(group[0].task), {"task": group[0].task, "key": task_key(group[0].task), "attempts": 0, "successes": 0})
+        key = task_key(group[0].task)
+        row = rows.setdefault(key, {"task": group[0].task, "key": key, "attempts": 0, "successes": 0})
         row["attempts"] += attempts
         row["successes"] += successes
     for row in rows.values():
