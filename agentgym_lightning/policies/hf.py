@@ -118,6 +118,11 @@ class HFPolicy(Policy):
         num_threads: CPU threads for torch (``torch.set_num_threads``, process-wide); ``None``
             keeps torch's default. On a CPU shared with other busy processes, 1 is often faster:
             decoding is memory-bound and torch's threads spin-wait on each other.
+        decode_threads: CPU threads for the decode step alone (the scheduler's thread; ``None``:
+            the process's, ``num_threads``). A decode step of a few dozen rows is skinny matrix
+            products that scale poorly past one thread, while an update's large ones scale well:
+            ``decode_threads=1`` with the update on every core spends fewer CPU-seconds on a
+            rollout (docs/training.md, "Threads for the decode").
         progress: print the one-line message when the embedded model is converted on first use.
         tool_prompt: how requests' ``tools`` are described to a model whose chat template has no
             tool support (SmolLM2's): ``"full"`` (Qwen2.5's wording with the JSON schemas) or
@@ -170,6 +175,7 @@ class HFPolicy(Policy):
         default_temperature: float = 1.0,
         seed: int | None = None,
         num_threads: int | None = None,
+        decode_threads: int | None = None,
         progress: bool = True,
         tool_prompt: str = "full",
         prefix_caching: bool = True,
@@ -188,6 +194,8 @@ class HFPolicy(Policy):
             raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if decode_threads is not None and decode_threads < 1:
+            raise ValueError(f"decode_threads must be >= 1 (or None: the process's threads), got {decode_threads}")
         if scheduling is not None and scheduling != "per-step":
             raise ValueError(
                 f"HFPolicy(scheduling={scheduling!r}): the batch mode (scheduling='batches') was removed; every call, "
@@ -254,7 +262,7 @@ class HFPolicy(Policy):
         #: torch threads the decode runs with (``None``: the process's). Asynchronous training sets
         #: it while an update runs beside the decode on the same CPU cores
         #: (:func:`~agentgym_lightning.cpu_threads.share_cores`); it applies from the next step.
-        self.decode_threads: int | None = None
+        self.decode_threads: int | None = decode_threads
         self._lock = threading.Lock()
         self._scheduler_lock = threading.Lock()
         self._scheduler: StepScheduler | None = None  # started by the first call

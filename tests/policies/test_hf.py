@@ -676,6 +676,26 @@ def test_decode_threads_apply_to_the_decode_alone(tiny_model_dir, monkeypatch):
         policy.close()
 
 
+def test_decode_threads_option_sets_the_decode_threads_from_the_start(tiny_model_dir):
+    """``HFPolicy(decode_threads=1)`` decodes on one thread from the first call, the process
+    keeping ``num_threads`` for the rest (the update); a count under 1 is an error that says so."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    with pytest.raises(ValueError, match="decode_threads must be >= 1"):
+        HFPolicy(str(tiny_model_dir), device="cpu", decode_threads=0, progress=False)
+    policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=2, decode_threads=1, progress=False)
+    inside: list[int] = []
+    hook = policy.hf_model.register_forward_pre_hook(lambda *_: inside.append(torch.get_num_threads()))
+    try:
+        assert policy.decode_threads == 1
+        assert policy.submit(_req("hi", max_tokens=3, temperature=0)).result(timeout=120).completion_token_ids
+        assert inside and set(inside) == {1} and torch.get_num_threads() == 2
+    finally:
+        hook.remove()
+        torch.set_num_threads(1)
+        policy.close()
+
+
 # ------------------------------------------------------------------------------ the prefix cache across calls
 
 
