@@ -3,8 +3,10 @@
 # Each stage is skipped when what it writes exists, so a session that ended mid-way is picked up
 # by the next one on the same machine (RUNS outside the checkout):
 #   1. the warm start: gold episodes, then `sft` (recipes/sft/math.yaml, training only; ~40 min quiet);
-#   2. the pool: the warm start's pass rates on POOL train problems, POOL_SAMPLES episodes each at the
-#      recipe's temperature (`eval --pass-rates`; 96 x 4 ~ 30 min quiet). Wide rather than deep: seed 0's
+#   2. the pool: the warm start's pass rates on POOL_CHUNKS x POOL train problems, POOL_SAMPLES episodes
+#      each at the recipe's temperature, a slice of POOL at a time (`eval` with the env's offset and
+#      limit; 96 x 4 ~ 30 min quiet; POOL_JOBS slices at once, e.g. 2 on 2 cores with THREADS=1),
+#      merged by `agentgym-lightning pass-rates`; a slice done is kept. Wide rather than deep: seed 0's
 #      pool of 16 problems was learned (train success 0.18 -> 0.8) with no held-out gain, so a pool
 #      needs many problems; per episode spent, 4 samples a problem find more with signal than 8 (one
 #      solved 1 time in 8 shows it in 41 % of 4-sample groups, 66 % of 8-sample ones);
@@ -29,7 +31,8 @@ RUNS=${RUNS:?a folder for the runs (outside the checkout)}; mkdir -p "$RUNS"
 DATA=${DATA:-../shared/data/gsm8k}
 BIN=${BIN:-.venv/bin/agentgym-lightning} PY=${PY:-.venv/bin/python}
 THREADS=${THREADS:-2}
-GOLD=${GOLD:-256} POOL=${POOL:-96} POOL_SAMPLES=${POOL_SAMPLES:-4} HELD_OUT=${HELD_OUT:-96}
+GOLD=${GOLD:-256} POOL=${POOL:-96} POOL_SAMPLES=${POOL_SAMPLES:-4} POOL_CHUNKS=${POOL_CHUNKS:-1} POOL_JOBS=${POOL_JOBS:-1}
+HELD_OUT=${HELD_OUT:-96}
 RL_MINUTES=${RL_MINUTES:-90}
 SFT=$RUNS/sft-s$SEED RL=$RUNS/rl-pool-s$SEED
 el() { echo "[$(date +%T)] $*"; }
@@ -58,15 +61,30 @@ if [ ! -d $SFT/final ]; then
 fi
 el "1. warm start: $SFT/final"
 
-if [ ! -s $RUNS/pool-s$SEED.jsonl ]; then
-    el "2. the pool: $POOL train problems x $POOL_SAMPLES at 0.6"
+# One slice of the pool: train problems C*POOL .. (C+1)*POOL - 1 of the seed's shuffled order (the
+# env's offset and limit), POOL_SAMPLES episodes each; its episodes file is written only when whole.
+pool_slice() {  # pool_slice C
+    local part=$RUNS/pool-s$SEED-c$1
+    [ -s $part-episodes.jsonl ] && return 0
     $BIN eval --env lightning/GSM8K-v0 --model $SFT/final --env-kwarg split=train --env-kwarg shuffle_seed=$SEED \
+        --env-kwarg offset=$(( $1 * POOL )) --env-kwarg limit=$POOL \
         --env-kwarg data_dir=$DATA --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4 \
         --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=$THREADS --policy-kwarg max_batch_size=32 \
-        --max-tokens 192 --seed $SEED --no-progress --json --episodes $((POOL * POOL_SAMPLES)) --group-size $POOL_SAMPLES \
-        --concurrency $((POOL * POOL_SAMPLES)) --temperature 0.6 --output $RUNS/pool-s$SEED-episodes.jsonl \
-        --pass-rates $RUNS/pool-s$SEED.jsonl.part > $RUNS/pool-s$SEED.json 2> $RUNS/pool-s$SEED.log || exit 1
-    mv $RUNS/pool-s$SEED.jsonl.part $RUNS/pool-s$SEED.jsonl
+        --max-tokens 192 --seed $(( SEED * 1000 + $1 )) --no-progress --json --episodes $((POOL * POOL_SAMPLES)) --group-size $POOL_SAMPLES \
+        --concurrency $((POOL * POOL_SAMPLES)) --temperature 0.6 --output $part-episodes.part.jsonl > $part.json 2> $part.log \
+        && mv $part-episodes.part.jsonl $part-episodes.jsonl && el "2. slice $1: $(cut -c1-200 $part.json)"
+}
+
+if [ ! -s $RUNS/pool-s$SEED.jsonl ]; then
+    el "2. the pool: $POOL_CHUNKS slice(s) of $POOL train problems x $POOL_SAMPLES at 0.6, $POOL_JOBS at once"
+    for c in $(seq 0 $((POOL_CHUNKS - 1))); do
+        pool_slice $c &
+        while [ $(jobs -rp | wc -l) -ge $POOL_JOBS ]; do wait -n; done
+    done
+    wait
+    parts=$(for c in $(seq 0 $((POOL_CHUNKS - 1))); do echo $RUNS/pool-s$SEED-c$c-episodes.jsonl; done)
+    for f in $parts; do [ -s $f ] || { el "2. $f is missing: see ${f%-episodes.jsonl}.log"; exit 1; }; done
+    $BIN pass-rates $parts -o $RUNS/pool-s$SEED.jsonl || exit 1
 fi
 el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]
 print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $RUNS/pool-s$SEED.jsonl)"

@@ -194,7 +194,7 @@ def calculation_steps(solution: str) -> int:
 
 def _dataset_env(
     name: str, split: str, data_dir: str | None, limit: int | None, *, max_calc_steps: int | None = None,
-    shuffle_seed: int | None = None, **build: Any,
+    shuffle_seed: int | None = None, offset: int = 0, **build: Any,
 ) -> AgentEnv:
     """An env over the tasks of a loaded data set (``env.math_dataset`` says which)."""
     dataset = load_math(name, split, data_dir)
@@ -205,7 +205,7 @@ def _dataset_env(
         tasks = [t for t in tasks if calculation_steps(t["solution"]) <= max_calc_steps]
         if not tasks:
             raise ValueError(f"no {name} {split} problem has at most {max_calc_steps} calculations")
-    tasks = slice_tasks(shuffle_tasks(tasks, shuffle_seed), split, limit=limit)
+    tasks = slice_tasks(shuffle_tasks(tasks, shuffle_seed), split, offset, limit)
     env = _build(tasks, **build)
     env.math_dataset = dataset  # type: ignore[attr-defined]
     return env
@@ -222,6 +222,7 @@ def make_gsm8k_env(
     max_tokens: int | None = 256,
     max_calc_steps: int | None = None,
     shuffle_seed: int | None = None,
+    offset: int = 0,
     **kwargs: Any,
 ) -> AgentEnv:
     """Build ``lightning/GSM8K-v0``.
@@ -234,13 +235,16 @@ def make_gsm8k_env(
         air_weights: AIR weights (sources in ``envs/math/plugin.py``), merged over
             :data:`DEFAULT_AIR_WEIGHTS`.
         max_turns: Most LLM calls per episode.
-        limit: Keep only the first ``limit`` problems (after ``max_calc_steps`` and ``shuffle_seed``).
+        limit: Keep only the first ``limit`` problems (after ``max_calc_steps``, ``shuffle_seed``
+            and ``offset``).
         max_tokens: ``max_tokens`` of each call.
         max_calc_steps: Keep only problems whose gold solution makes at most this many
             calculations (its ``<<a*b=c>>`` annotations, :func:`calculation_steps`): a rule on the
             data that picks easier problems the same way in every split.
         shuffle_seed: Put the (kept) problems in a fixed order drawn from this seed before
-            ``limit`` (None: file order).
+            ``offset`` and ``limit`` (None: file order).
+        offset: Skip the first ``offset`` problems of that order: ``offset=k*n, limit=n`` are
+            disjoint slices of one split, e.g. pass rates measured a slice at a time.
         **kwargs: ``agent``: ``"scratch"`` (default, :class:`~.agent.MathAgent`) or ``"autogen"``
             (the solver as an AutoGen ``AssistantAgent``, :mod:`.autogen_agent`; needs the
             ``[autogen]`` extra), or ``"solver-verifier"`` (the from-scratch solver, then a verifier
@@ -250,7 +254,7 @@ def make_gsm8k_env(
             options (``time_limit``, ``transport``, ``model_name``...).
     """
     return _dataset_env("gsm8k", split, data_dir, limit, max_calc_steps=max_calc_steps, shuffle_seed=shuffle_seed,
-                        env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights, max_turns=max_turns,
+                        offset=offset, env_id=GSM8K_ID, rel_tol=rel_tol, air_weights=air_weights, max_turns=max_turns,
                         max_tokens=max_tokens, kwargs=kwargs)
 
 

@@ -293,7 +293,7 @@ def test_gsm8k_sample_through_gym_make_announces_itself():
 
 def test_gsm8k_max_calc_steps_keeps_problems_with_few_calculations_and_shuffle_seed_orders_them(tmp_path: Path):
     """The recipe's subset rule: the gold solution's ``<<a*b=c>>`` annotations counted, the same
-    rule for every split; then a fixed order drawn from ``shuffle_seed``, then ``limit``."""
+    rule for every split; then a fixed order drawn from ``shuffle_seed``, then ``offset`` and ``limit``."""
     from agentgym_lightning.envs.math.env import calculation_steps, make_gsm8k_env
 
     steps = [0, 1, 2, 3, 1, 2, 4, 2]
@@ -318,5 +318,10 @@ def test_gsm8k_max_calc_steps_keeps_problems_with_few_calculations_and_shuffle_s
     shuffled = questions(max_calc_steps=2, shuffle_seed=0)
     assert sorted(shuffled) == sorted(kept) and shuffled != kept
     assert questions(max_calc_steps=2, shuffle_seed=0, limit=3) == shuffled[:3]
+    # offset then limit: disjoint slices of the one shuffled order, together all of it
+    first, rest = (questions(max_calc_steps=2, shuffle_seed=0, offset=o, limit=3) for o in (0, 3))
+    assert first == shuffled[:3] and rest == shuffled[3:6] and first + rest == shuffled
+    with pytest.raises(ValueError, match=r"offset must be 0 to 5 \(6 questions in test\), got 6"):
+        questions(max_calc_steps=2, offset=6)
     with pytest.raises(ValueError, match="max_calc_steps must be an integer >= 0 or None"):
         questions(max_calc_steps=-1)
