@@ -20,6 +20,8 @@
 # pass-rates`), and its figures: docs/experiments.md (issue 46, "RL on a pool of tasks with signal").
 #
 #   SEED=1 RUNS=/work/runs/pool nice -n 5 bash bench/math_pool_rl.sh          # from the repository root
+#   SEED=0 RUNS=/work/runs/pool POOL_CHUNKS=8 POOL_JOBS=2 THREADS=1 bash bench/math_pool_rl.sh   # a pool of 768
+#   SEED=1 RUNS=/work/runs/pool POOL_FILE=/work/runs/pool/pool-s0.jsonl bash bench/math_pool_rl.sh  # seed 0's pool
 #
 # The CPU dry run (a few minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=5
 #   SFT_EXTRA="--set max_steps=1 --set rows_per_step=2" RL_EXTRA="--set tasks_per_step=1 --set num_generations=2" bash bench/math_pool_rl.sh
@@ -35,6 +37,9 @@ GOLD=${GOLD:-256} POOL=${POOL:-96} POOL_SAMPLES=${POOL_SAMPLES:-4} POOL_CHUNKS=$
 HELD_OUT=${HELD_OUT:-96}
 RL_MINUTES=${RL_MINUTES:-90}
 SFT=$RUNS/sft-s$SEED RL=$RUNS/rl-pool-s$SEED
+# POOL_FILE: a task file measured before (another seed's pool: the problems with signal for a warm
+# start of this recipe are mostly the same), which skips stage 2.
+POOL_FILE=${POOL_FILE:-$RUNS/pool-s$SEED.jsonl}
 el() { echo "[$(date +%T)] $*"; }
 
 # The recipe's held-out evaluation of a model folder (its eval env, seed offset 7919, calls capped at
@@ -75,7 +80,7 @@ pool_slice() {  # pool_slice C
         && mv $part-episodes.part.jsonl $part-episodes.jsonl && el "2. slice $1: $(cut -c1-200 $part.json)"
 }
 
-if [ ! -s $RUNS/pool-s$SEED.jsonl ]; then
+if [ ! -s $POOL_FILE ]; then
     el "2. the pool: $POOL_CHUNKS slice(s) of $POOL train problems x $POOL_SAMPLES at 0.6, $POOL_JOBS at once"
     for c in $(seq 0 $((POOL_CHUNKS - 1))); do
         pool_slice $c &
@@ -84,10 +89,10 @@ if [ ! -s $RUNS/pool-s$SEED.jsonl ]; then
     wait
     parts=$(for c in $(seq 0 $((POOL_CHUNKS - 1))); do echo $RUNS/pool-s$SEED-c$c-episodes.jsonl; done)
     for f in $parts; do [ -s $f ] || { el "2. $f is missing: see ${f%-episodes.jsonl}.log"; exit 1; }; done
-    $BIN pass-rates $parts -o $RUNS/pool-s$SEED.jsonl || exit 1
+    $BIN pass-rates $parts -o $POOL_FILE || exit 1
 fi
 el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]
-print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $RUNS/pool-s$SEED.jsonl)"
+print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $POOL_FILE)"
 
 if [ ! -d $RL/final ]; then
     STOP=${STOP:-$(( $(date +%s) + RL_MINUTES * 60 ))}
@@ -96,7 +101,7 @@ if [ ! -d $RL/final ]; then
         $BIN train --resume $RL > $RL.log 2>&1 &
     else
         $BIN train --config recipes/math.yaml --env-kwarg data_dir=$DATA --init-from $SFT --seed $SEED --output-dir $RL \
-            --set task_file=$RUNS/pool-s$SEED.jsonl --set curriculum_min_attempts=$POOL_SAMPLES --set curriculum_min_pass_rate=0.05 \
+            --set task_file=$POOL_FILE --set curriculum_min_attempts=$POOL_SAMPLES --set curriculum_min_pass_rate=0.05 \
             --set eval_env_kwargs=null --set max_steps=200 --set save_steps=5 --set save_total_limit=2 --set num_threads=$THREADS \
             --set tasks_per_step=4 --set max_sampling_rounds=3 ${RL_EXTRA:-} > $RL.log 2>&1 &
     fi
