@@ -98,7 +98,8 @@ if [ ! -d $RL/final ]; then
     STOP=${STOP:-$(( $(date +%s) + RL_MINUTES * 60 ))}
     el "3. RL until $(date -d @$STOP +%T)"
     if [ -d $RL/checkpoints ]; then
-        $BIN train --resume $RL > $RL.log 2>&1 &
+        # A resumed run keeps its saved config but this call's threads (and RL_EXTRA); the log goes on.
+        $BIN train --resume $RL --set num_threads=$THREADS ${RL_EXTRA:-} >> $RL.log 2>&1 &
     else
         $BIN train --config recipes/math.yaml --env-kwarg data_dir=$DATA --init-from $SFT --seed $SEED --output-dir $RL \
             --set task_file=$POOL_FILE --set curriculum_min_attempts=$POOL_SAMPLES --set curriculum_min_pass_rate=0.05 \
