@@ -201,4 +201,15 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do_without_loading_a_m
     # Before: the model loaded (75 s for the embedded one) and the old summary printed again, saying nothing.
     assert status == 0
     assert f"nothing to do: the run in {tmp_path / 'run'} is finished (checkpoint-000002 is step 2 of max_steps 2" in out
-    assert "--max-steps 4" in out
+    # The command it suggests parses (it said --max-steps, which is no flag) and trains to step 4.
+    suggested = out.split("(--resume ")[1].split(")")[0].split()
+    assert suggested == [str(tmp_path / "run"), "--steps", "4"]
+    ran = {}
+
+    def record(command, config, *args, **kwargs):
+        ran["max_steps"] = config.max_steps
+        return 0
+
+    monkeypatch.setattr(train_command, "run_trainer", record)
+    main([command, "--resume", *suggested])
+    assert ran == {"max_steps": 4}

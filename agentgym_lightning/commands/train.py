@@ -425,7 +425,7 @@ def _nothing_to_do(command: str, checkpoint: Path, config: Any) -> str:
     return (
         f"agentgym-lightning {command}: nothing to do: the run in {out} is finished ({checkpoint.name} is step {step} of "
         f"max_steps {config.max_steps}, and {out / 'final'} is written), so no model was loaded. To train on, resume it "
-        f"with more steps (--resume {out} --max-steps {config.max_steps * 2}); to read it: agentgym-lightning report {out}"
+        f"with more steps (--resume {out} --steps {config.max_steps * 2}); to read it: agentgym-lightning report {out}"
     )
 
 
@@ -627,6 +627,9 @@ def _summary(config: Any, result: Any, elapsed: float, report: str) -> str:
     out = Path(config.output_dir)
     if not result.interrupted:
         lines.append(f"  final model       {out / 'final'}")
+    elif result.steps:
+        # A run stopped on purpose (a time budget, SIGTERM) is often done: say how to get its model.
+        lines.append(f"  final model       not written (to end the run at step {result.steps}: --resume {out} --steps {result.steps})")
     lines.append(f"  checkpoints       {out / 'checkpoints'}   (continue with --resume {out})")
     lines.append(f"  trajectories      {out / 'trajectories'}")
     lines.append(f"  report            {report}")

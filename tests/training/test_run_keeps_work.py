@@ -352,6 +352,21 @@ def test_a_resumed_runs_summary_shows_the_held_out_reward_before_training_from_i
     assert "success rate      0.250 -> 0.750" in text
 
 
+def test_an_interrupted_runs_summary_says_how_to_end_it_at_the_step_it_reached(tmp_path):
+    from agentgym_lightning.commands.train import _summary
+    from agentgym_lightning.training import LightningRLConfig
+    from agentgym_lightning.training.trainer import TrainResult
+
+    config = LightningRLConfig(env="lightning/GuessNumber-v0", output_dir=str(tmp_path), max_steps=200)
+    text = _summary(config, TrainResult(output_dir=tmp_path, steps=9, interrupted=True, signal="SIGTERM"), 1.0, "report.html")
+    # Before: no final-model line at all, so a run stopped on a time budget left its user to work out
+    # that --steps at the step reached writes final/.
+    assert "9/200 steps in 1 s (interrupted: SIGTERM)" in text
+    assert f"final model       not written (to end the run at step 9: --resume {tmp_path} --steps 9)" in text
+    assert "not written" not in _summary(config, TrainResult(output_dir=tmp_path, steps=0, interrupted=True), 1.0, "report.html")
+    assert f"final model       {tmp_path / 'final'}" in _summary(config, TrainResult(output_dir=tmp_path, steps=200), 1.0, "report.html")
+
+
 def test_a_run_killed_while_checkpointing_and_resumed_logs_each_step_once(tiny_model_dir, tmp_path, policy):
     import json
     import shutil
