@@ -10,6 +10,9 @@ Episodes run through :func:`agentgym_lightning.rollouts.evaluation.evaluate` (th
 driver, in this process); each finished trajectory is appended to ``--output`` (JSONL) at once, so Ctrl-C keeps everything that
 finished and still prints the summary of it.
 
+``--model`` may be a training run or one of its checkpoints
+(:mod:`agentgym_lightning.training.weights_folder`): an intermediate step is evaluated as it is.
+
 Arguments are checked before the model is built (``--max-turns``, every ``--env-kwarg`` by building
 one env, every ``--policy-kwarg`` against the backend's options, that ``--output`` can be
 written): a mistake is one line on stderr and exit status 2. A run in which every episode is an
@@ -26,6 +29,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--model",
         default=None,
-        help=f"model name, local folder or Hugging Face id (default: {DEFAULT_MODEL} for hf/vllm, "
-        "the server's first model for openai)",
+        help=f"model name, local folder or Hugging Face id, or a training run: its final/, else its newest checkpoint, "
+        f"or one checkpoint folder (default: {DEFAULT_MODEL} for hf/vllm, the server's first model for openai)",
     )
     p.add_argument("--backend", choices=sorted(BACKENDS), default="hf", help="policy backend (default: %(default)s)")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (openai backend only)")
@@ -248,8 +252,7 @@ def run(args: argparse.Namespace) -> int:
     interrupted.
     """
     from agentgym_lightning.policies import DEFAULT_MODEL, make_policy
-    from agentgym_lightning.rollouts.evaluation import evaluate
-    from agentgym_lightning.training.pass_rates import write_pass_rates
+    from agentgym_lightning.training.weights_folder import holds_run_weights, weights_model_folder
 
     try:
         env_id, env_kwargs, policy_kwargs = _check_args(args)
@@ -257,11 +260,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
         return 2
     model = args.model if args.model is not None else ("" if args.backend == "openai" else DEFAULT_MODEL)
-    try:
-        policy = make_policy(args.backend, model, **policy_kwargs)
-    except (ImportError, ValueError, FileNotFoundError) as exc:
-        print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
-        return 2
+    with ExitStack() as stack:
+        try:
+            folder = model
+            if args.backend != "openai" and holds_run_weights(model):
+                # A run or one of its checkpoints: its weights, in a folder that lasts while they are used.
+                folder = str(stack.enter_context(weights_model_folder(model)))
+            policy = make_policy(args.backend, folder, **policy_kwargs)
+        except (ImportError, ValueError, FileNotFoundError) as exc:
+            print(f"agentgym-lightning eval: {exc}", file=sys.stderr)
+            return 2
+        return _evaluate(args, env_id, env_kwargs, policy, model)
+
+
+def _evaluate(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], policy: Any, model: str) -> int:
+    """Run ``policy`` (closed at the end), write what was asked for, print the summary; the exit status."""
+    from agentgym_lightning.rollouts.evaluation import evaluate
+    from agentgym_lightning.training.pass_rates import write_pass_rates
+
     owned = policy  # a wrapper leaves the policy it wraps open: this is what closes
     if args.temperature is not None or args.max_tokens is not None:
         from agentgym_lightning.training.generation import SamplingOverride
