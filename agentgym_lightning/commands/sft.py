@@ -109,7 +109,7 @@ def build_config(args: argparse.Namespace) -> Any:
     """The run's :class:`SFTConfig` from the command line (see the module docstring)."""
     from agentgym_lightning.commands.eval import parse_kwargs
     from agentgym_lightning.commands.train import apply_run_options, parse_air
-    from agentgym_lightning.training.checkpoint import find_checkpoint
+    from agentgym_lightning.training.checkpoint import find_checkpoint, saved_config
     from agentgym_lightning.training.sft.config import SFTConfig
 
     base: dict[str, Any] = {}
@@ -119,8 +119,7 @@ def build_config(args: argparse.Namespace) -> Any:
         # The sources given on the command line complete the file (a recipe names none: they vary by run).
         base = SFTConfig.from_yaml(args.config, **({"sources": list(args.sources)} if args.sources else {})).to_dict()
     elif args.resume:
-        saved = json.loads((find_checkpoint(args.resume) / "trainer_state.json").read_text(encoding="utf-8"))["config"]
-        base = {k: v for k, v in saved.items() if k in SFTConfig.field_names()}
+        base = saved_config(find_checkpoint(args.resume), SFTConfig.field_names())
     if args.sources:
         base["sources"] = list(args.sources)
     for dest, name in _DIRECT.items():

@@ -187,7 +187,7 @@ def build_config(args: argparse.Namespace) -> Any:
     """The run's :class:`LightningRLConfig` from the command line (see the module docstring)."""
     from agentgym_lightning.commands.eval import parse_kwargs
     from agentgym_lightning.resources import parse_resource_arg
-    from agentgym_lightning.training.checkpoint import find_checkpoint
+    from agentgym_lightning.training.checkpoint import find_checkpoint, saved_config
     from agentgym_lightning.training.config import LightningRLConfig
 
     base: dict[str, Any] = {}
@@ -198,8 +198,7 @@ def build_config(args: argparse.Namespace) -> Any:
         base = LightningRLConfig.from_yaml(path).to_dict()
     elif args.resume:
         checkpoint = find_checkpoint(args.resume)
-        saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["config"]
-        base = {k: v for k, v in saved.items() if k in LightningRLConfig.field_names()}
+        base = saved_config(checkpoint, LightningRLConfig.field_names())
     for dest, name in _DIRECT.items():
         value = getattr(args, dest)
         if value is not None:

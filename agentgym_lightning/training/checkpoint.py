@@ -66,7 +66,7 @@ __all__ = [
     "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "checkpoint_step", "checkpoints_of", "save_final_model", "CHECKPOINT_DIR",
     "NonFiniteWeightsError", "CheckpointNotSavedWarning", "CorruptCheckpointError", "CorruptCheckpointWarning", "MANIFEST",
     "verify_checkpoint", "intact_checkpoint", "checkpoint_bytes", "check_checkpoint_space", "load_full_weights", "read_weights",
-    "weights_file",
+    "weights_file", "read_trainer_state", "saved_config",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -454,6 +454,27 @@ def find_checkpoint(path: str | Path) -> Path:
     return checkpoint
 
 
+def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    """A checkpoint's ``trainer_state.json`` (:class:`TrainerState`'s fields), read; raises
+    :class:`CorruptCheckpointError` when it is missing or not a JSON object."""
+    checkpoint = Path(checkpoint)
+    try:
+        data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"{checkpoint} is corrupt: trainer_state.json cannot be read ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise CorruptCheckpointError(f"{checkpoint} is corrupt: trainer_state.json holds no config")
+    return data
+
+
+def saved_config(checkpoint: str | Path, fields: Sequence[str] | None = None) -> dict[str, Any]:
+    """The config a checkpoint was saved with (its ``trainer_state.json``), as a dict; with
+    ``fields`` (a config class's ``field_names()``), only those keys: a field an older or newer
+    version wrote and this one does not know is left out."""
+    config = read_trainer_state(checkpoint)["config"]
+    return config if fields is None else {k: v for k, v in config.items() if k in fields}
+
+
 def load_checkpoint(
     checkpoint: str | Path, *, model: Any, peft: bool, optimizer: torch.optim.Optimizer, scheduler: Any,
     adapters: Sequence[str] | None = None,
@@ -462,10 +483,7 @@ def load_checkpoint(
     ``adapters``: the LoRA adapters saved (``lora_per_agent``), each restored to its own."""
     checkpoint = Path(checkpoint)
     verify_checkpoint(checkpoint)
-    try:
-        data = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CorruptCheckpointError(f"{checkpoint} is corrupt: trainer_state.json cannot be read ({type(exc).__name__})") from None
+    data = read_trainer_state(checkpoint)
     if peft:
         from peft import set_peft_model_state_dict
 

@@ -10,7 +10,6 @@ the run wrote after the checkpoint: episode files, later checkpoints, a stale ``
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -32,6 +31,7 @@ from agentgym_lightning.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     save_final_model,
+    saved_config,
 )
 
 __all__ = ["RUN_IDENTITY", "SUPERSEDED", "RunCheckpoints"]
@@ -124,14 +124,13 @@ class RunCheckpoints:
         (a checkpoint, or a run folder: its newest); returns its state. A checkpoint of a run
         whose identity fields (:data:`RUN_IDENTITY`) differ from this config's are refused (``ValueError``)."""
         checkpoint = find_checkpoint(path)
-        saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["config"]
         kind = type(self.config)
-        saved_config = kind.from_dict({k: v for k, v in saved.items() if k in kind.field_names()})
-        changed = [k for k in self.identity if getattr(saved_config, k) != getattr(self.config, k)]
+        saved = kind.from_dict(saved_config(checkpoint, kind.field_names()))
+        changed = [k for k in self.identity if getattr(saved, k) != getattr(self.config, k)]
         if changed:
             raise ValueError(
                 f"cannot resume from {checkpoint}: the run's {', '.join(changed)} changed (saved: "
-                + ", ".join(f"{k}={getattr(saved_config, k)!r}" for k in changed)
+                + ", ".join(f"{k}={getattr(saved, k)!r}" for k in changed)
                 + "); resume with the saved config (the train command's --resume does)"
             )
         state = load_checkpoint(

@@ -12,7 +12,6 @@ copied. LoRA weights are refused with what to do: an adapter needs its base mode
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agentgym_lightning.policies.models import resolve_model
-from agentgym_lightning.training.checkpoint import CHECKPOINT_DIR, weights_file
+from agentgym_lightning.training.checkpoint import CHECKPOINT_DIR, CorruptCheckpointError, saved_config, weights_file
 from agentgym_lightning.training.initial_weights import find_initial_weights
 
 __all__ = ["holds_run_weights", "weights_model_folder"]
@@ -54,12 +53,11 @@ def weights_model_folder(path: str | Path) -> Iterator[Path]:
     if (weights.source / "config.json").is_file():  # a final/ folder: a model folder as it is
         yield weights.source
         return
-    state = weights.source / "trainer_state.json"
     try:
-        base_name = json.loads(state.read_text(encoding="utf-8"))["config"]["model"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        base_name = saved_config(weights.source)["model"]
+    except (CorruptCheckpointError, KeyError) as exc:
         raise FileNotFoundError(
-            f"{weights.source}: cannot tell which base model its weights belong to ({state}: {exc}); "
+            f"{weights.source}: cannot tell which base model its weights belong to ({exc}); "
             "write the run's final/ with train --resume RUN --steps N and evaluate that"
         ) from exc
     base = resolve_model(base_name, progress=False)

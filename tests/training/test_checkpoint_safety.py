@@ -258,3 +258,19 @@ def test_a_checkpoint_copied_from_another_run_does_not_pass(tmp_path):
     with pytest.warns(ckpt.CorruptCheckpointWarning, match="resuming from checkpoint-000001"):
         assert ckpt.find_checkpoint(ours) == older
     assert (ours / ckpt.RUN_FILE).is_file()
+
+
+def test_saved_config_reads_the_checkpoints_config_and_keeps_only_known_fields(tmp_path):
+    model, optimizer, scheduler = parts()
+    saved = save_checkpoint(tmp_path, model=model, peft=False, optimizer=optimizer, scheduler=scheduler,
+                            state=TrainerState(step=1, config={"model": "m", "seed": 3, "gone": 1}, history=[], extra={}))
+    assert ckpt.saved_config(saved) == {"model": "m", "seed": 3, "gone": 1}
+    # a field this version does not know (written by another) is left out, not an error downstream
+    assert ckpt.saved_config(saved, ["model", "seed", "lr"]) == {"model": "m", "seed": 3}
+
+
+@pytest.mark.parametrize("text", ["", "{not json", "[]", '{"step": 1}'])
+def test_saved_config_of_an_unreadable_trainer_state_is_a_corrupt_checkpoint(tmp_path, text):
+    (tmp_path / "trainer_state.json").write_text(text, encoding="utf-8")
+    with pytest.raises(ckpt.CorruptCheckpointError, match="trainer_state.json"):
+        ckpt.saved_config(tmp_path)
