@@ -273,6 +273,9 @@ class StepScheduler:
         version = self._weights()
         calls: list[Entry] = []
         batch: list[Entry] = []
+        # Newcomers that ask the same (a group's episodes on one task, arriving together) are
+        # prefilled once on a prefix from elsewhere, their rows copies of that one's.
+        alike: dict[tuple[Any, ...], list[Entry]] = {}
         for entry in newcomers:
             entry.version = version
             if not entry.across_calls:
@@ -282,15 +285,18 @@ class StepScheduler:
             if not host.prefix_caching:
                 calls.append(entry)
                 continue
+            alike.setdefault((entry.row.adapter, *entry.row.prompt_ids), []).append(entry)
+        for same in alike.values():
+            entry = same[0]
             running = self.slots if static else self.batch  # (as merged so far)
             donor = _best_donor(running, entry, version) if running is not None else None
             stored = host.prefix_cache.match(entry.row.prompt_ids, entry.row.adapter)
             if stored is not None and (donor is None or stored[1] > donor[1]):
-                self._join(self._prefill_from(host.prefix_cache, entry, *stored), static)
+                self._join(self._prefill_from(host.prefix_cache, same, *stored), static)
             elif donor is not None:
-                self._join(self._prefill_from(running, entry, *donor), static)
+                self._join(self._prefill_from(running, same, *donor), static)
             else:
-                calls.append(entry)
+                calls.extend(same)
         for together in (calls, batch):
             if together:
                 self._join(self._prefill(together), static)
@@ -317,16 +323,18 @@ class StepScheduler:
 
     # ----------------------------------------------------------------------------- forward passes
 
-    def _prefill_from(self, source: Any, entry: Entry, row: int, shared: int) -> Batch | None:
-        """Prefill ``entry`` alone on the keys and values of the first ``shared`` prompt tokens of
-        ``row`` of ``source`` (a running batch, the slots, or the prefix cache: the same tokens,
-        at the same positions)."""
+    def _prefill_from(self, source: Any, entries: list[Entry], row: int, shared: int) -> Batch | None:
+        """Prefill ``entries`` (calls with one prompt and adapter) on the keys and values of the
+        first ``shared`` prompt tokens of ``row`` of ``source`` (a running batch, the slots, or the
+        prefix cache: the same tokens, at the same positions): the prompt's rest is computed once,
+        for one row, and each entry's row is a copy of its keys, values and logits."""
         import torch
 
         model, device = self.host.hf_model, self.host.device
         cache = new_cache(model)
         for i, (keys, values) in enumerate(source.prefix_kv(row, shared)):
             cache.update(keys, values, i)
+        entry = entries[0]
         prompt = entry.row.prompt_ids
         attention_mask = torch.ones((1, len(prompt)), dtype=torch.long, device=device)
         positions = torch.arange(len(prompt), device=device)[None]
@@ -337,10 +345,15 @@ class StepScheduler:
                 **adapter_kwarg(adapter_names(model, [entry.row])),
             ).logits[:, -1, :]
         self.counts.prefilled_tokens += len(prompt) - shared
-        keep, tokens = self._advance([entry], logits, kv=lambda b: kv_of(cache_layers(cache), b, attention_mask[b]))
+        if len(entries) > 1:  # the same tokens, the same keys and values: copied, not computed again
+            with torch.inference_mode():
+                for layer in cache_layers(cache):
+                    layer.keys, layer.values = (t.repeat(len(entries), 1, 1, 1) for t in (layer.keys, layer.values))
+                attention_mask, positions, logits = (t.repeat(len(entries), 1) for t in (attention_mask, positions, logits))
+        keep, tokens = self._advance(entries, logits, kv=lambda b: kv_of(cache_layers(cache), b, attention_mask[b]))
         if not keep:
             return None
-        return next_batch([entry], keep, tokens, positions[:, -1:], attention_mask, cache, device)
+        return next_batch([entries[b] for b in keep], keep, tokens, positions[:, -1:], attention_mask, cache, device)
 
     def _prefill(self, entries: list[Entry]) -> Batch | None:
         """Prefill ``entries`` together, their shared prompt prefixes computed once."""

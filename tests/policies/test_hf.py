@@ -764,6 +764,37 @@ def test_the_prefix_cache_serves_later_calls_with_the_same_tokens(tiny_model_dir
     assert 0 < stats[64]["prefix_cache_mb"] <= 64
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_calls_that_ask_the_same_are_prefilled_once_with_the_tokens_of_no_cache(tiny_model_dir, temperature):
+    """A group's calls on one task (one prompt, each its own seed) that arrive together take the
+    stored prefix once: the rest of their prompt is computed for one row and copied to the others
+    (six calls prefill what one does), and each answers as with no cache."""
+    from agentgym_lightning.policies.hf import HFPolicy
+
+    first = _conversation([], QUESTIONS_LONG[0])
+    group = [_conversation([], QUESTIONS_LONG[1], temperature=temperature, seed=s) for s in range(6)]
+    answers, stats = {}, {}
+    for name, mb, calls in (("plain", 0, group), ("cached", 64, group), ("one", 64, group[:1])):
+        policy = HFPolicy(str(tiny_model_dir), device="cpu", num_threads=1, progress=False, prefix_cache_mb=mb)
+        try:
+            policy.submit(first).result(timeout=120)  # leaves its keys and values in the cache
+            with policy._scheduler.wake:  # the scheduler takes the group from its queue in one go
+                futures = [policy.submit(request) for request in calls]
+            answers[name] = [future.result(timeout=120) for future in futures]
+            stats[name] = policy.prefill_stats()
+        finally:
+            policy.close()
+    for plain, cached in zip(answers["plain"], answers["cached"]):
+        assert cached.prompt_token_ids == plain.prompt_token_ids
+        assert cached.completion_token_ids == plain.completion_token_ids
+        assert cached.logprobs == pytest.approx(plain.logprobs, rel=1e-4, abs=1e-4)
+    if temperature:  # the copies sample apart, each with its own seed
+        assert len({tuple(c.completion_token_ids) for c in answers["cached"]}) > 1
+    assert stats["cached"]["prefix_cache_hits"] == stats["one"]["prefix_cache_hits"] == 1
+    assert stats["cached"]["prefilled_tokens"] == stats["one"]["prefilled_tokens"] < stats["plain"]["prefilled_tokens"]
+    assert stats["cached"]["prompt_tokens"] == stats["plain"]["prompt_tokens"]
+
+
 def test_generate_answers_its_batch_beside_the_prefix_cache(tiny_model_dir):
     """generate queues its batch on the same scheduler as submit, but a batch is answered as a
     batch: it takes no keys and values from the prefix cache across calls and leaves none there,
