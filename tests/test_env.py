@@ -492,3 +492,36 @@ def test_trajectory_reward_gives_the_final_reward_and_on_end_runs_however_an_epi
     none = AgentEnv(echo_agent, [{"prompt": "hi", "turns": 1}], trajectory_reward=lambda t: None)
     assert run_episode(none, lambda obs: "b", seed=0)[3]["final_reward"] is None  # None: only emitted rewards count
     none.close()
+
+
+def test_agents_that_start_at_once_build_one_ssl_context_for_every_gateway(monkeypatch):
+    # Before: one per gateway, and one per agent that asked before the first was built (the CA
+    # store's load, ~30 ms of CPU each, for every episode of a step that starts at once).
+    import ssl
+
+    from agentgym_lightning.gateway import gateway as gateway_module
+    from agentgym_lightning.gateway.gateway import Gateway
+
+    built = []
+    real = ssl.create_default_context
+
+    def slow_to_build(*args, **kwargs):
+        built.append(threading.get_ident())
+        time.sleep(0.05)  # long enough for every thread to ask before it is built
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gateway_module, "_ssl_context", None)
+    monkeypatch.setattr(gateway_module.ssl, "create_default_context", slow_to_build)
+    gateways = [Gateway(), Gateway()]
+    contexts = []
+    try:
+        threads = [threading.Thread(target=lambda g=g: contexts.append(g.ssl_context)) for g in gateways for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        gateways[0].http_client("http").close()
+    finally:
+        for gateway in gateways:
+            gateway.close()
+    assert len(built) == 1 and len(contexts) == 16 and all(c is contexts[0] for c in contexts)

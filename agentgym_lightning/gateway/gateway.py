@@ -52,6 +52,21 @@ class LingeringAgent:
         return is_alive() if is_alive is not None else not self.worker.done()
 
 
+_ssl_context: ssl.SSLContext | None = None
+_ssl_lock = threading.Lock()
+
+
+def _default_ssl_context() -> ssl.SSLContext:
+    # Shared by every client: an SSLContext is safe to use from many threads, and its defaults
+    # (the system's CA store, hostname checks) are the same for all of them. Under the lock, the
+    # episodes' agents that start at once build one, not one each.
+    global _ssl_context
+    with _ssl_lock:
+        if _ssl_context is None:
+            _ssl_context = ssl.create_default_context()
+        return _ssl_context
+
+
 class Gateway(EpisodeRouter):
     """The episode router (registry, auth, requests) plus the OpenAI-compatible endpoint in
     front of it: the HTTP server, in-process clients, and the loop ``async def`` agents run on.
@@ -85,7 +100,6 @@ class Gateway(EpisodeRouter):
         self._lingering: list[LingeringAgent] = []
         self._server: GatewayServer | None = None
         self._loop: BackgroundLoop | None = None
-        self._ssl: ssl.SSLContext | None = None
 
     # ------------------------------------------------------------------ workers that outlive episodes
 
@@ -162,11 +176,10 @@ class Gateway(EpisodeRouter):
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
-        """One SSL context for every client we make: building one loads the CA store (tens of
-        ms), which would otherwise be paid per agent even for plain-HTTP gateways."""
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context()
-        return self._ssl
+        """One SSL context for every client the process makes: building one loads the CA store
+        (tens of ms), which would otherwise be paid per agent even for plain-HTTP gateways, and
+        once per agent that asked while none was built yet (the main job's episodes start at once)."""
+        return _default_ssl_context()
 
     def http_client(self, transport: str) -> httpx.Client:
         """A new httpx client for an agent: in-process (no socket) or over HTTP.
