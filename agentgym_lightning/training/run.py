@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym_lightning.memory import release_freed_memory
+from agentgym_lightning.memory import release_freed_memory, reuse_freed_memory
 from agentgym_lightning.plugin_manager import get_plugin_manager
 from agentgym_lightning.training.agent_adapters import AdapterRouting
 from agentgym_lightning.training.checkpoint import TrainerState
@@ -84,6 +84,7 @@ class RunLoop:
         self.config = config
         self.output_dir = Path(config.output_dir)
         seed_process(config.seed, config.num_threads)
+        reuse_freed_memory()  # a phase reuses what it frees; release_freed_memory() returns it between phases
         self._hook = get_plugin_manager().hook
         self.step = 0
         self.history: list[dict[str, float]] = []

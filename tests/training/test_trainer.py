@@ -365,16 +365,23 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
-    from agentgym_lightning.memory import release_freed_memory
+    from agentgym_lightning.memory import release_freed_memory, reuse_freed_memory
     from agentgym_lightning.training import held_out as held_out_module
     from agentgym_lightning.training import run as run_module
     from agentgym_lightning.training import trainer as trainer_module
 
     assert release_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    # the user's own malloc settings are left as they are
+    for name in ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
+        monkeypatch.delenv(name, raising=False)
+    assert reuse_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
+    assert reuse_freed_memory() is False
     phases: list[str] = []
     monkeypatch.setattr(trainer_module, "release_freed_memory", lambda: phases.append("release"))  # the rollout's
     monkeypatch.setattr(run_module, "release_freed_memory", lambda: phases.append("release"))  # the update's (the run loop's)
     monkeypatch.setattr(held_out_module, "release_freed_memory", lambda: phases.append("release"))  # the held-out eval's
+    monkeypatch.setattr(run_module, "reuse_freed_memory", lambda: phases.append("reuse"))  # within a phase, when the run starts
 
     def agent(task, ctx):
         phases.append("rollout")
@@ -390,7 +397,7 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
     monkeypatch.setattr(trainer, "update", lambda batch: (phases.append("update"), update(batch))[1])
     trainer.evaluate()
     trainer.train_step()
-    assert phases == ["rollout", "release", "rollout", "rollout", "release", "update", "release"]
+    assert phases == ["reuse", "rollout", "release", "rollout", "rollout", "release", "update", "release"]
 
 
 def test_a_step_reports_the_prompt_tokens_it_prefilled_and_its_prefix_cache(tiny_model_dir, tmp_path):
