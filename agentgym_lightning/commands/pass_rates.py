@@ -10,8 +10,9 @@ Every task of the sources (run folders: their ``trajectories/``, the groups a st
 those dynamic sampling set aside, and ``rollouts/``; never ``eval/``, the held-out episodes; or
 trajectory files such as ``eval --output``) becomes one line of a task file with its attempts and
 successes, what ``eval --pass-rates`` writes after sampling anew. A run's counts span the policies
-of its steps; for one policy's pass rates, ``eval --group-size k --pass-rates``. See
-docs/training.md, "Groups with signal".
+of its steps; for one policy's pass rates, ``eval --group-size k --pass-rates``. With
+``--keys-only`` the lines name each task by its key alone (``train`` looks it up among its env's
+tasks): a pool that copies no dataset text. See docs/training.md, "Groups with signal".
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser("pass-rates", help=HELP, description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="a run folder (never its eval/) or a trajectory JSONL file")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the task file to write (JSONL; `train --set task_file=FILE` takes it)")
+    p.add_argument(
+        "--keys-only", action="store_true",
+        help="name each task by its key alone, no task text (a pool to keep in a repository without copying the "
+        "dataset); `train` looks the keys up among its env's tasks, so it must be given the same env options",
+    )
     p.set_defaults(func=run)
 
 
@@ -49,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentgym-lightning pass-rates: no episodes in {' '.join(args.sources)}", file=sys.stderr)
         return 2
     try:
-        rows = write_pass_rates(args.output, episodes)
+        rows = write_pass_rates(args.output, episodes, keys_only=args.keys_only)
     except OSError as exc:
         print(f"agentgym-lightning pass-rates: --output {args.output} cannot be written: {exc.strerror or exc}", file=sys.stderr)
         return 2

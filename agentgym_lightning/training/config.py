@@ -118,7 +118,8 @@ class LightningRLConfig(RunConfig):
         default=None,
         metadata={
             "help": "Train on these tasks instead of the env's: a JSONL file of {\"task\": ...} lines, such as "
-            "`eval --pass-rates FILE` writes; a line's `attempts` and `successes` seed the task's pass rate."
+            "`eval --pass-rates FILE` writes; a line's `attempts` and `successes` seed the task's pass rate. A line "
+            "may name its task by `key` alone (`pass-rates --keys-only`), looked up among the env's tasks."
         },
     )
     outcome_first: bool = field(

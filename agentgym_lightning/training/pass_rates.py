@@ -14,7 +14,9 @@ only grow). The history goes into every checkpoint (:meth:`PassRates.state`), so
 exactly as the interrupted one would have. :func:`load_task_file` reads a task list with measured
 pass rates (``agentgym-lightning eval --pass-rates FILE`` writes one, measured with one policy;
 ``agentgym-lightning pass-rates RUN`` writes one from the episodes a run already has): the run
-trains on those tasks, their history seeded from the file.
+trains on those tasks, their history seeded from the file. A file may name its tasks by key alone
+(``pass-rates --keys-only``), looked up among the env's tasks: a measured pool that copies no
+dataset text, small enough to keep beside the code.
 """
 
 from __future__ import annotations
@@ -139,13 +141,18 @@ class PassRates:
         self._records = records
 
 
-def load_task_file(path: str | Path, pass_rates: PassRates | None = None) -> list[Any]:
+def load_task_file(path: str | Path, pass_rates: PassRates | None = None, tasks: Sequence[Any] | None = None) -> list[Any]:
     """The tasks of a task file (JSONL, one ``{"task": ..., "attempts": k, "successes": s}`` a
-    line; the counts optional), their counts added to ``pass_rates``. Errors name the file and line."""
+    line; the counts optional), their counts added to ``pass_rates``. Errors name the file and line.
+
+    A line may name its task by ``"key"`` alone (:func:`task_key`; ``pass-rates --keys-only``
+    writes such files, which hold no dataset text and so can be kept in a repository): it is looked
+    up among ``tasks``, the env's own, and a key they do not hold is an error."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task_file {path} is not a file: write one with `agentgym-lightning eval --pass-rates {path}`")
-    tasks: list[Any] = []
+    by_key: dict[str, Any] | None = None
+    chosen: list[Any] = []
     with path.open(encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
@@ -154,25 +161,40 @@ def load_task_file(path: str | Path, pass_rates: PassRates | None = None) -> lis
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno} is not JSON ({exc.msg}): each line is {{\"task\": ...}}") from None
-            if not isinstance(row, Mapping) or "task" not in row:
-                raise ValueError(f"{path}:{lineno} has no \"task\": each line is {{\"task\": ..., \"attempts\": k, \"successes\": s}}")
+            if not isinstance(row, Mapping) or ("task" not in row and not isinstance(row.get("key"), str)):
+                raise ValueError(
+                    f"{path}:{lineno} has no \"task\": each line is {{\"task\": ..., \"attempts\": k, \"successes\": s}} "
+                    "or names its task with {\"key\": ...}"
+                )
             attempts, successes = row.get("attempts", 0), row.get("successes", 0)
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempts, successes)) or not 0 <= successes <= attempts:
                 raise ValueError(f"{path}:{lineno}: attempts and successes must be counts with successes <= attempts; got {attempts!r}, {successes!r}")
-            tasks.append(row["task"])
+            if "task" in row:
+                task = row["task"]
+            else:
+                if by_key is None:
+                    by_key = {task_key(t): t for t in (tasks or ())}
+                if row["key"] not in by_key:
+                    raise ValueError(
+                        f"{path}:{lineno}: the env has no task with key {row['key']!r} ({len(by_key)} tasks): a file of keys "
+                        "is read against the env it was measured on; train with that env's options (its data and split)"
+                    )
+                task = by_key[row["key"]]
+            chosen.append(task)
             if pass_rates is not None:
-                pass_rates.record(row["task"], attempts, successes)
-    if not tasks:
+                pass_rates.record(task, attempts, successes)
+    if not chosen:
         raise ValueError(f"task_file {path} holds no tasks")
-    return tasks
+    return chosen
 
 
-def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
+def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory], *, keys_only: bool = False) -> list[dict[str, Any]]:
     """Write each task of ``trajectories`` as one line of a task file:
     ``{"task", "key", "attempts", "successes", "pass_rate"}``, in the order the tasks first come;
     returns the rows. A task met in several groups (a run that drew it again) gets one line, their
     counts added. ``train --set task_file=PATH`` trains on these tasks, their counts seeding the
-    curriculum's history."""
+    curriculum's history. With ``keys_only`` the lines leave ``"task"`` out: ``train`` then looks
+    each key up among its env's tasks (a file that holds no dataset text)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, Any]] = {}
@@ -186,5 +208,6 @@ def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory]) -> li
         row["pass_rate"] = row["successes"] / row["attempts"] if row["attempts"] else None
     with path.open("w", encoding="utf-8") as handle:
         for row in rows.values():
-            handle.write(json.dumps(row, ensure_ascii=False, default=repr) + "\n")
+            line = {k: v for k, v in row.items() if k != "task"} if keys_only else row
+            handle.write(json.dumps(line, ensure_ascii=False, default=repr) + "\n")
     return list(rows.values())

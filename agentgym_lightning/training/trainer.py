@@ -139,7 +139,10 @@ class LightningRLTrainer(RunLoop):
             probe = self.env_factory()
         #: Every task's attempts and successes over the run, and the curriculum's filter (:mod:`.pass_rates`).
         self.pass_rates = PassRates(cfg.curriculum_min_attempts, cfg.curriculum_min_pass_rate, cfg.curriculum_max_pass_rate)
-        source = load_task_file(cfg.task_file, self.pass_rates) if cfg.task_file else probe.tasks
+        if cfg.task_file:  # a file of keys alone is looked up among the env's tasks (a task function has none)
+            source = load_task_file(cfg.task_file, self.pass_rates, tasks=None if callable(probe.tasks) else probe.tasks)
+        else:
+            source = probe.tasks
         self.schedule = TaskSchedule(source, cfg.tasks_per_step, cfg.seed)
         probe.close()
         #: Dynamic sampling's rounds (:mod:`.dynamic_sampling`); with neither it nor the curriculum,

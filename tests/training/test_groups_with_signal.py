@@ -329,6 +329,58 @@ def test_the_pass_rates_command_writes_a_task_file_from_a_runs_episodes_never_it
     assert "holds no episodes" in capsys.readouterr().err
 
 
+
+def test_a_task_file_of_keys_alone_holds_no_task_text_and_is_read_against_the_envs_tasks(tmp_path, capsys):
+    from agentgym_lightning import cli
+    from agentgym_lightning.training.pass_rates import PassRates, load_task_file, task_key
+    from agentgym_lightning.trajectory import TrajectoryWriter
+
+    env_tasks = [{"id": f"gsm8k-train-{i}", "question": f"secret text {i}"} for i in range(5)]
+    source = tmp_path / "episodes.jsonl"
+    with TrajectoryWriter(source) as w:  # task 3 solved 1 of 2, task 1 never
+        for i in range(2):
+            w.write(_episode(f"a{i}", "g3", i, float(i == 0), task=env_tasks[3]))
+            w.write(_episode(f"b{i}", "g1", i, 0.0, task=env_tasks[1]))
+    pool = tmp_path / "pool.jsonl"
+    assert cli.main(["pass-rates", str(source), "--output", str(pool), "--keys-only"]) == 0
+    assert "2 task(s) from 4 episode(s); 1 solved sometimes, 0 always, 1 never" in capsys.readouterr().out
+    assert "secret text" not in pool.read_text()
+    assert [json.loads(line) for line in pool.read_text().splitlines()] == [
+        {"key": "id:gsm8k-train-3", "attempts": 2, "successes": 1, "pass_rate": 0.5},
+        {"key": "id:gsm8k-train-1", "attempts": 2, "successes": 0, "pass_rate": 0.0},
+    ]
+    rates = PassRates(min_attempts=2, min_rate=0.1)
+    assert load_task_file(pool, rates, tasks=env_tasks) == [env_tasks[3], env_tasks[1]]  # the file's order, the env's tasks
+    assert [rates.filtered(t) for t in env_tasks] == [False, True, False, False, False]
+    assert rates.state()[task_key(env_tasks[3])] == [2, 1]
+    # Tasks without an id are named by the hash of their JSON, and found the same way.
+    plain = [{"q": "x"}, {"q": "y"}]
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"key": task_key(plain[1])}) + "\n")
+    assert load_task_file(tmp_path / "plain.jsonl", tasks=plain) == [plain[1]]
+    # A key the env does not hold (another split, other data) is named with what to do.
+    with pytest.raises(ValueError, match=r"pool.jsonl:1: the env has no task with key 'id:gsm8k-train-3' \(2 tasks\).*that env's options \(its data and split\)"):
+        load_task_file(pool, tasks=env_tasks[:2])
+    with pytest.raises(ValueError, match="pool.jsonl:1: the env has no task"):
+        load_task_file(pool)  # keys, and no tasks to look them up in
+    (tmp_path / "neither.jsonl").write_text('{"key": 3}\n')
+    with pytest.raises(ValueError, match=r"neither.jsonl:1 has no \"task\".*\{\"key\": ...\}"):
+        load_task_file(tmp_path / "neither.jsonl", tasks=env_tasks)
+
+
+@needs_training
+def test_train_takes_a_task_file_of_keys_and_draws_only_its_tasks(tiny_model_dir, tmp_path):
+    from agentgym_lightning.training.pass_rates import task_key
+
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"key": task_key(TASKS[i]), "attempts": 4, "successes": 2}) + "\n" for i in (5, 2)))
+    trainer = _trainer(tiny_model_dir, tmp_path / "run", task_file=str(pool))
+    assert trainer.schedule.source == [TASKS[5], TASKS[2]]
+    assert trainer.pass_rates.state() == {task_key(TASKS[5]): [4, 2], task_key(TASKS[2]): [4, 2]}
+    pool.write_text(json.dumps({"key": "id:not-in-this-env"}) + "\n")
+    with pytest.raises(ValueError, match="the env has no task with key 'id:not-in-this-env' \\(8 tasks\\)"):
+        _trainer(tiny_model_dir, tmp_path / "run2", task_file=str(pool))
+
+
 # ---------------------------------------------------------------------------- pass@k
 
 
