@@ -5,8 +5,9 @@
 #   1. the warm start: gold episodes, then `sft` (recipes/sft/math.yaml, training only; ~40 min quiet);
 #   2. the pool: the warm start's pass rates on POOL_CHUNKS x POOL train problems, POOL_SAMPLES episodes
 #      each at the recipe's temperature, a slice of POOL at a time (`eval` with the env's offset and
-#      limit; 96 x 4 ~ 30 min quiet; POOL_JOBS slices at once, e.g. 2 on 2 cores with THREADS=1),
-#      merged by `agentgym-lightning pass-rates`; a slice done is kept. Wide rather than deep: seed 0's
+#      limit; 96 x 4 ~ 30 min quiet; POOL_JOBS slices at once, e.g. 2 on 2 cores with THREADS=1), each
+#      kept as a file of task keys and counts (bench/pools/: slices measured before, kept in the
+#      repository), the slices joined into one task file. Wide rather than deep: seed 0's
 #      pool of 16 problems was learned (train success 0.18 -> 0.8) with no held-out gain, so a pool
 #      needs many problems; per episode spent, 4 samples a problem find more with signal than 8 (one
 #      solved 1 time in 8 shows it in 41 % of 4-sample groups, 66 % of 8-sample ones);
@@ -67,17 +68,28 @@ fi
 el "1. warm start: $SFT/final"
 
 # One slice of the pool: train problems C*POOL .. (C+1)*POOL - 1 of the seed's shuffled order (the
-# env's offset and limit), POOL_SAMPLES episodes each; its episodes file is written only when whole.
+# env's offset and limit), POOL_SAMPLES episodes each; its episodes file is written only when whole,
+# then its task file of keys and counts (`pass-rates --keys-only`: no GSM8K text). A slice kept in
+# the repository (POOLS/math-s<seed>-p<POOL>x<POOL_SAMPLES>-c<C>.jsonl) is not measured again: a
+# new machine goes on from the slices an earlier one measured.
+POOLS=${POOLS:-bench/pools}
+slice_file() {  # slice_file C: the slice's task file, the repository's when it has one
+    local kept=$POOLS/math-s$SEED-p${POOL}x$POOL_SAMPLES-c$1.jsonl
+    [ -s $kept ] && echo $kept || echo $RUNS/pool-s$SEED-c$1.jsonl
+}
 pool_slice() {  # pool_slice C
     local part=$RUNS/pool-s$SEED-c$1
-    [ -s $part-episodes.jsonl ] && return 0
-    $BIN eval --env lightning/GSM8K-v0 --model $SFT/final --env-kwarg split=train --env-kwarg shuffle_seed=$SEED \
-        --env-kwarg offset=$(( $1 * POOL )) --env-kwarg limit=$POOL \
-        --env-kwarg data_dir=$DATA --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4 \
-        --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=$THREADS --policy-kwarg max_batch_size=32 \
-        --max-tokens 192 --seed $(( SEED * 1000 + $1 )) --no-progress --json --episodes $((POOL * POOL_SAMPLES)) --group-size $POOL_SAMPLES \
-        --concurrency $((POOL * POOL_SAMPLES)) --temperature 0.6 --output $part-episodes.part.jsonl > $part.json 2> $part.log \
-        && mv $part-episodes.part.jsonl $part-episodes.jsonl && el "2. slice $1: $(cut -c1-200 $part.json)"
+    [ -s $(slice_file $1) ] && return 0
+    if [ ! -s $part-episodes.jsonl ]; then
+        $BIN eval --env lightning/GSM8K-v0 --model $SFT/final --env-kwarg split=train --env-kwarg shuffle_seed=$SEED \
+            --env-kwarg offset=$(( $1 * POOL )) --env-kwarg limit=$POOL \
+            --env-kwarg data_dir=$DATA --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4 \
+            --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=$THREADS --policy-kwarg max_batch_size=32 \
+            --max-tokens 192 --seed $(( SEED * 1000 + $1 )) --no-progress --json --episodes $((POOL * POOL_SAMPLES)) --group-size $POOL_SAMPLES \
+            --concurrency $((POOL * POOL_SAMPLES)) --temperature 0.6 --output $part-episodes.part.jsonl > $part.json 2> $part.log \
+            && mv $part-episodes.part.jsonl $part-episodes.jsonl && el "2. slice $1: $(cut -c1-200 $part.json)" || return 1
+    fi
+    $BIN pass-rates $part-episodes.jsonl --keys-only -o $part.jsonl.part > /dev/null && mv $part.jsonl.part $part.jsonl
 }
 
 if [ ! -s $POOL_FILE ]; then
@@ -87,9 +99,9 @@ if [ ! -s $POOL_FILE ]; then
         while [ $(jobs -rp | wc -l) -ge $POOL_JOBS ]; do wait -n; done
     done
     wait
-    parts=$(for c in $(seq 0 $((POOL_CHUNKS - 1))); do echo $RUNS/pool-s$SEED-c$c-episodes.jsonl; done)
-    for f in $parts; do [ -s $f ] || { el "2. $f is missing: see ${f%-episodes.jsonl}.log"; exit 1; }; done
-    $BIN pass-rates $parts -o $POOL_FILE || exit 1
+    parts=$(for c in $(seq 0 $((POOL_CHUNKS - 1))); do slice_file $c; done)
+    for f in $parts; do [ -s $f ] || { el "2. $f is missing: see ${f%.jsonl}.log"; exit 1; }; done
+    cat $parts > $POOL_FILE.part && mv $POOL_FILE.part $POOL_FILE  # the slices are disjoint: one line a problem
 fi
 el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]
 print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $POOL_FILE)"
@@ -109,7 +121,7 @@ if [ ! -d $RL/final ]; then
     P=$!
     while kill -0 $P 2>/dev/null && [ $(date +%s) -lt $STOP ]; do sleep 5; done
     kill -TERM $P 2>/dev/null; wait $P; el "3. stopped (rc $?)"
-    step=$($PY -c 'import json, sys; rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    step=$($PY -c 'import json, os, sys; rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if os.path.exists(sys.argv[1]) else []
 print(max([int(r["step"]) for r in rows if any(k.startswith("train/") for k in r)] or [0]))' $RL/metrics.jsonl)
     [ "$step" -gt 0 ] || { el "3. RL reached no step before $(date -d @$STOP +%T): nothing to evaluate (remove $RL and give it more time)"; exit 1; }
     el "4. final/ at step $step"
