@@ -365,6 +365,7 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
     from agentgym_lightning.env import AgentEnv
     from agentgym_lightning.policies.hf import HFPolicy
     from agentgym_lightning.training import LightningRLConfig, LightningRLTrainer
+    from agentgym_lightning import memory as memory_module
     from agentgym_lightning.memory import release_freed_memory, reuse_freed_memory
     from agentgym_lightning.training import held_out as held_out_module
     from agentgym_lightning.training import run as run_module
@@ -372,7 +373,7 @@ def test_each_phase_gives_its_freed_memory_back_before_the_next_one_peaks(tiny_m
 
     assert release_freed_memory() is (platform.libc_ver()[0] == "glibc")
     # the user's own malloc settings are left as they are
-    for name in ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
+    for name in memory_module._MALLOC_ENV:
         monkeypatch.delenv(name, raising=False)
     assert reuse_freed_memory() is (platform.libc_ver()[0] == "glibc")
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
