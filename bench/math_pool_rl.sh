@@ -15,14 +15,16 @@
 #      over the problems never or always solved there, judged after POOL_SAMPLES attempts), B 4 x G 8,
 #      up to 3 sampling rounds, no in-run evaluation, stopped with SIGTERM at STOP (epoch seconds;
 #      default RL_MINUTES from the stage's start);
-#   4. `train --resume RUN --steps <the step reached>` writes final/; it and the warm start are each
-#      evaluated greedy on the recipe's 96 held-out problems as `bench/gpu/math_rl.sh` does.
+#   4. `train --resume RUN --steps <the step reached>` writes final/; it and the warm start (right after
+#      stage 1) are each evaluated greedy on the recipe's 96 held-out problems as `bench/gpu/math_rl.sh` does.
+# UNTIL=N stops after stage N (1: the warm start and its evaluation; 2: the pool).
 # Seed 0's run of this recipe, with a pool from an earlier run's episodes (`agentgym-lightning
 # pass-rates`), and its figures: docs/experiments.md (issue 46, "RL on a pool of tasks with signal").
 #
 #   SEED=1 RUNS=/work/runs/pool nice -n 5 bash bench/math_pool_rl.sh          # from the repository root
 #   SEED=0 RUNS=/work/runs/pool POOL_CHUNKS=8 POOL_JOBS=2 THREADS=1 bash bench/math_pool_rl.sh   # a pool of 768
 #   SEED=1 RUNS=/work/runs/pool POOL_FILE=/work/runs/pool/pool-s0.jsonl bash bench/math_pool_rl.sh  # seed 0's pool
+#   SEED=1 RUNS=/work/runs/pool POOL_CHUNKS=4 POOL_JOBS=2 THREADS=1 UNTIL=2 bash bench/math_pool_rl.sh  # the pool only
 #
 # The CPU dry run (a few minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=5
 #   SFT_EXTRA="--set max_steps=1 --set rows_per_step=2" RL_EXTRA="--set tasks_per_step=1 --set num_generations=2" bash bench/math_pool_rl.sh
@@ -66,6 +68,8 @@ if [ ! -d $SFT/final ]; then
     fi
 fi
 el "1. warm start: $SFT/final"
+heldout $SFT/final warm-s$SEED-greedy  # early: a warm start rebuilt on a new machine is checked before the pool
+[ "${UNTIL:-4}" -le 1 ] && { el "UNTIL=$UNTIL: stopped after stage 1"; exit 0; }
 
 # One slice of the pool: train problems C*POOL .. (C+1)*POOL - 1 of the seed's shuffled order (the
 # env's offset and limit), POOL_SAMPLES episodes each; its episodes file is written only when whole,
@@ -105,6 +109,7 @@ if [ ! -s $POOL_FILE ]; then
 fi
 el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]
 print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $POOL_FILE)"
+[ "${UNTIL:-4}" -le 2 ] && { el "UNTIL=$UNTIL: stopped after stage 2"; exit 0; }
 
 if [ ! -d $RL/final ]; then
     STOP=${STOP:-$(( $(date +%s) + RL_MINUTES * 60 ))}
@@ -129,6 +134,5 @@ print(max([int(r["step"]) for r in rows if any(k.startswith("train/") for k in r
     echo $step > $RL-final.step
 fi
 step=$(cat $RL-final.step)
-heldout $SFT/final warm-s$SEED-greedy
 heldout $RL/final rl-pool-s$SEED-step$step-greedy
 el "done"
