@@ -7,7 +7,7 @@
 #      each at the recipe's temperature, a slice of POOL at a time (`eval` with the env's offset and
 #      limit; 96 x 4 ~ 30 min quiet; POOL_JOBS slices at once, e.g. 2 on 2 cores with THREADS=1), each
 #      kept as a file of task keys and counts (bench/pools/: slices measured before, kept in the
-#      repository), the slices joined into one task file. Wide rather than deep: seed 0's
+#      repository), the slices merged into one task file (`pass-rates`). Wide rather than deep: seed 0's
 #      pool of 16 problems was learned (train success 0.18 -> 0.8) with no held-out gain, so a pool
 #      needs many problems; per episode spent, 4 samples a problem find more with signal than 8 (one
 #      solved 1 time in 8 shows it in 41 % of 4-sample groups, 66 % of 8-sample ones);
@@ -105,7 +105,8 @@ if [ ! -s $POOL_FILE ]; then
     wait
     parts=$(for c in $(seq 0 $((POOL_CHUNKS - 1))); do slice_file $c; done)
     for f in $parts; do [ -s $f ] || { el "2. $f is missing: see ${f%.jsonl}.log"; exit 1; }; done
-    cat $parts > $POOL_FILE.part && mv $POOL_FILE.part $POOL_FILE  # the slices are disjoint: one line a problem
+    # pass-rates adds the counts of a problem in several files (disjoint slices: one line a problem, as measured)
+    $BIN pass-rates $parts --keys-only -o $POOL_FILE.part > /dev/null && mv $POOL_FILE.part $POOL_FILE || exit 1
 fi
 el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]
 print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $POOL_FILE)"

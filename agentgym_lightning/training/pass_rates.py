@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from agentgym_lightning.metrics import succeeded
 from agentgym_lightning.training.dynamic_sampling import split_groups
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["PassRates", "task_key", "load_task_file", "write_pass_rates", "group_pass_counts"]
+__all__ = ["PassRates", "task_key", "load_task_file", "write_pass_rates", "group_pass_counts", "is_task_file", "read_task_counts"]
 
 
 def task_key(task: Any) -> str:
@@ -141,18 +141,8 @@ class PassRates:
         self._records = records
 
 
-def load_task_file(path: str | Path, pass_rates: PassRates | None = None, tasks: Sequence[Any] | None = None) -> list[Any]:
-    """The tasks of a task file (JSONL, one ``{"task": ..., "attempts": k, "successes": s}`` a
-    line; the counts optional), their counts added to ``pass_rates``. Errors name the file and line.
-
-    A line may name its task by ``"key"`` alone (:func:`task_key`; ``pass-rates --keys-only``
-    writes such files, which hold no dataset text and so can be kept in a repository): it is looked
-    up among ``tasks``, the env's own, and a key they do not hold is an error."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"task_file {path} is not a file: write one with `agentgym-lightning eval --pass-rates {path}`")
-    by_key: dict[str, Any] | None = None
-    chosen: list[Any] = []
+def _task_file_rows(path: Path) -> Iterator[tuple[int, Mapping[str, Any], int, int]]:
+    """``(line number, row, attempts, successes)`` of each line of a task file, checked: errors name the file and line."""
     with path.open(encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
@@ -169,45 +159,105 @@ def load_task_file(path: str | Path, pass_rates: PassRates | None = None, tasks:
             attempts, successes = row.get("attempts", 0), row.get("successes", 0)
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (attempts, successes)) or not 0 <= successes <= attempts:
                 raise ValueError(f"{path}:{lineno}: attempts and successes must be counts with successes <= attempts; got {attempts!r}, {successes!r}")
-            if "task" in row:
-                task = row["task"]
-            else:
-                if by_key is None:
-                    by_key = {task_key(t): t for t in (tasks or ())}
-                if row["key"] not in by_key:
-                    raise ValueError(
-                        f"{path}:{lineno}: the env has no task with key {row['key']!r} ({len(by_key)} tasks): a file of keys "
-                        "is read against the env it was measured on; train with that env's options (its data and split)"
-                    )
-                task = by_key[row["key"]]
-            chosen.append(task)
-            if pass_rates is not None:
-                pass_rates.record(task, attempts, successes)
+            yield lineno, row, attempts, successes
+
+
+def load_task_file(path: str | Path, pass_rates: PassRates | None = None, tasks: Sequence[Any] | None = None) -> list[Any]:
+    """The tasks of a task file (JSONL, one ``{"task": ..., "attempts": k, "successes": s}`` a
+    line; the counts optional), their counts added to ``pass_rates``. Errors name the file and line.
+
+    A line may name its task by ``"key"`` alone (:func:`task_key`; ``pass-rates --keys-only``
+    writes such files, which hold no dataset text and so can be kept in a repository): it is looked
+    up among ``tasks``, the env's own, and a key they do not hold is an error."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task_file {path} is not a file: write one with `agentgym-lightning eval --pass-rates {path}`")
+    by_key: dict[str, Any] | None = None
+    chosen: list[Any] = []
+    for lineno, row, attempts, successes in _task_file_rows(path):
+        if "task" in row:
+            task = row["task"]
+        else:
+            if by_key is None:
+                by_key = {task_key(t): t for t in (tasks or ())}
+            if row["key"] not in by_key:
+                raise ValueError(
+                    f"{path}:{lineno}: the env has no task with key {row['key']!r} ({len(by_key)} tasks): a file of keys "
+                    "is read against the env it was measured on; train with that env's options (its data and split)"
+                )
+            task = by_key[row["key"]]
+        chosen.append(task)
+        if pass_rates is not None:
+            pass_rates.record(task, attempts, successes)
     if not chosen:
         raise ValueError(f"task_file {path} holds no tasks")
     return chosen
 
 
-def write_pass_rates(path: str | Path, trajectories: Sequence[Trajectory], *, keys_only: bool = False) -> list[dict[str, Any]]:
+def is_task_file(path: str | Path) -> bool:
+    """Whether ``path`` is a task file (its first line a task's counts) rather than a trajectory file."""
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            row = json.loads(next((line for line in handle if line.strip()), ""))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False  # not a task file; read as episodes, whose reader names the bad line
+    return isinstance(row, Mapping) and "attempts" in row and "steps" not in row and ("task" in row or "key" in row)
+
+
+def read_task_counts(path: str | Path) -> list[dict[str, Any]]:
+    """A task file's lines as ``{"key", "attempts", "successes"}`` (and ``"task"`` where the line has
+    it), no env needed: what ``pass-rates`` merges. Errors name the file and line."""
+    path = Path(path)
+    rows = []
+    for _, row, attempts, successes in _task_file_rows(path):
+        counted = {"key": row["key"] if isinstance(row.get("key"), str) else task_key(row["task"]), "attempts": attempts, "successes": successes}
+        if "task" in row:
+            counted["task"] = row["task"]
+        rows.append(counted)
+    return rows
+
+
+#: The task of a row counted from a file of keys: its text is not known.
+_NO_TASK: Any = object()
+
+
+def write_pass_rates(
+    path: str | Path, trajectories: Sequence[Trajectory], *, keys_only: bool = False, counted: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """Write each task of ``trajectories`` as one line of a task file:
     ``{"task", "key", "attempts", "successes", "pass_rate"}``, in the order the tasks first come;
     returns the rows. A task met in several groups (a run that drew it again) gets one line, their
-    counts added. ``train --set task_file=PATH`` trains on these tasks, their counts seeding the
-    curriculum's history. With ``keys_only`` the lines leave ``"task"`` out: ``train`` then looks
-    each key up among its env's tasks (a file that holds no dataset text)."""
+    counts added. ``counted``: rows already counted (:func:`read_task_counts` of other task files),
+    added the same way, so task files merge. ``train --set task_file=PATH`` trains on these tasks,
+    their counts seeding the curriculum's history. With ``keys_only`` the lines leave ``"task"``
+    out: ``train`` then looks each key up among its env's tasks (a file that holds no dataset
+    text); without it, a task known by its key alone is a ``ValueError``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, Any]] = {}
-    for group in split_groups(trajectories):
-        attempts, successes = group_pass_counts(group)
-        key = task_key(group[0].task)
-        row = rows.setdefault(key, {"task": group[0].task, "key": key, "attempts": 0, "successes": 0})
+
+    def add(key: str, task: Any, attempts: int, successes: int) -> None:
+        row = rows.setdefault(key, {"task": task, "key": key, "attempts": 0, "successes": 0})
+        if row["task"] is _NO_TASK:
+            row["task"] = task
         row["attempts"] += attempts
         row["successes"] += successes
+
+    for group in split_groups(trajectories):
+        add(task_key(group[0].task), group[0].task, *group_pass_counts(group))
+    for c in counted:
+        add(c["key"], c.get("task", _NO_TASK), c["attempts"], c["successes"])
+    unnamed = [key for key, row in rows.items() if row["task"] is _NO_TASK]
+    if unnamed and not keys_only:
+        raise ValueError(
+            f"{len(unnamed)} task(s) are known by their key alone (e.g. {unnamed[0]!r}, from a task file of keys): "
+            "write the merge with --keys-only, or give the episodes that hold their text"
+        )
     for row in rows.values():
         row["pass_rate"] = row["successes"] / row["attempts"] if row["attempts"] else None
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for row in rows.values():
             line = {k: v for k, v in row.items() if k != "task"} if keys_only else row
             handle.write(json.dumps(line, ensure_ascii=False, default=repr) + "\n")
-    return list(rows.values())
+    return [{k: v for k, v in row.items() if v is not _NO_TASK} for row in rows.values()]
+

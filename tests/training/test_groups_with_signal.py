@@ -367,6 +367,39 @@ def test_a_task_file_of_keys_alone_holds_no_task_text_and_is_read_against_the_en
         load_task_file(tmp_path / "neither.jsonl", tasks=env_tasks)
 
 
+def test_task_files_merge_with_each_other_and_with_episodes_their_counts_added(tmp_path, capsys):
+    from agentgym_lightning import cli
+    from agentgym_lightning.training.pass_rates import is_task_file, load_task_file
+    from agentgym_lightning.trajectory import TrajectoryWriter
+
+    env_tasks = [{"id": f"t{i}", "question": f"text {i}"} for i in range(3)]
+    # Slice a (t0 1 of 2) and slice b (t1 0 of 2), and t0 measured again (2 of 2): as pass-rates writes them.
+    (tmp_path / "a.jsonl").write_text(json.dumps({"key": "id:t0", "attempts": 2, "successes": 1, "pass_rate": 0.5}) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"task": env_tasks[1], "key": "id:t1", "attempts": 2, "successes": 0}) + "\n")
+    episodes = tmp_path / "episodes.jsonl"
+    with TrajectoryWriter(episodes) as w:
+        for i in range(2):
+            w.write(_episode(f"e{i}", "g0", i, 1.0, task=env_tasks[0]))
+    assert is_task_file(tmp_path / "a.jsonl") and is_task_file(tmp_path / "b.jsonl") and not is_task_file(episodes)
+    merged = tmp_path / "merged.jsonl"
+    assert cli.main(["pass-rates", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), str(episodes), "-o", str(merged), "--keys-only"]) == 0
+    assert "2 task(s) from 2 episode(s) and 2 task file(s); 1 solved sometimes, 0 always, 1 never" in capsys.readouterr().out
+    rows = {r["key"]: r for r in map(json.loads, merged.read_text().splitlines())}
+    assert {k: (r["attempts"], r["successes"], r["pass_rate"]) for k, r in rows.items()} == {"id:t0": (4, 3, 0.75), "id:t1": (2, 0, 0.0)}
+    assert load_task_file(merged, tasks=env_tasks) == [env_tasks[0], env_tasks[1]]
+    # With the task text, the episodes supply t0's and b.jsonl t1's, so no key is left without its task.
+    with_text = tmp_path / "with-text.jsonl"
+    assert cli.main(["pass-rates", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), str(episodes), "-o", str(with_text)]) == 0
+    assert [r["task"] for r in map(json.loads, with_text.read_text().splitlines())] == [env_tasks[0], env_tasks[1]]
+    capsys.readouterr()
+    # A task known by its key alone cannot be written with its text: said, with what to do, and nothing written.
+    assert cli.main(["pass-rates", str(tmp_path / "a.jsonl"), "-o", str(tmp_path / "nope.jsonl")]) == 2
+    assert "known by their key alone (e.g. 'id:t0'" in capsys.readouterr().err and not (tmp_path / "nope.jsonl").exists()
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"key": "id:t0", "attempts": 1, "successes": 2}) + "\n")
+    assert cli.main(["pass-rates", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "nope.jsonl"), "--keys-only"]) == 2
+    assert "bad.jsonl:1: attempts and successes must be counts" in capsys.readouterr().err
+
+
 @needs_training
 def test_train_takes_a_task_file_of_keys_and_draws_only_its_tasks(tiny_model_dir, tmp_path):
     from agentgym_lightning.training.pass_rates import task_key
