@@ -15,8 +15,10 @@
 #      over the problems never or always solved there, judged after POOL_SAMPLES attempts), B 4 x G 8,
 #      up to 3 sampling rounds, no in-run evaluation, stopped with SIGTERM at STOP (epoch seconds;
 #      default RL_MINUTES from the stage's start);
-#   4. `train --resume RUN --steps <the step reached>` writes final/; it and the warm start (right after
-#      stage 1) are each evaluated greedy on the recipe's 96 held-out problems as `bench/gpu/math_rl.sh` does.
+#   4. `train --resume RUN --steps <the step reached>` writes final/; it, the checkpoints of KEEP_STEPS
+#      (kept apart in RUN-kept/ as they come) and the warm start (right after stage 1) are each evaluated
+#      greedy on the recipe's 96 held-out problems as `bench/gpu/math_rl.sh` does, and compared task by
+#      task with the warm start (`agentgym-lightning compare`: won, lost, the sign test; RUN-compare.txt).
 # UNTIL=N stops after stage N (1: the warm start and its evaluation; 2: the pool).
 # Seed 0's run of this recipe, with a pool from an earlier run's episodes (`agentgym-lightning
 # pass-rates`), and its figures: docs/experiments.md (issue 46, "RL on a pool of tasks with signal").
@@ -26,8 +28,9 @@
 #   SEED=1 RUNS=/work/runs/pool POOL_FILE=/work/runs/pool/pool-s0.jsonl bash bench/math_pool_rl.sh  # seed 0's pool
 #   SEED=1 RUNS=/work/runs/pool POOL_CHUNKS=4 POOL_JOBS=2 THREADS=1 UNTIL=2 bash bench/math_pool_rl.sh  # the pool only
 #
-# The CPU dry run (a few minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=5
-#   SFT_EXTRA="--set max_steps=1 --set rows_per_step=2" RL_EXTRA="--set tasks_per_step=1 --set num_generations=2" bash bench/math_pool_rl.sh
+# The CPU dry run (about 10 minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=5 KEEP_STEPS="1 2"
+#   SFT_EXTRA="--set max_steps=1 --set rows_per_step=2" RL_EXTRA="--set tasks_per_step=1 --set num_generations=2 --set save_steps=1" \
+#   bash bench/math_pool_rl.sh
 set -u
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
@@ -112,6 +115,17 @@ el "2. pool: $($PY -c 'import json, sys; r = [json.loads(l) for l in open(sys.ar
 print(len(r), "problems,", sum(0 < x["successes"] < x["attempts"] for x in r), "with signal")' $POOL_FILE)"
 [ "${UNTIL:-4}" -le 2 ] && { el "UNTIL=$UNTIL: stopped after stage 2"; exit 0; }
 
+# The run keeps its last 2 checkpoints; those of KEEP_STEPS are kept apart as they come (hard links:
+# a checkpoint is renamed into place whole) and evaluated in stage 4 beside final/.
+KEEP_STEPS=${KEEP_STEPS:-10 20 30 40 50}
+keep_checkpoints() {
+    local s src
+    for s in $KEEP_STEPS; do
+        src=$RL/checkpoints/checkpoint-$(printf %06d $s)
+        [ -d $src ] && [ ! -d $RL-kept/step-$s ] && mkdir -p $RL-kept && cp -al $src $RL-kept/step-$s
+    done
+}
+
 if [ ! -d $RL/final ]; then
     STOP=${STOP:-$(( $(date +%s) + RL_MINUTES * 60 ))}
     el "3. RL until $(date -d @$STOP +%T)"
@@ -125,8 +139,8 @@ if [ ! -d $RL/final ]; then
             --set tasks_per_step=4 --set max_sampling_rounds=3 ${RL_EXTRA:-} > $RL.log 2>&1 &
     fi
     P=$!
-    while kill -0 $P 2>/dev/null && [ $(date +%s) -lt $STOP ]; do sleep 5; done
-    kill -TERM $P 2>/dev/null; wait $P; el "3. stopped (rc $?)"
+    while kill -0 $P 2>/dev/null && [ $(date +%s) -lt $STOP ]; do keep_checkpoints; sleep 5; done
+    kill -TERM $P 2>/dev/null; wait $P; el "3. stopped (rc $?)"; keep_checkpoints
     step=$($PY -c 'import json, os, sys; rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if os.path.exists(sys.argv[1]) else []
 print(max([int(r["step"]) for r in rows if any(k.startswith("train/") for k in r)] or [0]))' $RL/metrics.jsonl)
     [ "$step" -gt 0 ] || { el "3. RL reached no step before $(date -d @$STOP +%T): nothing to evaluate (remove $RL and give it more time)"; exit 1; }
@@ -136,4 +150,11 @@ print(max([int(r["step"]) for r in rows if any(k.startswith("train/") for k in r
 fi
 step=$(cat $RL-final.step)
 heldout $RL/final rl-pool-s$SEED-step$step-greedy
+evaluated=""
+for s in $KEEP_STEPS; do
+    [ -d $RL-kept/step-$s ] && [ $s -lt $step ] && heldout $RL-kept/step-$s rl-pool-s$SEED-step$s-greedy \
+        && evaluated="$evaluated $RUNS/rl-pool-s$SEED-step$s-greedy.jsonl"
+done
+# Each RL evaluation against the warm start's, task by task: won, lost, the sign test.
+$BIN compare $RUNS/warm-s$SEED-greedy.jsonl $evaluated $RUNS/rl-pool-s$SEED-step$step-greedy.jsonl | tee $RUNS/rl-pool-s$SEED-compare.txt
 el "done"
