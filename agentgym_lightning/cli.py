@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "agentgym_lightning.commands.calls",
     "agentgym_lightning.commands.pass_rates",
     "agentgym_lightning.commands.compare",
+    "agentgym_lightning.commands.average",
     "agentgym_lightning.commands.view",
     "agentgym_lightning.commands.data",
 )

@@ -22,10 +22,10 @@ from agentgym_lightning.policies.models import resolve_model
 from agentgym_lightning.training.checkpoint import CHECKPOINT_DIR, CorruptCheckpointError, saved_config, weights_file
 from agentgym_lightning.training.initial_weights import find_initial_weights
 
-__all__ = ["holds_run_weights", "weights_model_folder"]
+__all__ = ["WEIGHT_SUFFIXES", "holds_run_weights", "weights_model_folder"]
 
 #: A base model's files that are weights (or their index): the checkpoint's weights replace them.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 
 
 def holds_run_weights(path: str | Path) -> bool:
@@ -64,7 +64,7 @@ def weights_model_folder(path: str | Path) -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="agentgym-weights-"))
     try:
         for item in base.iterdir():
-            if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES):
+            if item.is_file() and not item.name.endswith(WEIGHT_SUFFIXES):
                 (folder / item.name).symlink_to(item.resolve())
         assert weights.file is not None  # full weights always name their file
         (folder / weights_file(False)).symlink_to(weights.file.resolve())
