@@ -18,6 +18,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentgym_lightning.training.paired_comparison import PairedComparison
 
 __all__ = ["register", "run"]
 
@@ -53,7 +57,7 @@ def _load(path: str) -> list:
     return list(load_trajectories(path))
 
 
-def _line(name: str, c) -> str:  # c: PairedComparison
+def _line(name: str, c: PairedComparison) -> str:
     gain = c.model_solved - c.base_solved
     text = (
         f"{name}: {c.base_solved:g} -> {c.model_solved:g} of {c.tasks} ({gain:+g}); won {c.won}, lost {c.lost}; "

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentgym_lightning.training.pass_rates import group_pass_counts, task_key
+from agentgym_lightning.training.pass_rates import task_pass_counts
 from agentgym_lightning.trajectory import Trajectory
 
 __all__ = ["PairedComparison", "compare_paired", "pool", "sign_test_p"]
@@ -64,15 +64,7 @@ def sign_test_p(won: int, lost: int) -> float:
 
 def _shares(episodes: Sequence[Trajectory]) -> dict[str, float]:
     """Each task's share of successes among its judged episodes (tasks with none judged left out)."""
-    by_task: dict[str, list[Trajectory]] = {}
-    for t in episodes:
-        by_task.setdefault(task_key(t.task), []).append(t)
-    shares = {}
-    for key, group in by_task.items():
-        attempts, successes = group_pass_counts(group)
-        if attempts:
-            shares[key] = successes / attempts
-    return shares
+    return {key: successes / attempts for key, (_, attempts, successes) in task_pass_counts(episodes).items() if attempts}
 
 
 def compare_paired(base: Sequence[Trajectory], model: Sequence[Trajectory]) -> PairedComparison:

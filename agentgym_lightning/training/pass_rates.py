@@ -33,7 +33,7 @@ from agentgym_lightning.metrics import succeeded
 from agentgym_lightning.training.dynamic_sampling import split_groups
 from agentgym_lightning.trajectory import Status, Trajectory
 
-__all__ = ["PassRates", "task_key", "load_task_file", "write_pass_rates", "group_pass_counts", "is_task_file", "read_task_counts"]
+__all__ = ["PassRates", "task_key", "load_task_file", "write_pass_rates", "group_pass_counts", "task_pass_counts", "is_task_file", "read_task_counts"]
 
 
 def task_key(task: Any) -> str:
@@ -53,6 +53,19 @@ def group_pass_counts(trajectories: Sequence[Trajectory]) -> tuple[int, int]:
     episodes are not attempts (the policy was never judged on them)."""
     judged = [t for t in trajectories if t.status is not Status.INFRA_FAILED and t.status is not Status.RUNNING]
     return len(judged), sum(1 for t in judged if succeeded(t))
+
+
+def task_pass_counts(trajectories: Sequence[Trajectory]) -> dict[str, tuple[Any, int, int]]:
+    """Each task's ``(task, attempts, successes)`` by :func:`task_key`, its groups' counts added (a
+    task drawn in several groups, or evaluated more than once), in the order of the tasks' first
+    groups by seed (:func:`~.dynamic_sampling.split_groups`): the same however the episodes finished."""
+    counts: dict[str, tuple[Any, int, int]] = {}
+    for group in split_groups(trajectories):
+        key = task_key(group[0].task)
+        attempts, successes = group_pass_counts(group)
+        task, seen, solved = counts.get(key, (group[0].task, 0, 0))
+        counts[key] = (task, seen + attempts, solved + successes)
+    return counts
 
 
 @dataclass
@@ -242,8 +255,8 @@ def write_pass_rates(
         row["attempts"] += attempts
         row["successes"] += successes
 
-    for group in split_groups(trajectories):
-        add(task_key(group[0].task), group[0].task, *group_pass_counts(group))
+    for key, (task, attempts, successes) in task_pass_counts(trajectories).items():
+        add(key, task, attempts, successes)
     for c in counted:
         add(c["key"], c.get("task", _NO_TASK), c["attempts"], c["successes"])
     unnamed = [key for key, row in rows.items() if row["task"] is _NO_TASK]

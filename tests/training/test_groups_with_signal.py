@@ -302,6 +302,20 @@ def test_a_task_file_from_measured_pass_rates_seeds_the_history_and_bad_lines_ar
         load_task_file(tmp_path / "absent.jsonl")
 
 
+def test_task_pass_counts_add_a_tasks_groups_in_seed_order_however_the_episodes_finished():
+    from agentgym_lightning.training.pass_rates import task_key, task_pass_counts
+
+    episodes = [
+        _episode("a0", "ga", 0, 1.0, task={"q": "a"}), _episode("a1", "ga", 1, 0.0, task={"q": "a"}),
+        _episode("b0", "gb", 2, 1.0, task={"q": "b"}), _episode("b1", "gb", 3, 0.0, task={"q": "b"}, status=Status.INFRA_FAILED),
+        _episode("a2", "ga2", 4, 1.0, task={"q": "a"}),  # task a drawn again in a later group
+    ]
+    want = {task_key({"q": "a"}): ({"q": "a"}, 3, 2), task_key({"q": "b"}): ({"q": "b"}, 1, 1)}
+    for order in (episodes, episodes[::-1]):
+        counts = task_pass_counts(order)
+        assert counts == want and list(counts) == list(want)
+
+
 def test_the_pass_rates_command_writes_a_task_file_from_a_runs_episodes_never_its_held_out_ones(tmp_path, capsys):
     from agentgym_lightning import cli
     from agentgym_lightning.trajectory import TrajectoryWriter
