@@ -18,7 +18,9 @@
 #   4. `train --resume RUN --steps <the step reached>` writes final/; it, the checkpoints of KEEP_STEPS
 #      (kept apart in RUN-kept/ as they come) and the warm start (right after stage 1) are each evaluated
 #      greedy on the recipe's 96 held-out problems as `bench/gpu/math_rl.sh` does, and compared task by
-#      task with the warm start (`agentgym-lightning compare`: won, lost, the sign test; RUN-compare.txt).
+#      task with the warm start (`agentgym-lightning compare`: won, lost, the sign test; RUN-compare.txt),
+#      as is the mean of the kept checkpoints from AVERAGE_FROM (default 20) on and final/ (RUN-avg:
+#      `agentgym-lightning average`, checkpoint averaging).
 # UNTIL=N stops after stage N (1: the warm start and its evaluation; 2: the pool).
 # Seed 0's run of this recipe, with a pool from an earlier run's episodes (`agentgym-lightning
 # pass-rates`), and its figures: docs/experiments.md (issue 46, "RL on a pool of tasks with signal").
@@ -28,7 +30,7 @@
 #   SEED=1 RUNS=/work/runs/pool POOL_FILE=/work/runs/pool/pool-s0.jsonl bash bench/math_pool_rl.sh  # seed 0's pool
 #   SEED=1 RUNS=/work/runs/pool POOL_CHUNKS=4 POOL_JOBS=2 THREADS=1 UNTIL=2 bash bench/math_pool_rl.sh  # the pool only
 #
-# The CPU dry run (about 10 minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=5 KEEP_STEPS="1 2"
+# The CPU dry run (about 10 minutes): SEED=0 RUNS=/tmp/pool-dry GOLD=4 POOL=2 POOL_SAMPLES=2 HELD_OUT=2 RL_MINUTES=5 KEEP_STEPS="1 2" AVERAGE_FROM=1
 #   SFT_EXTRA="--set max_steps=1 --set rows_per_step=2" RL_EXTRA="--set tasks_per_step=1 --set num_generations=2 --set save_steps=1" \
 #   bash bench/math_pool_rl.sh
 set -u
@@ -155,6 +157,18 @@ for s in $KEEP_STEPS; do
     [ -d $RL-kept/step-$s ] && [ $s -lt $step ] && heldout $RL-kept/step-$s rl-pool-s$SEED-step$s-greedy \
         && evaluated="$evaluated $RUNS/rl-pool-s$SEED-step$s-greedy.jsonl"
 done
+# The mean of the kept checkpoints from AVERAGE_FROM on and final/ (`agentgym-lightning average`): the
+# run's trend rather than one checkpoint's noise (16 then 10 of 96 ten steps apart in seed 1's run),
+# chosen without looking at any held-out result.
+AVERAGE_FROM=${AVERAGE_FROM:-20}
+averaged=""
+for s in $KEEP_STEPS; do
+    [ -d $RL-kept/step-$s ] && [ $s -ge $AVERAGE_FROM ] && [ $s -lt $step ] && averaged="$averaged $RL-kept/step-$s"
+done
+if [ -n "$averaged" ]; then
+    [ -d $RL-avg ] || $BIN average $averaged $RL/final --output $RL-avg --no-progress || exit 1
+    heldout $RL-avg rl-pool-s$SEED-avg-greedy && evaluated="$evaluated $RUNS/rl-pool-s$SEED-avg-greedy.jsonl"
+fi
 # Each RL evaluation against the warm start's, task by task: won, lost, the sign test.
 $BIN compare $RUNS/warm-s$SEED-greedy.jsonl $evaluated $RUNS/rl-pool-s$SEED-step$step-greedy.jsonl | tee $RUNS/rl-pool-s$SEED-compare.txt
 el "done"
