@@ -50,16 +50,14 @@ SFT=$RUNS/sft-s$SEED RL=$RUNS/rl-pool-s$SEED
 POOL_FILE=${POOL_FILE:-$RUNS/pool-s$SEED.jsonl}
 el() { echo "[$(date +%T)] $*"; }
 
-# The recipe's held-out evaluation of a model folder (its eval env, seed offset 7919, calls capped at
-# max_completion_length 192), greedy: NAME.json (the summary) and NAME.jsonl (the episodes).
+# The recipe's held-out evaluation of a model folder (`eval --config`: its eval env, the seed plus 7919,
+# calls capped at max_completion_length 192, greedy), its first HELD_OUT problems: NAME.json (the
+# summary) and NAME.jsonl (the episodes).
 heldout() {  # heldout MODEL_DIR NAME
     [ -s $RUNS/$2.json ] && { el "$2: done before"; return 0; }
-    $BIN eval --env lightning/GSM8K-v0 --model $1 --env-kwarg split=test --env-kwarg shuffle_seed=0 \
-        --env-kwarg data_dir=$DATA --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4 \
-        --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=$THREADS \
-        --policy-kwarg max_batch_size=32 --max-tokens 192 --seed $((7919 + SEED)) --no-progress --json \
-        --episodes $HELD_OUT --concurrency $HELD_OUT --temperature 0 --output $RUNS/$2.jsonl > $RUNS/$2.json.part 2> $RUNS/$2.log \
-        && mv $RUNS/$2.json.part $RUNS/$2.json && el "$2: $(cut -c1-300 $RUNS/$2.json)"
+    $BIN eval --config recipes/math.yaml --model $1 --env-kwarg data_dir=$DATA --seed $SEED \
+        --policy-kwarg num_threads=$THREADS --policy-kwarg max_batch_size=32 --episodes $HELD_OUT --no-progress --json \
+        --output $RUNS/$2.jsonl > $RUNS/$2.json.part 2> $RUNS/$2.log && mv $RUNS/$2.json.part $RUNS/$2.json && el "$2: $(cut -c1-300 $RUNS/$2.json)"
 }
 
 if [ ! -d $SFT/final ]; then

@@ -278,3 +278,68 @@ def test_cli_with_the_embedded_model(tmp_path, capsys):
         assert t.status in (Status.SUCCEEDED, Status.TASK_FAILED)
         for s in t.steps:
             assert s.completion.completion_token_ids and len(s.completion.logprobs) == len(s.completion.completion_token_ids)
+
+
+def test_a_recipes_held_out_evaluation_is_the_explicit_commands_and_flags_win(tmp_path, monkeypatch, capsys):
+    from agentgym_lightning import cli, policies
+
+    made = []
+
+    def fake_make_policy(backend, model, **kwargs):
+        made.append((RecordingBisectPolicy(), kwargs))
+        return made[-1][0]
+
+    monkeypatch.setattr(policies, "make_policy", fake_make_policy)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "env: lightning/GuessNumber-v0\nenv_kwargs: {num_tasks: 10, max_guesses: 8}\neval_env_kwargs: {max_guesses: 6}\n"
+        "policy_kwargs: {max_batch_size: 4}\neval_episodes: 3\nmax_completion_length: 7\nseed: 2\n"
+        "beta: 0.05\nlearning_rate: 1.0e-6\n"  # the trainer's own options: read past
+    )
+
+    def episodes(*argv):
+        out = tmp_path / f"{len(made)}.jsonl"
+        assert cli.main(["eval", *argv, "--output", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        policy, kwargs = made[-1]
+        rows = sorted((t.seed, json.dumps(t.task, sort_keys=True), len(t.steps)) for t in load_trajectories(out))
+        return rows, kwargs, policy.sampling
+
+    by_recipe = episodes("--config", str(recipe))
+    explicit = episodes(
+        "--env", "lightning/GuessNumber-v0", "--env-kwarg", "num_tasks=10", "--env-kwarg", "max_guesses=6",
+        "--policy-kwarg", "max_batch_size=4", "--episodes", "3", "--concurrency", "3", "--seed", str(2 + 7919),
+        "--temperature", "0", "--max-tokens", "7",
+    )
+    assert by_recipe == explicit and len(by_recipe[0]) == 3
+    assert {t for t, _ in by_recipe[2]} == {0.0} and all(m <= 7 for _, m in by_recipe[2])
+    # A flag wins over the recipe: --seed is the run's seed (the offset still added), kwargs go over its own.
+    flags = episodes("--config", str(recipe), "--seed", "5", "--episodes", "2", "--policy-kwarg", "max_batch_size=2")
+    explicit = episodes(
+        "--env", "lightning/GuessNumber-v0", "--env-kwarg", "num_tasks=10", "--env-kwarg", "max_guesses=6",
+        "--policy-kwarg", "max_batch_size=2", "--episodes", "2", "--concurrency", "2", "--seed", str(5 + 7919),
+        "--temperature", "0", "--max-tokens", "7",
+    )
+    assert flags == explicit and len(flags[0]) == 2 and flags[1] == {"max_batch_size": 2}
+
+
+def test_a_recipe_without_a_held_out_env_or_no_env_at_all_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    from agentgym_lightning import cli, policies
+
+    monkeypatch.setattr(policies, "make_policy", lambda *a, **k: BisectPolicy())
+    no_held_out = tmp_path / "train-only.yaml"
+    no_held_out.write_text("env: lightning/GuessNumber-v0\n")
+    not_a_mapping = tmp_path / "list.yaml"
+    not_a_mapping.write_text("- env\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("env: lightning/GuessNumber-v0\neval_env_kwargs: {}\neval_episodes: 0\n")
+    for argv, message in (
+        ([], "give the env to evaluate"),
+        (["--config", str(tmp_path / "absent.yaml")], "cannot be read"),
+        (["--config", str(no_held_out)], "has no held-out env (eval_env_kwargs)"),
+        (["--config", str(not_a_mapping)], "not a mapping"),
+        (["--config", str(unknown)], "eval_episodes"),
+    ):
+        assert cli.main(["eval", *argv, "--no-progress"]) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err

@@ -5,6 +5,7 @@
     agentgym-lightning eval --env lightning/GuessNumber-v0 --episodes 32 --output runs/guess.jsonl
     agentgym-lightning eval --env lightning/Spider-v0 --backend vllm --model Qwen/Qwen2.5-0.5B-Instruct
     agentgym-lightning eval --env lightning/Spider-v0 --backend openai --base-url http://127.0.0.1:8000/v1
+    agentgym-lightning eval --config recipes/math.yaml --model runs/math        # the recipe's held-out evaluation
 
 Episodes run through :func:`agentgym_lightning.rollouts.evaluation.evaluate` (the batched
 driver, in this process); each finished trajectory is appended to ``--output`` (JSONL) at once, so Ctrl-C keeps everything that
@@ -12,6 +13,13 @@ finished and still prints the summary of it.
 
 ``--model`` may be a training run or one of its checkpoints
 (:mod:`agentgym_lightning.training.weights_folder`): an intermediate step is evaluated as it is.
+
+``--config RECIPE.yaml`` evaluates a training recipe's held-out env as its run's own evaluation does
+(:mod:`agentgym_lightning.training.held_out`): its ``env``, its ``env_kwargs`` with ``eval_env_kwargs``
+over them, its ``policy_kwargs``, ``eval_episodes`` tasks all at once, ``eval_temperature``,
+calls capped at ``max_completion_length``, the episodes seeded from its ``seed`` plus 7919. A flag
+given wins over the recipe (``--seed`` is then the run's seed, the offset still added), so a
+checkpoint is scored on exactly the tasks its run's evaluations used.
 
 Arguments are checked before the model is built (``--max-turns``, every ``--env-kwarg`` by building
 one env, every ``--policy-kwarg`` against the backend's options, that ``--output`` can be
@@ -55,7 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help=HELP,
         description=(__doc__ or "").split("\n\n")[0],
     )
-    p.add_argument("--env", required=True, help="environment id (lightning/GuessNumber-v0), module:Id (a module that registers Id) or path/to/file.py:make_env (a function returning an AgentEnv)")
+    p.add_argument("--env", default=None, help="environment id (lightning/GuessNumber-v0), module:Id (a module that registers Id) or path/to/file.py:make_env (a function returning an AgentEnv); required unless --config names it")
+    p.add_argument(
+        "--config", metavar="RECIPE.yaml", default=None,
+        help="a training recipe (train's or sft's --config): evaluate its held-out env as its run does (env, env_kwargs with "
+        "eval_env_kwargs over them, policy_kwargs, eval_episodes, eval_temperature, max_completion_length, seed + 7919); "
+        "flags given win",
+    )
     p.add_argument(
         "--model",
         default=None,
@@ -65,10 +79,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--backend", choices=sorted(BACKENDS), default="hf", help="policy backend (default: %(default)s)")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (openai backend only)")
     p.add_argument("--api-key", default=None, help="API key for --base-url (default: $OPENAI_API_KEY)")
-    p.add_argument("--episodes", type=int, default=16, help="episodes to run in total (default: %(default)s)")
+    p.add_argument("--episodes", type=int, default=None, help="episodes to run in total (default: 16; --config: its eval_episodes x --group-size)")
     p.add_argument("--group-size", type=int, default=1, help="episodes per task, GRPO groups (default: %(default)s)")
-    p.add_argument("--concurrency", type=int, default=8, help="episodes running at once (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seeds task order and each episode's reset (default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=None, help="episodes running at once (default: 8; --config: all of them)")
+    p.add_argument(
+        "--seed", type=int, default=None,
+        help="seeds task order and each episode's reset (default: 0; --config: the run's seed, default the recipe's, plus 7919)",
+    )
     p.add_argument(
         "--temperature",
         type=float,
@@ -167,14 +184,60 @@ class _UsageError(Exception):
     """A bad argument: one line on stderr, exit status 2."""
 
 
+def _recipe_defaults(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fill the flags left unset from ``--config``'s held-out evaluation (see the module docstring),
+    or from the plain defaults without it; returns the recipe's ``(env_kwargs, policy_kwargs)``,
+    which the flags' kwargs go over."""
+    if not args.config:
+        if args.env is None:
+            raise _UsageError("give the env to evaluate: --env ENV, or --config RECIPE.yaml for a recipe's held-out env")
+        args.episodes = 16 if args.episodes is None else args.episodes
+        args.concurrency = 8 if args.concurrency is None else args.concurrency
+        args.seed = 0 if args.seed is None else args.seed
+        return {}, {}
+    import dataclasses
+
+    import yaml
+
+    from agentgym_lightning.training.config import LightningRLConfig
+    from agentgym_lightning.training.held_out import HELD_OUT_SEED_OFFSET
+    from agentgym_lightning.training.run_config import RunConfig
+
+    path = Path(args.config)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds a {type(data).__name__}, not a mapping of option: value")
+        # The options every run has (an RL or an SFT recipe alike); the trainer's own are not needed here.
+        shared = {f.name for f in dataclasses.fields(RunConfig)}
+        recipe = LightningRLConfig.from_dict({k: v for k, v in data.items() if k in shared})
+    except OSError as exc:
+        raise _UsageError(f"--config {path} cannot be read: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, TypeError, ValueError) as exc:
+        raise _UsageError(f"--config {path}: {str(exc).splitlines()[0]}") from None
+    if recipe.eval_env_kwargs is None:
+        raise _UsageError(f"--config {path} has no held-out env (eval_env_kwargs): set it there, or give --env and --env-kwarg")
+    if args.env is None:
+        args.env = recipe.env
+    args.episodes = recipe.eval_episodes * args.group_size if args.episodes is None else args.episodes
+    args.concurrency = args.episodes if args.concurrency is None else args.concurrency
+    args.seed = (recipe.seed if args.seed is None else args.seed) + HELD_OUT_SEED_OFFSET
+    if args.temperature is None:
+        args.temperature = recipe.eval_temperature
+    if args.max_tokens is None:
+        args.max_tokens = recipe.max_completion_length
+    return {**recipe.env_kwargs, **recipe.eval_env_kwargs}, dict(recipe.policy_kwargs or {})
+
+
 def _check_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """Everything that can be checked before the model is built: ``(env_id, env_kwargs,
     policy_kwargs)``; raises :class:`_UsageError`."""
     from agentgym_lightning.policies import check_policy_kwargs
 
+    recipe_env_kwargs, recipe_policy_kwargs = _recipe_defaults(args)
     try:
-        env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
-        policy_kwargs = parse_kwargs(args.policy_kwarg, "--policy-kwarg")
+        env_kwargs = {**recipe_env_kwargs, **parse_kwargs(args.env_kwarg, "--env-kwarg")}
+        policy_kwargs = {**recipe_policy_kwargs, **parse_kwargs(args.policy_kwarg, "--policy-kwarg")}
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
     if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:

@@ -64,15 +64,14 @@ done
 for s in $SEEDS; do wait ${PID[$s]} || echo "sft-s$s FAILED"; done
 el "sft done"
 
-# The held-out evaluation of a model folder, as the trainer's (recipes/math.yaml's eval env, its seed
-# offset 7919, max_completion_length 192): greedy, then SAMPLES samples a problem at 0.6.
+# The held-out evaluation of a model folder, as the trainer's (`eval --config recipes/math.yaml`: its eval
+# env, its seed offset 7919, max_completion_length 192): greedy, then SAMPLES samples a problem at 0.6.
 heldout() {  # heldout MODEL_DIR NAME SEED
-    local args="--env lightning/GSM8K-v0 --model $1 --env-kwarg split=test --env-kwarg shuffle_seed=0
-        --env-kwarg data_dir=$DATA/gsm8k --env-kwarg agent=autogen --env-kwarg max_calc_steps=2 --env-kwarg max_turns=4
-        --env-kwarg time_limit=null --policy-kwarg tool_prompt=compact --policy-kwarg num_threads=2 --policy-kwarg max_batch_size=$EVAL_BATCH --max-tokens 192 --seed $((7919 + $3)) --no-progress --json"
-    $BIN eval $args --episodes $HELD_OUT --concurrency $HELD_OUT --temperature 0 --output $RUNS/$2-greedy.jsonl > $RUNS/$2-greedy.json 2> $RUNS/$2-greedy.log
+    local args="--config recipes/math.yaml --model $1 --env-kwarg data_dir=$DATA/gsm8k --seed $3
+        --policy-kwarg num_threads=2 --policy-kwarg max_batch_size=$EVAL_BATCH --no-progress --json"
+    $BIN eval $args --episodes $HELD_OUT --output $RUNS/$2-greedy.jsonl > $RUNS/$2-greedy.json 2> $RUNS/$2-greedy.log
     [ "$SAMPLES" -gt 0 ] || return 0
-    $BIN eval $args --episodes $((HELD_OUT * SAMPLES)) --group-size $SAMPLES --concurrency $((HELD_OUT * SAMPLES)) --temperature 0.6 \
+    $BIN eval $args --episodes $((HELD_OUT * SAMPLES)) --group-size $SAMPLES --temperature 0.6 \
         --output $RUNS/$2-samples.jsonl --pass-rates $RUNS/$2-pass-rates.jsonl > $RUNS/$2-samples.json 2> $RUNS/$2-samples.log
 }
 
