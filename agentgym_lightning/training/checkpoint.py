@@ -66,7 +66,7 @@ __all__ = [
     "TrainerState", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "checkpoint_step", "checkpoints_of", "save_final_model", "CHECKPOINT_DIR",
     "NonFiniteWeightsError", "CheckpointNotSavedWarning", "CorruptCheckpointError", "CorruptCheckpointWarning", "MANIFEST",
     "verify_checkpoint", "intact_checkpoint", "checkpoint_bytes", "check_checkpoint_space", "load_full_weights", "read_weights",
-    "weights_file", "read_trainer_state", "saved_config",
+    "weights_file", "read_trainer_state", "saved_config", "non_finite_tensors",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
@@ -156,7 +156,7 @@ def save_checkpoint(
         if stale.is_dir() and _TMP_PATTERN.match(stale.name):
             shutil.rmtree(stale, ignore_errors=True)
     weights = _trainable_state(model, peft, adapters)
-    if bad := _non_finite(weights):
+    if bad := non_finite_tensors(weights):
         raise NonFiniteWeightsError(
             f"the weights of step {state.step} are not finite ({len(bad)} tensors, e.g. {bad[0]}): not saved"
         )
@@ -185,7 +185,7 @@ def save_checkpoint(
     return target
 
 
-def _non_finite(weights: dict[str, torch.Tensor]) -> list[str]:
+def non_finite_tensors(weights: dict[str, torch.Tensor]) -> list[str]:
     """The names of the floating-point tensors holding NaN or infinity."""
     return [name for name, tensor in weights.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
@@ -365,7 +365,7 @@ def save_final_model(
     :class:`NonFiniteWeightsError`, writing nothing, when the weights hold NaN or infinity.
     """
     folder = Path(folder)
-    if bad := _non_finite(_trainable_state(model, peft, adapters)):
+    if bad := non_finite_tensors(_trainable_state(model, peft, adapters)):
         raise NonFiniteWeightsError(f"the final weights are not finite ({len(bad)} tensors, e.g. {bad[0]}): {folder} not written")
     if adapters:
         model.save_pretrained(folder / "adapters", selected_adapters=list(adapters))
@@ -572,7 +572,7 @@ def _finite_weights(path: Path) -> dict[str, torch.Tensor]:
     """A checkpoint's weights, refused when any is not finite: a model resumed from them would
     fail every later episode ("probability tensor contains nan") and write them to ``final/``."""
     weights = _load_weights(path)
-    if bad := _non_finite(weights):
+    if bad := non_finite_tensors(weights):
         raise CorruptCheckpointError(
             f"{path.parent} is corrupt: {path.name} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]}); "
             "resume from an earlier checkpoint"
