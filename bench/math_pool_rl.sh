@@ -156,8 +156,8 @@ for s in $KEEP_STEPS; do
         && evaluated="$evaluated $RUNS/rl-pool-s$SEED-step$s-greedy.jsonl"
 done
 # The mean of the kept checkpoints from AVERAGE_FROM on and final/ (`agentgym-lightning average`): the
-# run's trend rather than one checkpoint's noise (16 then 10 of 96 ten steps apart in seed 1's run),
-# chosen without looking at any held-out result.
+# run's trend, chosen without looking at any held-out result (it lagged the last checkpoint of runs
+# still improving: docs/experiments.md, issue 46).
 AVERAGE_FROM=${AVERAGE_FROM:-20}
 averaged=""
 for s in $KEEP_STEPS; do
