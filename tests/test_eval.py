@@ -337,7 +337,7 @@ def test_a_recipe_without_a_held_out_env_or_no_env_at_all_is_refused_in_one_line
         ([], "give the env to evaluate"),
         (["--config", str(tmp_path / "absent.yaml")], "cannot be read"),
         (["--config", str(no_held_out)], "has no held-out env (eval_env_kwargs)"),
-        (["--config", str(not_a_mapping)], "not a mapping"),
+        (["--config", str(not_a_mapping)], "must hold a mapping of option: value, not list"),
         (["--config", str(unknown)], "eval_episodes"),
     ):
         assert cli.main(["eval", *argv, "--no-progress"]) == 2, message

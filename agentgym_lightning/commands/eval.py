@@ -195,25 +195,22 @@ def _recipe_defaults(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
         args.concurrency = 8 if args.concurrency is None else args.concurrency
         args.seed = 0 if args.seed is None else args.seed
         return {}, {}
-    import dataclasses
-
-    import yaml
-
     from agentgym_lightning.training.config import LightningRLConfig
     from agentgym_lightning.training.held_out import HELD_OUT_SEED_OFFSET
     from agentgym_lightning.training.run_config import RunConfig
 
     path = Path(args.config)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"it holds a {type(data).__name__}, not a mapping of option: value")
-        # The options every run has (an RL or an SFT recipe alike); the trainer's own are not needed here.
-        shared = {f.name for f in dataclasses.fields(RunConfig)}
-        recipe = LightningRLConfig.from_dict({k: v for k, v in data.items() if k in shared})
+        data = RunConfig.read_yaml(path)
     except OSError as exc:
-        raise _UsageError(f"--config {path} cannot be read: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, TypeError, ValueError) as exc:
+        raise _UsageError(f"--config {path} cannot be read: {exc.strerror or 'no such file'}") from None
+    except ValueError as exc:  # it names the file
+        raise _UsageError(f"--config {str(exc).splitlines()[0]}") from None
+    # The options every run has (an RL or an SFT recipe alike); the trainer's own are not needed here.
+    shared = set(RunConfig.field_names())
+    try:
+        recipe = LightningRLConfig.from_dict({k: v for k, v in data.items() if k in shared})
+    except (TypeError, ValueError) as exc:
         raise _UsageError(f"--config {path}: {str(exc).splitlines()[0]}") from None
     if recipe.eval_env_kwargs is None:
         raise _UsageError(f"--config {path} has no held-out env (eval_env_kwargs): set it there, or give --env and --env-kwarg")

@@ -66,9 +66,11 @@ class DataclassConfig:
             raise ValueError(f"unknown config option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(names))}")
         return cls(**dict(data))
 
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> Self:
-        """Load a YAML mapping of options; ``overrides`` win over the file."""
+    @staticmethod
+    def read_yaml(path: str | Path) -> dict[str, Any]:
+        """The YAML file's mapping of option: value, unchecked against any config class (``eval
+        --config`` reads any run's recipe through it); raises FileNotFoundError or ValueError that
+        name the file."""
         import yaml
 
         path = Path(path)
@@ -80,7 +82,12 @@ class DataclassConfig:
             raise ValueError(f"{path} is not valid YAML: {exc}") from None
         if not isinstance(data, Mapping):
             raise ValueError(f"{path} must hold a mapping of option: value, not {type(data).__name__}")
-        return cls.from_dict({**data, **overrides})
+        return dict(data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> Self:
+        """Load a YAML mapping of options; ``overrides`` win over the file."""
+        return cls.from_dict({**cls.read_yaml(path), **overrides})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied (validated)."""

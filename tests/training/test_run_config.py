@@ -34,3 +34,31 @@ def test_a_saved_config_keeps_the_key_order_it_always_had_and_every_field():
     sft = list(SFTConfig(sources=["x"]).to_dict())
     assert sft[:6] == ["sources", "min_reward", "top_k", "success_only", "agent_match", "retokenize"]
     assert sorted(sft) == sorted(SFTConfig.field_names())
+
+
+def test_a_yaml_recipe_is_read_once_for_every_config_and_its_errors_name_the_file(tmp_path):
+    import pytest
+
+    from agentgym_lightning.training.config import LightningRLConfig
+    from agentgym_lightning.training.run_config import RunConfig
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("env: lightning/GuessNumber-v0\nmax_steps: 3\nnot_an_option: 1\n")
+    # read_yaml does not check options against a class (eval --config reads an SFT or RL recipe with it) ...
+    assert RunConfig.read_yaml(recipe) == {"env": "lightning/GuessNumber-v0", "max_steps": 3, "not_an_option": 1}
+    # ... from_yaml does, and overrides win over the file.
+    with pytest.raises(ValueError, match="unknown config option.*not_an_option"):
+        LightningRLConfig.from_yaml(recipe)
+    recipe.write_text("env: lightning/GuessNumber-v0\nmax_steps: 3\n")
+    assert LightningRLConfig.from_yaml(recipe, max_steps=5).max_steps == 5
+    (tmp_path / "empty.yaml").write_text("")
+    assert RunConfig.read_yaml(tmp_path / "empty.yaml") == {}
+    (tmp_path / "list.yaml").write_text("- env\n")
+    (tmp_path / "bad.yaml").write_text("env: [\n")
+    for name, error, message in (
+        ("absent.yaml", FileNotFoundError, "absent.yaml does not exist"),
+        ("list.yaml", ValueError, "list.yaml must hold a mapping of option: value, not list"),
+        ("bad.yaml", ValueError, "bad.yaml is not valid YAML"),
+    ):
+        with pytest.raises(error, match=message):
+            RunConfig.read_yaml(tmp_path / name)
