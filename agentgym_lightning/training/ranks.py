@@ -37,6 +37,7 @@ import datetime
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,60 @@ def launcher_reports_lost_ranks() -> bool:
     """Whether this process is a rank :func:`launch` started, whose launcher reports a lost rank
     (under ``torchrun`` or ``accelerate launch`` rank 0 must report it itself)."""
     return os.environ.get(LAUNCHER_REPORTS_ENV) == "1"
+
+
+#: The most :func:`settle_gloo_workers` waits for gloo's worker threads, in seconds.
+GLOO_SETTLE_LIMIT_S = 5.0
+
+
+def gloo_worker_states() -> dict[str, tuple[str, ...]] | None:
+    """Each of gloo's worker threads in this process (named ``pt_gloo…``) by thread id: its
+    scheduler state and context-switch counts, from Linux's ``/proc``; ``None`` without it."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None
+    states: dict[str, tuple[str, ...]] = {}
+    for task in tasks.iterdir():
+        try:
+            if not (task / "comm").read_text().startswith("pt_gloo"):
+                continue
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            switches = tuple(line for line in (task / "status").read_text().splitlines() if "ctxt_switches" in line)
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        states[task.name] = (state, *switches)
+    return states
+
+
+def settle_gloo_workers(
+    limit: float = GLOO_SETTLE_LIMIT_S,
+    interval: float = 0.01,
+    read_states: Callable[[], dict[str, tuple[str, ...]] | None] = gloo_worker_states,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait, at most ``limit`` seconds, until gloo's worker threads are idle: asleep (``S``) and
+    not woken across one ``interval``. Returns whether they settled.
+
+    Why: ``destroy_process_group`` does not end them (FSDP2's device mesh keeps the process group,
+    so they live until the interpreter tears down), and the barrier before it does not cover them:
+    a collective counts as done before its worker lets go of it. A worker still letting go of a
+    collective's tensors when the interpreter finalizes takes the GIL of a dying interpreter and
+    aborts the process ("terminate called without an active exception": 8 of 140 two-rank runs
+    of a minimal FSDP2 script ended so, none of 100 with this wait; ``bench/bench_rank_exit.py``).
+    Without ``/proc`` it sleeps ``10 * interval`` instead."""
+    last = read_states()
+    if last is None:
+        sleep(10 * interval)
+        return True
+    waited = 0.0
+    while waited < limit:
+        sleep(interval)
+        waited += interval
+        now = read_states() or {}
+        if now == last and all(state[0] == "S" for state in now.values()):
+            return True
+        last = now
+    return False
 
 
 def split_by_tokens(rows: Sequence[Sample], n: int) -> list[list[Sample]]:
@@ -290,7 +345,8 @@ class Ranks:
 
     def _leave(self, together: bool = True) -> None:
         """End the process group :meth:`from_environment` started, every rank at once (a barrier:
-        no rank tears down a connection another still reads). Left to the interpreter's exit,
+        no rank tears down a connection another still reads), then wait for gloo's workers to let
+        go of their last collective (:func:`settle_gloo_workers`). Left to the interpreter's exit,
         gloo's threads may still hold tensors then, which aborts the process ("terminate called
         without an active exception", pytorch/pytorch#190489)."""
         if not self._owns_group:
@@ -306,6 +362,7 @@ class Ranks:
             except (RuntimeError, dist.DistBackendError):
                 pass  # a rank is gone: end ours all the same
         dist.destroy_process_group()
+        settle_gloo_workers()
 
     # ------------------------------------------------------------------ weights and state
 
