@@ -170,7 +170,7 @@ def worker(args: argparse.Namespace) -> None:
         "update_s": times[1:], "first_update_s": times[:1], "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm"),
         "tokens": metrics.get("update/tokens/forward"),
     }), flush=True)
-    torch.distributed.destroy_process_group()
+    # No destroy_process_group here: ranks.stop / ranks.follow ended the group and let gloo's workers settle.
 
 
 def _launch(args: argparse.Namespace, ranks: int, folder: Path) -> list[dict]:
